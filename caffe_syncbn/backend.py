@@ -1,0 +1,41 @@
+"""Where arrays live: numpy on the CPU, CuPy on a GPU.
+
+Layer code asks ``xp = get_array_module(x)`` and stays backend-agnostic. CuPy is
+imported only when a GPU is asked for, so the CPU package never needs it.
+"""
+import numpy as np
+
+_state = {'mode': 'cpu', 'device': 0}
+
+
+def set_mode_cpu():
+    _state['mode'] = 'cpu'
+
+
+def set_mode_gpu():
+    import cupy  # noqa: F401  (fails early and clearly without CuPy)
+    _state['mode'] = 'gpu'
+
+
+def set_device(device_id):
+    _state['device'] = int(device_id)
+
+
+def mode():
+    return _state['mode']
+
+
+def get_array_module(*arrays):
+    """numpy or cupy, whichever the given arrays belong to (numpy if unsure)."""
+    for a in arrays:
+        if type(a).__module__.startswith('cupy'):
+            import cupy
+            return cupy
+    return np
+
+
+def to_numpy(a):
+    """A host copy (or the array itself) of a numpy or CuPy array."""
+    if type(a).__module__.startswith('cupy'):
+        return a.get()
+    return np.asarray(a)

@@ -1,0 +1,79 @@
+"""Caffe's weight fillers (FillerParameter), drawn on the host from the seeded RNG."""
+import numpy as np
+
+from .errors import CaffeError
+
+_rng = {'state': np.random.RandomState()}
+
+
+def set_random_seed(seed):
+    """Seed the RNG that fillers (and anything else seeded by Caffe's seed) draw from."""
+    _rng['state'] = np.random.RandomState(int(seed) & 0xFFFFFFFF)
+
+
+def rng():
+    return _rng['state']
+
+
+def _fans(shape):
+    count = int(np.prod(shape))
+    fan_in = count // shape[0] if shape and shape[0] else count
+    fan_out = count // shape[1] if len(shape) > 1 and shape[1] else count
+    return fan_in, fan_out
+
+
+def _variance_scale(param, shape):
+    fan_in, fan_out = _fans(shape)
+    norm = param.variance_norm
+    if norm == param.AVERAGE:
+        return (fan_in + fan_out) / 2.0
+    if norm == param.FAN_OUT:
+        return float(fan_out)
+    return float(fan_in)
+
+
+def _bilinear(shape):
+    if len(shape) != 4 or shape[2] != shape[3]:
+        raise CaffeError('bilinear filler needs a 4-D blob with square kernels, got %s' % (shape,))
+    k = shape[3]
+    f = np.ceil(k / 2.0)
+    c = (2 * f - 1 - f % 2) / (2.0 * f)
+    ramp = 1 - np.abs(np.arange(k) / f - c)
+    return np.broadcast_to(np.outer(ramp, ramp), shape)
+
+
+def filled_array(param, shape):
+    """A float64 host array of ``shape`` drawn as ``param`` (a FillerParameter) says."""
+    shape = tuple(int(s) for s in shape)
+    r = rng()
+    kind = param.type
+    if kind == 'constant':
+        return np.full(shape, param.value)
+    if kind == 'uniform':
+        return r.uniform(param.min, param.max, shape)
+    if kind == 'gaussian':
+        values = r.normal(param.mean, param.std, shape)
+        if param.sparse >= 0:
+            if len(shape) < 2:
+                raise CaffeError('gaussian filler with sparse needs a blob of >= 2 axes')
+            keep = r.binomial(1, min(1.0, param.sparse / float(shape[0])), shape)
+            values = values * keep
+        return values
+    if kind == 'positive_unitball':
+        values = r.uniform(0, 1, shape).reshape(shape[0] if shape else 1, -1)
+        return (values / values.sum(axis=1, keepdims=True)).reshape(shape)
+    if kind == 'xavier':
+        bound = np.sqrt(3.0 / _variance_scale(param, shape))
+        return r.uniform(-bound, bound, shape)
+    if kind == 'msra':
+        return r.normal(0.0, np.sqrt(2.0 / _variance_scale(param, shape)), shape)
+    if kind == 'bilinear':
+        return _bilinear(shape).copy()
+    raise CaffeError('unknown filler type %r (known: constant, uniform, gaussian, '
+                     'positive_unitball, xavier, msra, bilinear)' % kind)
+
+
+def fill(param, blob):
+    """Fill ``blob.data`` in place."""
+    values = filled_array(param, blob.shape).astype(blob.dtype)
+    blob.data[...] = blob.xp.asarray(values)

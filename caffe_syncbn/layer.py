@@ -1,0 +1,175 @@
+"""The Layer contract and the registry of layer types by their Caffe type name.
+
+Every layer has four steps, as in Caffe:
+  setup(bottom, top)      once: read the params, create ``self.blobs`` (learnable params)
+  reshape(bottom, top)    size the tops for the current bottom shapes (called before every forward)
+  forward(bottom, top)    top.data from bottom.data
+  backward(top, propagate_down, bottom)
+                          bottom[i].diff (overwritten) for each i with propagate_down[i];
+                          param diffs are ACCUMULATED (+=) into self.blobs[j].diff, so that
+                          several backward passes sum up as in Caffe (iter_size, shared params).
+``bottom`` and ``top`` are lists of Blob. A top may be the same Blob as a bottom (in-place).
+"""
+import difflib
+
+import numpy as np
+
+from .errors import CaffeError, layer_error
+
+TRAIN, TEST = 0, 1
+
+_REGISTRY = {}
+
+
+def register(*type_names):
+    """Class decorator: make a Layer class buildable under the given Caffe type names."""
+    def add(cls):
+        for name in type_names:
+            if name in _REGISTRY:
+                raise ValueError('layer type %r registered twice' % name)
+            _REGISTRY[name] = cls
+        return cls
+    return add
+
+
+def layer_type_list():
+    _import_builtin_layers()
+    return sorted(_REGISTRY)
+
+
+def layer_class(type_name, param=None):
+    _import_builtin_layers()
+    try:
+        return _REGISTRY[type_name]
+    except KeyError:
+        close = difflib.get_close_matches(type_name, list(_REGISTRY), n=3, cutoff=0.5)
+        hint = ('; did you mean %s?' % ', '.join(repr(c) for c in close)) if close else ''
+        where = ("layer '%s': " % param.name) if param is not None else ''
+        raise CaffeError('%sunknown layer type %r%s (known types: see layer_type_list())'
+                         % (where, type_name, hint)) from None
+
+
+def create_layer(param, ctx):
+    """Build the layer that ``param`` (a LayerParameter) describes, in context ``ctx``."""
+    return layer_class(param.type, param)(param, ctx)
+
+
+def _import_builtin_layers():
+    from . import layers  # noqa: F401  (registers every built-in layer type)
+
+
+class LayerContext:
+    """What a layer may know about the place it runs in.
+
+    phase:  TRAIN (0) or TEST (1)
+    xp:     numpy or cupy
+    dtype:  the float type of every blob
+    comm:   the Communicator that joins the replicas of a data-parallel run (None alone)
+    rng:    this replica's numpy RandomState (dropout masks, data shuffling)
+    feeder: the input pipeline's batch for this replica, for data layers (None outside a solver)
+    """
+
+    def __init__(self, phase=TRAIN, xp=np, dtype=np.float32, comm=None, rng=None, feeder=None):
+        self.phase = phase
+        self.xp = xp
+        self.dtype = np.dtype(dtype)
+        self.comm = comm
+        self.rng = rng if rng is not None else np.random.RandomState()
+        self.feeder = feeder
+
+    @property
+    def replicas(self):
+        return self.comm.size if self.comm is not None else 1
+
+    def loss_normalizer(self, local_count):
+        """Caffe's loss normalizer ``max(1, count)``, taken over the GLOBAL batch.
+
+        The solver averages replica gradients (divides their sum by the replica count R),
+        so a replica that divides its local loss sum by ``max(1, global_count) / R`` makes
+        the average equal the loss of one device on the whole batch, even when the
+        replicas hold uneven splits or different numbers of ignored labels.
+        Alone (no communicator) this is exactly Caffe's ``max(1, count)``.
+        """
+        if self.comm is None or self.comm.size == 1:
+            return max(1.0, float(local_count))
+        total = self.comm.allreduce_scalar(float(local_count), tag='loss normalizer')
+        return max(1.0, total) / self.comm.size
+
+
+class Layer:
+    """Base class of every layer, the built-in ones and user ``Python`` layers alike."""
+
+    #: top 0 of a loss layer gets loss_weight 1 unless the prototxt says otherwise
+    is_loss = False
+
+    def __init__(self, param, ctx=None):
+        self.param = param
+        self.ctx = ctx if ctx is not None else LayerContext()
+        self.phase = self.ctx.phase
+        self.blobs = []
+        #: set by the Net: whether each learnable blob wants a gradient (lr_mult != 0)
+        self.param_propagate_down = []
+
+    @property
+    def type(self):
+        return self.param.type
+
+    @property
+    def name(self):
+        return self.param.name
+
+    @property
+    def xp(self):
+        return self.ctx.xp
+
+    @property
+    def dtype(self):
+        return self.ctx.dtype
+
+    def setup(self, bottom, top):
+        pass
+
+    def reshape(self, bottom, top):
+        raise NotImplementedError
+
+    def forward(self, bottom, top):
+        raise NotImplementedError
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+    def fixed_param_mults(self, index):
+        """(lr_mult, decay_mult) this layer imposes on blob ``index`` whatever the prototxt
+        says (None in either place keeps the prototxt's value), or None. BatchNorm's
+        statistics, for example, are never learned."""
+        return None
+
+    def allow_force_backward(self, bottom_index):
+        """False for inputs that are indices or selectors, which have no gradient."""
+        return True
+
+    def error(self, message):
+        return layer_error(self.param, message)
+
+    def check_bottoms(self, bottom, exact=None, minimum=None, maximum=None):
+        n = len(bottom)
+        if (exact is not None and n != exact) or (minimum is not None and n < minimum) or \
+                (maximum is not None and n > maximum):
+            want = exact if exact is not None else '%s..%s' % (minimum, maximum)
+            raise self.error('expects %s bottom blob(s), got %d' % (want, n))
+
+    def check_tops(self, top, exact=None, minimum=None, maximum=None):
+        n = len(top)
+        if (exact is not None and n != exact) or (minimum is not None and n < minimum) or \
+                (maximum is not None and n > maximum):
+            want = exact if exact is not None else '%s..%s' % (minimum, maximum)
+            raise self.error('expects %s top blob(s), got %d' % (want, n))
+
+    def make_blob(self, shape, filler=None):
+        """A new learnable blob of this layer's dtype and backend, filled by ``filler``."""
+        from .blob import Blob
+        from .fillers import fill
+        blob = Blob(shape, self.dtype, self.xp)
+        if filler is not None:
+            fill(filler, blob)
+        return blob

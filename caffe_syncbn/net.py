@@ -1,0 +1,315 @@
+"""Net: a NetParameter turned into layers and blobs, with pycaffe's interface.
+
+The Net knows the Layer contract and the registry, never a concrete layer type.
+"""
+import collections
+import logging
+import os
+
+import numpy as np
+
+from . import caffe_pb2
+from .blob import Blob
+from .errors import CaffeError, layer_error
+from .layer import TEST, TRAIN, LayerContext, create_layer
+from .netgraph import filter_net, insert_splits
+from .prototxt import read_prototxt
+
+log = logging.getLogger('caffe_syncbn')
+
+
+def load_net_param(model):
+    """A V2 NetParameter from a prototxt path or a NetParameter (upgraded when legacy)."""
+    from .upgrade import upgrade_net_param
+    if isinstance(model, caffe_pb2.NetParameter):
+        param = model
+    else:
+        param = read_prototxt(os.fspath(model), caffe_pb2.NetParameter())
+    return upgrade_net_param(param)
+
+
+class Net:
+    """A Caffe net. ``Net(model, phase, weights=None)`` or pycaffe's old ``Net(model, weights, phase)``.
+
+    model:   prototxt path or NetParameter
+    phase:   TRAIN or TEST
+    level, stages: the NetState used with include/exclude rules
+    context: a LayerContext (backend, dtype, communicator) shared by every layer
+    """
+
+    def __init__(self, model, phase=None, weights=None, level=0, stages=(), context=None,
+                 dtype=None):
+        if isinstance(phase, (str, os.PathLike)):          # old form Net(model, weights, phase)
+            phase, weights = weights, phase
+        if phase is None:
+            raise CaffeError('Net needs a phase: TRAIN or TEST')
+        if context is None:
+            context = LayerContext(phase=phase, dtype=dtype or np.float32)
+        context.phase = phase
+        self.context = context
+        self.phase = phase
+        param = load_net_param(model)
+        state = caffe_pb2.NetState()
+        state.CopyFrom(param.state)
+        state.phase, state.level = phase, level
+        del state.stage[:]
+        state.stage.extend(list(param.state.stage) + list(stages))
+        self.net_param = insert_splits(filter_net(param, state))
+        self.name = param.name
+        self._build()
+        if weights:
+            self.copy_from(weights)
+
+    # ---- construction -------------------------------------------------------------------
+    def _build(self):
+        ctx = self.context
+        self.blobs = collections.OrderedDict()
+        self.layers, self._layer_names = [], []
+        self.bottom_names, self.top_names = collections.OrderedDict(), collections.OrderedDict()
+        self._bottoms, self._tops, self._loss_weights = [], [], []
+        self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
+        owners = {}
+        consumed, blob_need_backward = set(), {}
+        layer_need_backward, bottom_need_backward = [], []
+        for lp in self.net_param.layer:
+            if lp.name in self._layer_names:
+                raise layer_error(lp, 'a layer of this name already exists')
+            layer = create_layer(lp, ctx)
+            bottoms, need_backward, bottom_needs = [], False, []
+            for j, name in enumerate(lp.bottom):
+                if name not in self.blobs:
+                    raise layer_error(lp, "unknown bottom blob '%s' (no earlier layer produces it; "
+                                      'known blobs: %s)' % (name, ', '.join(self.blobs) or 'none'))
+                bottoms.append(self.blobs[name])
+                consumed.add(name)
+                needs = blob_need_backward[name]
+                if len(lp.propagate_down) > 0:
+                    if len(lp.propagate_down) != len(lp.bottom):
+                        raise layer_error(lp, 'propagate_down has %d entries for %d bottoms'
+                                          % (len(lp.propagate_down), len(lp.bottom)))
+                    needs = lp.propagate_down[j]
+                bottom_needs.append(needs)
+                need_backward |= blob_need_backward[name]
+            tops = []
+            for name in lp.top:
+                if name in lp.bottom:
+                    tops.append(self.blobs[name])             # in place
+                elif name in self.blobs:
+                    raise layer_error(lp, "top blob '%s' is produced by more than one layer" % name)
+                else:
+                    self.blobs[name] = Blob((), ctx.dtype, ctx.xp)
+                    tops.append(self.blobs[name])
+            layer.setup(bottoms, tops)
+            layer.reshape(bottoms, tops)
+            weights = [lp.loss_weight[j] if j < len(lp.loss_weight) else
+                       (1.0 if layer.is_loss and j == 0 else 0.0) for j in range(len(tops))]
+            for j, blob in enumerate(layer.blobs):
+                wants_grad = self._register_param(lp, layer, j, blob, owners)
+                need_backward |= wants_grad
+            for name in lp.top:
+                blob_need_backward[name] = need_backward
+            self.layers.append(layer)
+            self._layer_names.append(lp.name)
+            self.bottom_names[lp.name] = list(lp.bottom)
+            self.top_names[lp.name] = list(lp.top)
+            self._bottoms.append(bottoms)
+            self._tops.append(tops)
+            self._loss_weights.append(weights)
+            layer_need_backward.append(need_backward)
+            bottom_need_backward.append(bottom_needs)
+        self._mark_backward(layer_need_backward, bottom_need_backward)
+        self.layer_by_name = dict(zip(self._layer_names, self.layers))
+        self.params = collections.OrderedDict(
+            (name, layer.blobs) for name, layer in zip(self._layer_names, self.layers) if layer.blobs)
+        self.inputs = [name for lp in self.net_param.layer if lp.type == 'Input' for name in lp.top]
+        self.outputs = [name for name in self.blobs if name not in consumed]
+        self.output_blob_loss_weights = {
+            name: w for tops, ws in zip(self.top_names.values(), self._loss_weights)
+            for name, w in zip(tops, ws) if w}
+        self._write_loss_weights()
+
+    def _register_param(self, lp, layer, j, blob, owners):
+        """Apply ParamSpec j (lr_mult, decay_mult, sharing); return whether it wants a gradient."""
+        spec = lp.param[j] if j < len(lp.param) else caffe_pb2.ParamSpec()
+        lr_mult, decay_mult = spec.lr_mult, spec.decay_mult
+        fixed = layer.fixed_param_mults(j)
+        if fixed is not None:
+            lr_mult = fixed[0] if fixed[0] is not None else lr_mult
+            decay_mult = fixed[1] if fixed[1] is not None else decay_mult
+        while len(layer.param_propagate_down) <= j:
+            layer.param_propagate_down.append(True)
+        layer.param_propagate_down[j] = lr_mult != 0
+        if spec.name and spec.name in owners:
+            owner = owners[spec.name]
+            if spec.share_mode == caffe_pb2.ParamSpec.PERMISSIVE:
+                if owner.count != blob.count:
+                    raise layer_error(lp, "shared param '%s' has %d values here but %d in its owner"
+                                      % (spec.name, blob.count, owner.count))
+            elif owner.shape != blob.shape:
+                raise layer_error(lp, "shared param '%s' has shape %s here but %s in its owner "
+                                  '(use share_mode: PERMISSIVE to share by count)'
+                                  % (spec.name, blob.shape, owner.shape))
+            index = self.learnable_params.index(owner)
+            if spec.HasField('lr_mult') and spec.lr_mult != self.params_lr[index]:
+                raise layer_error(lp, "shared param '%s' has lr_mult %g but its owner has %g"
+                                  % (spec.name, spec.lr_mult, self.params_lr[index]))
+            layer.blobs[j] = owner if owner.shape == blob.shape else _reshaped_view(owner, blob.shape)
+            return lr_mult != 0
+        if spec.name:
+            owners[spec.name] = blob
+        self.learnable_params.append(blob)
+        self.params_lr.append(lr_mult)
+        self.params_weight_decay.append(decay_mult)
+        return lr_mult != 0
+
+    def _mark_backward(self, layer_need_backward, bottom_need_backward):
+        """Caffe's rule: a layer runs backward only if it needs it and leads to a loss."""
+        under_loss, skip = set(), set()
+        for i in reversed(range(len(self.layers))):
+            tops = self.top_names[self._layer_names[i]]
+            contributes = any(w != 0 for w in self._loss_weights[i]) or any(t in under_loss for t in tops)
+            skip_propagate = all(t in skip for t in tops) if tops else True
+            if layer_need_backward[i] and skip_propagate:
+                layer_need_backward[i] = False
+                bottom_need_backward[i] = [False] * len(bottom_need_backward[i])
+            if not contributes:
+                layer_need_backward[i] = False
+            for j, name in enumerate(self.bottom_names[self._layer_names[i]]):
+                if contributes:
+                    under_loss.add(name)
+                else:
+                    bottom_need_backward[i][j] = False
+                if not bottom_need_backward[i][j]:
+                    skip.add(name)
+        if self.net_param.force_backward:
+            for i, layer in enumerate(self.layers):
+                layer_need_backward[i] = True
+                bottom_need_backward[i] = [need or layer.allow_force_backward(j)
+                                           for j, need in enumerate(bottom_need_backward[i])]
+                layer.param_propagate_down = [True] * len(layer.blobs)
+        self._layer_need_backward = layer_need_backward
+        self._bottom_need_backward = bottom_need_backward
+
+    def _write_loss_weights(self):
+        """Caffe keeps each loss weight in its top's diff, where backward starts from."""
+        for tops, weights in zip(self._tops, self._loss_weights):
+            for blob, w in zip(tops, weights):
+                if w:
+                    blob.diff[...] = w
+
+    # ---- running ------------------------------------------------------------------------
+    def _index(self, name, default):
+        if name is None:
+            return default
+        if name not in self.layer_by_name:
+            raise CaffeError("no layer named '%s' in net '%s'" % (name, self.name))
+        return self._layer_names.index(name)
+
+    def forward_prefilled(self, start=0, end=None):
+        """Run layers start..end (inclusive) on the blobs as they are; return the loss."""
+        end = len(self.layers) - 1 if end is None else end
+        loss = 0.0
+        for i in range(start, end + 1):
+            layer, bottoms, tops = self.layers[i], self._bottoms[i], self._tops[i]
+            layer.reshape(bottoms, tops)
+            layer.forward(bottoms, tops)
+            for blob, w in zip(tops, self._loss_weights[i]):
+                if w:
+                    loss += w * float(blob.data.sum())
+                    blob.diff[...] = w
+        return loss
+
+    def backward_from(self, start=None, end=0):
+        """Run backward for layers start down to end (inclusive)."""
+        start = len(self.layers) - 1 if start is None else start
+        for i in range(start, end - 1, -1):
+            if self._layer_need_backward[i]:
+                self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
+
+    def forward(self, blobs=None, start=None, end=None, **inputs):
+        """pycaffe's forward: set inputs by keyword, run, return {output name: array}."""
+        for name, value in inputs.items():
+            if name not in self.blobs:
+                raise CaffeError("forward(): '%s' is not a blob of net '%s'" % (name, self.name))
+            value = self.context.xp.asarray(value, dtype=self.context.dtype)
+            blob = self.blobs[name]
+            if blob.shape != value.shape:
+                blob.reshape(value.shape)
+            blob.data[...] = value
+        start_i, end_i = self._index(start, 0), self._index(end, len(self.layers) - 1)
+        self.forward_prefilled(start_i, end_i)
+        names = self.outputs if end is None else self.top_names[self._layer_names[end_i]]
+        return {name: self.blobs[name].data for name in list(names) + list(blobs or [])}
+
+    def backward(self, diffs=None, start=None, end=None, **top_diffs):
+        """pycaffe's backward: set output diffs by keyword, run, return {input name: diff}."""
+        for name, value in top_diffs.items():
+            if name not in self.outputs:
+                raise CaffeError("backward(): '%s' is not an output of net '%s'" % (name, self.name))
+            self.blobs[name].diff[...] = self.context.xp.asarray(value)
+        start_i, end_i = self._index(start, len(self.layers) - 1), self._index(end, 0)
+        self.backward_from(start_i, end_i)
+        names = self.inputs if end is None else self.bottom_names[self._layer_names[end_i]]
+        return {name: self.blobs[name].diff for name in list(names) + list(diffs or [])}
+
+    def forward_backward(self):
+        loss = self.forward_prefilled()
+        self.backward_from()
+        return loss
+
+    def reshape(self):
+        for layer, bottoms, tops in zip(self.layers, self._bottoms, self._tops):
+            layer.reshape(bottoms, tops)
+
+    def clear_param_diffs(self):
+        for blob in self.learnable_params:
+            blob.diff[...] = 0
+
+    def share_weights_with(self, other):
+        """Make this net's params the same Blobs as ``other``'s, by layer name (test nets)."""
+        for name, layer in zip(self._layer_names, self.layers):
+            source = other.layer_by_name.get(name)
+            if source is None or not layer.blobs:
+                continue
+            for j, blob in enumerate(layer.blobs):
+                if j < len(source.blobs) and source.blobs[j].shape == blob.shape:
+                    layer.blobs[j] = source.blobs[j]
+        self.params = collections.OrderedDict(
+            (name, layer.blobs) for name, layer in zip(self._layer_names, self.layers) if layer.blobs)
+
+    # ---- weights ------------------------------------------------------------------------
+    def copy_from(self, path):
+        """Load weights by layer name (binary caffemodel, V1 or V2, or HDF5)."""
+        from .io.caffemodel import copy_weights
+        copy_weights(self, os.fspath(path))
+
+    def to_proto(self):
+        """The net's NetParameter with every layer's blobs filled in (what save() writes)."""
+        from .io.caffemodel import net_to_proto
+        return net_to_proto(self)
+
+    def save(self, path):
+        from .io.caffemodel import write_caffemodel
+        write_caffemodel(self, os.fspath(path))
+
+    def save_hdf5(self, path):
+        from .io.caffemodel import write_hdf5
+        write_hdf5(self, os.fspath(path))
+
+    def load_hdf5(self, path):
+        self.copy_from(path)
+
+    def __repr__(self):
+        return "Net('%s', %s, %d layers)" % (self.name, 'TRAIN' if self.phase == TRAIN else 'TEST',
+                                              len(self.layers))
+
+
+def _reshaped_view(owner, shape):
+    """A Blob that views ``owner``'s data and diff under another shape (PERMISSIVE sharing)."""
+    view = Blob.__new__(Blob)
+    view.xp, view.dtype = owner.xp, owner.dtype
+    view.data, view.diff = owner.data.reshape(shape), owner.diff.reshape(shape)
+    return view
+
+
+__all__ = ['Net', 'TRAIN', 'TEST', 'load_net_param']

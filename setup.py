@@ -1,0 +1,20 @@
+from setuptools import find_packages, setup
+
+setup(
+    name='caffe-syncbn',
+    version='0.1.0',
+    description='Caffe models on numpy/CuPy, trained data-parallel with synchronized batch norm',
+    packages=find_packages(include=['caffe_syncbn', 'caffe_syncbn.*']),
+    package_data={'caffe_syncbn': ['caffe.pb']},
+    data_files=[('share/caffe_syncbn/cuda', [])],
+    python_requires='>=3.10',
+    install_requires=['numpy>=1.23', 'protobuf>=4.21', 'h5py>=3.7', 'lmdb>=1.3', 'tqdm>=4.60'],
+    extras_require={
+        'gpu': ['cupy-cuda13x>=13'],
+        'mpi': ['mpi4py>=3.1'],
+        'plot': ['matplotlib>=3.5'],
+        'images': ['opencv-python-headless<5'],
+        'test': ['pytest>=7', 'pytest-timeout>=2', 'pytest-xdist>=3', 'grpcio-tools>=1.60', 'opencv-python-headless<5',
+                 'matplotlib>=3.5', 'scipy>=1.9'],
+    },
+)

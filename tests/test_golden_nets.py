@@ -1,0 +1,88 @@
+"""Every layer, net and format golden case, replayed through a whole Net as BVLC Caffe ran it."""
+import json
+
+import numpy as np
+import pytest
+
+import caffe_syncbn as caffe
+from conftest import GOLDEN, require
+
+RTOL, ATOL = 1e-4, 1e-5
+# Data-layer cases compare batches, not blobs: tests/test_data_layers.py and the pipeline tests run them.
+SKIP_PREFIXES = ('data_lmdb_', 'datum_lmdb', 'data_hdf5')
+
+
+def cases():
+    out = []
+    for index in ('index.json', 'psp_index.json'):
+        path = GOLDEN / index
+        if not path.exists():
+            continue
+        for case in json.loads(path.read_text())['cases']:
+            if case['kind'] in ('layer', 'net', 'format') and not case['name'].startswith(SKIP_PREFIXES) \
+                    and (GOLDEN / (case['name'] + '.npz')).exists():
+                out.append(case['name'])
+    return out or ['<no golden data>']
+
+
+def weights_for(name):
+    for candidate in (name + '.caffemodel.h5', name + '.v1.caffemodel', name + '.caffemodel'):
+        if name.startswith('format_hdf5') and not candidate.endswith('.h5'):
+            continue
+        if (GOLDEN / candidate).exists():
+            return candidate
+    return None
+
+
+def assert_close(actual, expected, what):
+    actual = caffe.backend.to_numpy(actual)
+    assert actual.shape == expected.shape, '%s: shape %s, expected %s' % (what, actual.shape, expected.shape)
+    np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+def replay(net, ref):
+    """Run ``net`` as the golden generator ran Caffe, comparing every recorded array."""
+    inputs = {k.split('/', 1)[1]: ref[k] for k in ref.files if k.startswith('input/')}
+    n_forward = int(ref['n_forward']) if 'n_forward' in ref.files else 1
+    for _ in range(n_forward):
+        net.forward(**inputs)
+    for key in ref.files:
+        kind, _, rest = key.partition('/')
+        if kind == 'data':
+            assert_close(net.blobs[rest].data, ref[key], key)
+        elif kind == 'param_after':
+            layer, index = rest.rsplit('/', 1)
+            assert_close(net.params[layer][int(index)].data, ref[key], key)
+    if not any(k.startswith('diff/') for k in ref.files):
+        return
+    net.clear_param_diffs()
+    for key in ref.files:
+        if key.startswith('topdiff/'):
+            net.blobs[key.split('/', 1)[1]].diff[...] = ref[key]
+    net.backward()
+    for key in ref.files:
+        kind, _, rest = key.partition('/')
+        if kind == 'diff':
+            assert_close(net.blobs[rest].diff, ref[key], key)
+        elif kind == 'param_diff':
+            layer, index = rest.rsplit('/', 1)
+            assert_close(net.params[layer][int(index)].diff, ref[key], key)
+
+
+@pytest.mark.parametrize('name', cases())
+def test_golden_case(name, monkeypatch):
+    require(GOLDEN / (name + '.npz'))
+    monkeypatch.chdir(GOLDEN)          # prototxt paths (HDF5 sources, infogain files) are relative
+    ref = np.load(GOLDEN / (name + '.npz'))
+    phase = caffe.TRAIN if str(ref['phase']) == 'TRAIN' else caffe.TEST
+    net = caffe.Net(name + '.prototxt', phase, weights=weights_for(name))
+    replay(net, ref)
+
+
+def test_v1_prototxt_builds_the_same_net(monkeypatch):
+    require(GOLDEN / 'format_v1_caffemodel.v1.prototxt')
+    monkeypatch.chdir(GOLDEN)
+    ref = np.load('format_v1_caffemodel.npz')
+    net = caffe.Net('format_v1_caffemodel.v1.prototxt', caffe.TEST,
+                    weights='format_v1_caffemodel.v1.caffemodel')
+    replay(net, ref)
