@@ -1,0 +1,11 @@
+"""Communicators: how the replicas of a data-parallel run exchange arrays.
+
+``Communicator`` (base.py) is the interface; ``ThreadComm`` (thread.py) joins the
+threads of one process. NCCL and MPI communicators implement the same interface.
+"""
+from .base import (CollectiveMismatch, CommAborted, Communicator, CompletedHandle, CountingComm,
+                   Handle)
+from .thread import ThreadComm
+
+__all__ = ['CollectiveMismatch', 'CommAborted', 'Communicator', 'CompletedHandle', 'CountingComm',
+           'Handle', 'ThreadComm']

@@ -1,0 +1,333 @@
+"""Batch normalization: BVLC's BatchNorm, the BN of the PSPNet/yjxiong forks, and SyncBN.
+
+Statistics are per channel (axis 1) over every other axis; an (N, C) blob counts as
+(N, C, 1, 1) and an (N,) blob as one channel.
+
+BatchNorm (BVLC): blobs [mean_sum, var_sum, scale factor (1,)], no affine part.
+BN (forks, ``bn_param``): blobs [slope, bias, running mean, running var], each
+1xCx1x1; ``running = momentum*running + (1-momentum)*batch`` with the BIASED
+batch variance; ``frozen`` uses the running stats and learns nothing; in TEST its
+backward still applies the batch-statistics formula (a quirk kept for fidelity).
+
+SyncBN (type ``SyncBN``, ``bn_param``, the same 4 blobs as BN) normalizes with the
+statistics of the GLOBAL batch, the union of every replica's local batch:
+
+* TRAIN forward: each replica packs [count, sum(x-K) (C), sum((x-K)^2) (C)] into
+  one float64 buffer and makes ONE ``ctx.comm.allreduce(buffer, tag=layer name)``.
+  K is the running mean, identical on every replica. The local sums are exact:
+  each replica takes them about its OWN local mean L (two passes, no cancellation,
+  in the blob dtype but at least float32) and moves them to K in float64 by
+  sum(x-K) = s1 + c*(L-K), sum((x-K)^2) = s2 + 2*(L-K)*s1 + c*(L-K)^2. The global
+  variance sum((x-K)^2)/m - (mean-K)^2 then cancels only in float64 (relative error
+  ~1e-16*(mean-K)^2/var), so even the first step, with K still 0, is accurate for
+  data with mean 1e4 and std 1, and the error shrinks as K approaches the mean.
+  y normalizes with the biased global variance. The running mean/var are updated
+  with the momentum convention and the UNBIASED global variance var*m/(m-1)
+  (m = global count, as yjxiong's sync_bn_layer and PyTorch); every replica gets
+  bitwise the same running stats. Hence SyncBN alone (ctx.comm None: no
+  communication) equals BN except that its running variance is m/(m-1) larger.
+* TRAIN backward: ONE allreduce of [sum(dy), sum(dy*x_hat)] (2C), then dx with
+  the global count m. It is skipped, on every replica alike, when dx is not needed.
+* Parameter gradients: dslope = sum(dy*x_hat) and dbias = sum(dy) over the LOCAL
+  batch, like every other layer's param diffs. The data-parallel solver averages
+  param diffs over the R replicas, and the global loss normalizer
+  (LayerContext.loss_normalizer) makes each replica's top diff R times the
+  one-device gradient of its samples, so the average is exactly the one-device
+  gradient of the whole batch; put plainly, the SUM over replicas of the local
+  param diffs is the gradient of the loss whose gradient the top diffs are.
+  (Using the all-reduced global sums instead would count each sample R times.)
+* TEST phase, or ``frozen: true``: the running stats, no communication. Unlike
+  BN, the TEST backward is the true gradient of the TEST forward (dx = dy*slope/std).
+* Uneven local batches are exact; a replica with an EMPTY local batch (N=0) joins
+  both collectives, gets the same running stats and an output of shape (0, C, ...).
+
+The statistics and normalization steps are the module-level functions below, so a
+GPU backend can replace them with fused kernels.
+"""
+import numpy as np
+
+from ..layer import TEST, Layer, register
+
+STAT = np.float64   # dtype of every per-channel statistic
+
+
+# ---- the math shared by the three layers ---------------------------------------------------
+def channel_view(x):
+    """(N, C, ...) -> (N, C, S); an (N, C) array is (N, C, 1), an (N,) one is (N, 1, 1)."""
+    channels = x.shape[1] if x.ndim > 1 else 1
+    return x.reshape(x.shape[0], channels, int(np.prod(x.shape[2:], dtype=np.int64)))
+
+
+def work_dtype(dtype):
+    """Elementwise work runs in the blob dtype, but at least in float32."""
+    return np.promote_types(dtype, np.float32)
+
+
+def _per_channel(v):
+    return v.reshape(1, -1, 1)
+
+
+def local_shifted_sums(x3, shift):
+    """Per-channel sum(x - shift) and sum((x - shift)^2) over axes 0 and 2, as float64."""
+    d = x3 - _per_channel(shift)
+    s1 = d.sum(axis=(0, 2)).astype(STAT)
+    d *= d
+    return s1, d.sum(axis=(0, 2)).astype(STAT)
+
+
+def local_statistics(x3, xp):
+    """(count, shift, s1, s2): the shifted sums about this batch's own mean (the shift,
+    rounded to the work dtype), so that s2 carries no cancellation."""
+    count = x3.shape[0] * x3.shape[2]
+    dtype = work_dtype(x3.dtype)
+    if count == 0:
+        zero = xp.zeros(x3.shape[1], STAT)
+        return 0, zero.astype(dtype), zero, zero
+    shift = x3.mean(axis=(0, 2), dtype=dtype).astype(dtype)
+    return (count, shift) + local_shifted_sums(x3, shift)
+
+
+def rebase_sums(count, s1, s2, old_shift, new_shift):
+    """The same sums taken about ``new_shift`` instead of ``old_shift`` (float64)."""
+    e = old_shift.astype(STAT) - new_shift.astype(STAT)
+    return s1 + count * e, s2 + 2 * e * s1 + count * e * e
+
+
+def moments(count, s1, s2, shift, xp):
+    """Per-channel mean and BIASED variance (float64) of ``count`` values from their sums
+    about ``shift``."""
+    delta = s1 / count
+    return shift.astype(STAT) + delta, xp.maximum(s2 / count - delta * delta, 0)
+
+
+def normalize(x3, mean, inv_std):
+    """x_hat = ((x - K) - (mean - K)) * inv_std in the work dtype, K = the mean rounded to
+    that dtype: x - K is exact for x near the mean and (mean - K) is tiny, so a large
+    mean costs no precision."""
+    dtype = work_dtype(x3.dtype)
+    shift = mean.astype(dtype)
+    x_hat = x3 - _per_channel(shift)
+    x_hat -= _per_channel((mean - shift.astype(STAT)).astype(dtype))
+    x_hat *= _per_channel(inv_std.astype(dtype))
+    return x_hat
+
+
+def gradient_sums(dy3, x_hat3):
+    """Per-channel sum(dy) and sum(dy * x_hat) over axes 0 and 2, as float64."""
+    return dy3.sum(axis=(0, 2)).astype(STAT), (dy3 * x_hat3).sum(axis=(0, 2)).astype(STAT)
+
+
+def batch_input_gradient(dy3, x_hat3, scale, sum_dy, sum_dy_x_hat, count):
+    """dx = scale * (dy - sum(dy)/m - x_hat * sum(dy*x_hat)/m): the gradient through
+    statistics taken over m = ``count`` values (scale = slope / std)."""
+    dtype = work_dtype(dy3.dtype)
+    m = max(count, 1)
+    dx = dy3 * _per_channel(scale.astype(dtype))
+    dx -= x_hat3 * _per_channel((scale * sum_dy_x_hat / m).astype(dtype))
+    dx -= _per_channel((scale * sum_dy / m).astype(dtype))
+    return dx
+
+
+def inverse_std(var, eps, xp):
+    return 1.0 / xp.sqrt(var + eps)
+
+
+class _ChannelNorm(Layer):
+    """What the three layers share: shapes, in-place-safe output, the cached x_hat."""
+
+    def setup_channels(self, bottom, top):
+        self.check_bottoms(bottom, exact=1)
+        self.check_tops(top, exact=1)
+        self.channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        channels = shape[1] if len(shape) > 1 else 1
+        if channels != self.channels:
+            raise self.error('expected %d channels (axis 1), got bottom shape %s'
+                             % (self.channels, shape))
+        top[0].reshape(shape)
+
+    def write_top(self, top, y3):
+        top[0].data[...] = y3.reshape(top[0].shape)
+
+    def stat(self, j):
+        return self.blobs[j].data.reshape(-1).astype(STAT)
+
+    def set_stat(self, j, values):
+        self.blobs[j].data[...] = values.reshape(self.blobs[j].shape).astype(self.dtype)
+
+    def wants_param_gradient(self, j):
+        return j >= len(self.param_propagate_down) or self.param_propagate_down[j]
+
+    def add_param_gradient(self, j, values):
+        blob = self.blobs[j]
+        blob.diff += values.reshape(blob.shape).astype(self.dtype)
+
+
+@register('BatchNorm')
+class BatchNorm(_ChannelNorm):
+    """BVLC BatchNorm: y = (x - mean) / sqrt(var + eps)."""
+
+    def setup(self, bottom, top):
+        self.setup_channels(bottom, top)
+        p = self.param.batch_norm_param
+        self.use_global_stats = (p.use_global_stats if p.HasField('use_global_stats')
+                                 else self.phase == TEST)
+        self.fraction = p.moving_average_fraction
+        self.eps = p.eps
+        for j, spec in enumerate(self.param.param[:3]):
+            if spec.lr_mult != 0:
+                raise self.error('param %d has lr_mult %g: the statistics of batch normalization '
+                                 'cannot be learned (use lr_mult 0 or leave it out)'
+                                 % (j, spec.lr_mult))
+        self.blobs = [self.make_blob((self.channels,)), self.make_blob((self.channels,)),
+                      self.make_blob((1,))]
+        self.param_propagate_down = [False] * 3
+
+    def fixed_param_mults(self, index):
+        return (0.0, None) if index < 3 else None
+
+    def forward(self, bottom, top):
+        xp = self.xp
+        x3 = channel_view(bottom[0].data)
+        if self.use_global_stats:
+            factor = float(self.blobs[2].data.reshape(-1)[0])
+            factor = 0.0 if factor == 0 else 1.0 / factor
+            mean, var = self.stat(0) * factor, self.stat(1) * factor
+        else:
+            count, shift, s1, s2 = local_statistics(x3, xp)
+            if count == 0:
+                raise self.error('cannot take batch statistics of an empty batch (shape %s)'
+                                 % (bottom[0].shape,))
+            mean, var = moments(count, s1, s2, shift, xp)
+            correction = count / (count - 1.0) if count > 1 else 1.0
+            self.set_stat(2, self.stat(2) * self.fraction + 1)
+            self.set_stat(0, self.stat(0) * self.fraction + mean)
+            self.set_stat(1, self.stat(1) * self.fraction + var * correction)
+            self._count = count
+        self._inv_std = inverse_std(var, self.eps, xp)
+        self._x_hat = normalize(x3, mean, self._inv_std)
+        self.write_top(top, self._x_hat)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dy3 = channel_view(top[0].diff)
+        if self.use_global_stats:
+            dx = dy3 * _per_channel(self._inv_std.astype(work_dtype(dy3.dtype)))
+        else:
+            sum_dy, sum_dy_x_hat = gradient_sums(dy3, self._x_hat)
+            dx = batch_input_gradient(dy3, self._x_hat, self._inv_std, sum_dy, sum_dy_x_hat,
+                                      self._count)
+        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+
+
+@register('BN')
+class BN(_ChannelNorm):
+    """BN of the PSPNet/yjxiong forks: y = slope * x_hat + bias (see the module docstring)."""
+
+    SLOPE, BIAS, MEAN, VAR = range(4)
+
+    def setup(self, bottom, top):
+        self.setup_channels(bottom, top)
+        p = self.param.bn_param
+        self.momentum, self.eps, self.frozen = p.momentum, p.eps, p.frozen
+        shape = (1, self.channels, 1, 1)
+        self.blobs = [self.make_blob(shape, p.slope_filler), self.make_blob(shape, p.bias_filler),
+                      self.make_blob(shape), self.make_blob(shape)]
+        if self.frozen:
+            self.blobs[self.VAR].data[...] = 1
+        self.param_propagate_down = [not self.frozen] * 2 + [False] * 2
+        self.use_running_stats = self.frozen or self.phase == TEST
+
+    def fixed_param_mults(self, index):
+        return (0.0, 0.0) if index >= 2 or self.frozen else None
+
+    def batch_moments(self, x3):
+        """(global count, mean, biased var) of this forward's batch."""
+        count, shift, s1, s2 = local_statistics(x3, self.xp)
+        if count == 0:
+            raise self.error('cannot take batch statistics of an empty batch (shape %s)'
+                             % (x3.shape,))
+        mean, var = moments(count, s1, s2, shift, self.xp)
+        return count, mean, var
+
+    def running_variance(self, var, count):
+        """The batch variance the running variance averages (BN: the biased one)."""
+        return var
+
+    def reduce_gradient_sums(self, sum_dy, sum_dy_x_hat):
+        return sum_dy, sum_dy_x_hat
+
+    def forward(self, bottom, top):
+        x3 = channel_view(bottom[0].data)
+        if self.use_running_stats:
+            mean, var = self.stat(self.MEAN), self.stat(self.VAR)
+            self._count = x3.shape[0] * x3.shape[2]
+        else:
+            self._count, mean, var = self.batch_moments(x3)
+            keep = self.momentum
+            self.set_stat(self.MEAN, keep * self.stat(self.MEAN) + (1 - keep) * mean)
+            self.set_stat(self.VAR, keep * self.stat(self.VAR)
+                          + (1 - keep) * self.running_variance(var, self._count))
+        self._inv_std = inverse_std(var, self.eps, self.xp)
+        self._x_hat = normalize(x3, mean, self._inv_std)
+        dtype = self._x_hat.dtype
+        y3 = self._x_hat * _per_channel(self.blobs[self.SLOPE].data.reshape(-1).astype(dtype))
+        y3 += _per_channel(self.blobs[self.BIAS].data.reshape(-1).astype(dtype))
+        self.write_top(top, y3)
+
+    def backward(self, top, propagate_down, bottom):
+        dy3 = channel_view(top[0].diff)
+        scale = self.stat(self.SLOPE) * self._inv_std
+        if self.frozen:
+            if propagate_down[0]:
+                dx = dy3 * _per_channel(scale.astype(work_dtype(dy3.dtype)))
+                bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+            return
+        sum_dy, sum_dy_x_hat = gradient_sums(dy3, self._x_hat)
+        if self.wants_param_gradient(self.SLOPE):
+            self.add_param_gradient(self.SLOPE, sum_dy_x_hat)
+        if self.wants_param_gradient(self.BIAS):
+            self.add_param_gradient(self.BIAS, sum_dy)
+        if propagate_down[0]:
+            dx = self.input_gradient(dy3, scale, sum_dy, sum_dy_x_hat)
+            bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+
+    def input_gradient(self, dy3, scale, sum_dy, sum_dy_x_hat):
+        # the forks apply the batch-statistics formula in TEST too (with running x_hat)
+        return batch_input_gradient(dy3, self._x_hat, scale, sum_dy, sum_dy_x_hat, self._count)
+
+
+@register('SyncBN')
+class SyncBN(BN):
+    """BN with the statistics of the global batch across ``ctx.comm`` (module docstring)."""
+
+    def batch_moments(self, x3):
+        xp = self.xp
+        count, shift, s1, s2 = local_statistics(x3, xp)
+        reference = self.stat(self.MEAN)          # identical on every replica
+        s1, s2 = rebase_sums(count, s1, s2, shift, reference)
+        if self.ctx.comm is not None:
+            packed = xp.concatenate([xp.full(1, count, STAT), s1, s2])
+            self.ctx.comm.allreduce(packed, tag=self.name)
+            count = int(round(float(packed[0])))
+            s1, s2 = packed[1:1 + self.channels], packed[1 + self.channels:]
+        if count == 0:
+            raise self.error('the global batch is empty (local shape %s on every replica)'
+                             % (x3.shape,))
+        mean, var = moments(count, s1, s2, reference, xp)
+        return count, mean, var
+
+    def running_variance(self, var, count):
+        return var * (count / (count - 1.0)) if count > 1 else var
+
+    def input_gradient(self, dy3, scale, sum_dy, sum_dy_x_hat):
+        if self.use_running_stats:               # the true gradient of the TEST forward
+            return dy3 * _per_channel(scale.astype(work_dtype(dy3.dtype)))
+        if self.ctx.comm is not None:
+            packed = self.xp.concatenate([sum_dy, sum_dy_x_hat])
+            self.ctx.comm.allreduce(packed, tag=self.name)
+            sum_dy, sum_dy_x_hat = packed[:self.channels], packed[self.channels:]
+        return batch_input_gradient(dy3, self._x_hat, scale, sum_dy, sum_dy_x_hat, self._count)

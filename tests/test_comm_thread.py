@@ -1,0 +1,202 @@
+"""ThreadComm and CountingComm: results, determinism, ordering, mismatch, abort, timeout."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from caffe_syncbn.comm import CollectiveMismatch, CommAborted, CountingComm, ThreadComm
+from caffe_syncbn.comm.thread import PARALLEL_SUM_MIN_SIZE
+
+
+def run_members(fn, comms, timeout=20.0):
+    """fn(comm) on one thread per member; returns (results, errors) by rank."""
+    n = len(comms)
+    results, errors = [None] * n, [None] * n
+
+    def target(rank):
+        try:
+            results[rank] = fn(comms[rank])
+        except BaseException as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), 'members still blocked after %g s' % timeout
+    return results, errors
+
+
+def ok(fn, comms):
+    results, errors = run_members(fn, comms)
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize('size', [1, 2, 3, 4])
+@pytest.mark.parametrize('count', [7, PARALLEL_SUM_MIN_SIZE + 13])
+def test_allreduce_is_the_rank_order_sum_bitwise_on_every_member(size, count):
+    rs = np.random.RandomState(size)
+    inputs = [rs.standard_normal(count).astype(np.float32) * 10 ** rs.uniform(-3, 3, count)
+              .astype(np.float32) for _ in range(size)]
+    expected = inputs[0].copy()
+    for a in inputs[1:]:
+        expected += a
+    results = ok(lambda c: c.allreduce(inputs[c.rank].copy(), tag='t'), ThreadComm.create(size))
+    for r in results:
+        assert r.dtype == np.float32 and np.array_equal(r, expected)
+
+
+@pytest.mark.timeout(30)
+def test_allreduce_in_place_multidimensional():
+    comms = ThreadComm.create(3)
+
+    def fn(c):
+        a = np.full((2, 3), c.rank + 1.0)
+        out = c.allreduce(a)
+        assert out is a
+        return a
+    for a in ok(fn, comms):
+        assert np.array_equal(a, np.full((2, 3), 6.0))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize('count', [5, PARALLEL_SUM_MIN_SIZE + 1])
+def test_broadcast_barrier_scalar(count):
+    comms = ThreadComm.create(4)
+
+    def fn(c):
+        a = np.full(count, float(c.rank))
+        c.broadcast(a, root=2, tag='params')
+        c.barrier(tag='end')
+        return a, c.allreduce_scalar(c.rank + 0.5, tag='count')
+    for a, total in ok(fn, comms):
+        assert np.all(a == 2.0) and total == 8.0
+
+
+@pytest.mark.timeout(30)
+def test_async_keeps_issue_order_and_overlaps():
+    comms = ThreadComm.create(3)
+    big = PARALLEL_SUM_MIN_SIZE * 4
+
+    def fn(c):
+        grads = np.full(big, c.rank + 1.0)
+        handle = c.allreduce_async(grads, tag='gradients')
+        small = c.allreduce(np.array([c.rank + 1.0]), tag='after')   # ordered after the async one
+        second = c.allreduce_async(np.array([1.0]), tag='last')
+        result = handle.wait()
+        assert result is grads
+        value = second.wait()[0]
+        c.close()
+        return grads[0], grads[-1], small[0], value
+    for values in ok(fn, comms):
+        assert values == (6.0, 6.0, 6.0, 3.0)
+
+
+@pytest.mark.timeout(30)
+def test_mismatched_tags_raise_on_every_member_naming_both():
+    comms = ThreadComm.create(2)
+    _, errors = run_members(
+        lambda c: c.allreduce(np.zeros(3), tag='bn_a' if c.rank == 0 else 'bn_b'), comms)
+    for e in errors:
+        assert isinstance(e, CollectiveMismatch)
+        assert "'bn_a'" in str(e) and "'bn_b'" in str(e)
+    with pytest.raises(CollectiveMismatch):      # a failed group stays failed
+        comms[0].barrier()
+
+
+@pytest.mark.timeout(30)
+def test_mismatched_shapes_and_ops_raise():
+    comms = ThreadComm.create(2)
+    _, errors = run_members(lambda c: c.allreduce(np.zeros(3 + c.rank), tag='x'), comms)
+    assert all(isinstance(e, CollectiveMismatch) and 'shape (4,)' in str(e) for e in errors)
+    comms = ThreadComm.create(2)
+    _, errors = run_members(lambda c: c.barrier('x') if c.rank else c.allreduce(np.zeros(1), 'x'),
+                            comms)
+    assert all(isinstance(e, CollectiveMismatch) and 'barrier' in str(e) for e in errors)
+
+
+@pytest.mark.timeout(30)
+def test_abort_wakes_waiting_members_promptly():
+    comms = ThreadComm.create(3)
+    cause = RuntimeError('replica 0 broke')
+    woke = {}
+
+    def fn(c):
+        if c.rank == 0:
+            time.sleep(0.3)
+            woke['abort'] = time.monotonic()
+            c.abort(cause)
+            return None
+        try:
+            c.allreduce(np.zeros(4), tag='bn1')
+        finally:
+            woke[c.rank] = time.monotonic()
+    _, errors = run_members(fn, comms)
+    for rank in (1, 2):
+        assert isinstance(errors[rank], CommAborted)
+        assert errors[rank].__cause__ is cause and 'replica 0 broke' in str(errors[rank])
+        assert woke[rank] - woke['abort'] < 1.0
+    with pytest.raises(CommAborted):             # and every later collective too
+        comms[1].allreduce(np.zeros(4))
+
+
+@pytest.mark.timeout(30)
+def test_abort_reaches_pending_async_handles():
+    comms = ThreadComm.create(2)
+    handle = comms[1].allreduce_async(np.zeros(PARALLEL_SUM_MIN_SIZE), tag='gradients')
+    time.sleep(0.1)
+    comms[0].abort(ValueError('boom'))
+    start = time.monotonic()
+    with pytest.raises(CommAborted, match='boom'):
+        handle.wait(timeout=5)
+    assert time.monotonic() - start < 1.0
+    comms[1].close()
+
+
+@pytest.mark.timeout(30)
+def test_timeout_names_the_missing_member():
+    comms = ThreadComm.create(3, timeout=0.3)
+    _, errors = run_members(lambda c: c.barrier('step') if c.rank != 1 else None, comms)
+    assert errors[1] is None
+    for rank in (0, 2):
+        assert isinstance(errors[rank], CommAborted) and '[1]' in str(errors[rank])
+
+
+def test_group_of_one_needs_no_threads():
+    (comm,) = ThreadComm.create(1)
+    a = np.arange(4.0)
+    assert comm.allreduce(a, tag='x') is a and np.array_equal(a, np.arange(4.0))
+    assert comm.allreduce_scalar(2.5) == 2.5
+    comm.barrier()
+    assert comm.allreduce_async(a).wait() is a
+
+
+def test_rejects_non_numpy_arrays():
+    (comm,) = ThreadComm.create(1)
+    with pytest.raises(TypeError, match='numpy'):
+        comm.allreduce([1.0, 2.0])
+
+
+def test_counting_comm_records_calls_by_tag():
+    (inner,) = ThreadComm.create(1)
+    comm = CountingComm(inner)
+    comm.allreduce(np.zeros(2), tag='bn1')
+    comm.allreduce(np.zeros(2), tag='bn1')
+    comm.allreduce(np.zeros(2), tag='bn2')
+    comm.allreduce_scalar(1.0, tag='loss normalizer')
+    comm.allreduce_async(np.zeros(2), tag='gradients').wait()
+    comm.barrier()
+    assert comm.count('allreduce', tag='bn1') == 2
+    assert comm.count('allreduce') == 3
+    assert comm.count('allreduce_scalar') == 1 and comm.count('allreduce_async') == 1
+    assert comm.counts()[('barrier', None)] == 1
+    assert comm.size == 1 and comm.rank == 0
+    comm.reset()
+    assert comm.count('allreduce') == 0
