@@ -19,10 +19,13 @@ def __getattr__(name):
     if name in ('NetSpec', 'to_proto'):
         from . import netspec
         return getattr(netspec, name)
-    if name in ('get_solver', 'SGDSolver', 'NesterovSolver', 'AdaGradSolver', 'RMSPropSolver',
-                'AdaDeltaSolver', 'AdamSolver'):
+    if name == 'get_solver':
         from . import training
-        return getattr(training, name)
+        return training.get_solver
+    if name in ('SGDSolver', 'NesterovSolver', 'AdaGradSolver', 'RMSPropSolver', 'AdaDeltaSolver',
+                'AdamSolver'):
+        from . import solvers
+        return getattr(solvers, name)
     if name == 'io':
         import importlib
         return importlib.import_module('.io', __name__)

@@ -1,0 +1,153 @@
+"""Data parallelism: one worker thread per device, each holding a replica Net.
+
+The pool runs a function on every replica at once. If one replica raises, the pool
+aborts the communicator, so replicas blocked in a collective raise promptly, and the
+caller gets the ORIGINAL exception with its traceback.
+"""
+import concurrent.futures as futures
+import threading
+
+import numpy as np
+
+from .comm.base import CommAborted
+from .errors import CaffeError
+
+ABORT_GRACE_SECONDS = 5.0
+
+
+def parse_devices(devices):
+    """'cpu:4', 'cpu:0,1', ['cpu:0', 'cpu:1'], 'gpu:0,1', 'gpu:all', 'gpu:0,0' -> [(kind, index)]."""
+    if isinstance(devices, str):
+        kind, _, rest = devices.partition(':')
+        kind = kind.strip().lower()
+        if kind not in ('cpu', 'gpu'):
+            raise CaffeError("devices %r: expected 'cpu:N', 'cpu:i,j', 'gpu:i,j' or 'gpu:all'" % devices)
+        if kind == 'cpu':
+            if rest.isdigit() and ',' not in rest:
+                return [('cpu', i) for i in range(int(rest))] if int(rest) > 0 else _bad(devices)
+            return [('cpu', int(i)) for i in rest.split(',')] if rest else [('cpu', 0)]
+        if rest in ('all', ''):
+            from .gpu.device import device_count
+            count = device_count()
+            if count == 0:
+                raise CaffeError("devices %r: no GPU is visible" % devices)
+            return [('gpu', i) for i in range(count)]
+        return [('gpu', int(i)) for i in rest.split(',')]
+    parsed = []
+    for item in devices:             # in a list, 'cpu:4' is the device cpu:4, not four devices
+        item = str(item)
+        parsed.extend(parse_devices(item) if ',' in item or item.endswith(':all') else [_one(item)])
+    if not parsed:
+        _bad(devices)
+    return parsed
+
+
+def _one(item):
+    kind, _, index = str(item).partition(':')
+    if kind not in ('cpu', 'gpu') or not index.isdigit():
+        raise CaffeError("device %r: expected 'cpu:i' or 'gpu:i'" % (item,))
+    return (kind, int(index))
+
+
+def _bad(devices):
+    raise CaffeError('devices %r: need at least one device' % devices)
+
+
+class DevicePool:
+    """One long-lived worker thread per device; ``run(fn)`` calls ``fn(rank)`` on each.
+
+    A worker thread keeps its device current (a CUDA context is per thread), so a
+    replica's work always happens on the same thread.
+    """
+
+    def __init__(self, devices, comms):
+        self.devices = list(devices)
+        self.comms = list(comms)
+        self.size = len(self.devices)
+        self._workers = [futures.ThreadPoolExecutor(1, thread_name_prefix='replica%d' % r)
+                         for r in range(self.size)]
+
+    def run(self, fn):
+        """``[fn(0), ..., fn(R-1)]``, each on its replica's thread."""
+        pending = [worker.submit(fn, rank) for rank, worker in enumerate(self._workers)]
+        done, not_done = futures.wait(pending, return_when=futures.FIRST_EXCEPTION)
+        failure = next((f.exception() for f in pending if f.done() and f.exception() is not None
+                        and not isinstance(f.exception(), CommAborted)), None)
+        if failure is None:
+            failure = next((f.exception() for f in done if f.exception() is not None), None)
+        if failure is None:
+            return [f.result() for f in pending]
+        for comm in self.comms:
+            comm.abort(failure)
+        _, stuck = futures.wait(not_done, timeout=ABORT_GRACE_SECONDS)
+        original = next((f.exception() for f in pending if f.done() and f.exception() is not None
+                         and not isinstance(f.exception(), CommAborted)), failure)
+        if stuck:
+            raise CaffeError('%d replica(s) did not stop within %.0f s after replica failure: %r'
+                             % (len(stuck), ABORT_GRACE_SECONDS, original)) from original
+        raise original
+
+    def run_on(self, rank, fn):
+        """``fn()`` on one replica's thread (no collectives: nothing to abort)."""
+        return self._workers[rank].submit(fn).result()
+
+    def close(self):
+        for worker in self._workers:
+            worker.shutdown(wait=False)
+
+
+def split_batch(arrays, parts):
+    """Split each array along axis 0 into ``parts`` nearly equal, possibly empty, pieces."""
+    return [list(piece) for piece in zip(*(np.array_split(a, parts) for a in arrays))] \
+        if arrays else [[] for _ in range(parts)]
+
+
+class InputPipeline:
+    """ONE reader per data layer, drawing the GLOBAL batch (replicas x batch_size) in a
+    prefetch thread; each forward the global batch is split over the replicas."""
+
+    def __init__(self, data_layers, replicas, prefetch=2):
+        import queue
+        self.replicas = replicas
+        self._layers = data_layers
+        self._queues = {}
+        self._threads = []
+        self._stop = threading.Event()
+        for layer in data_layers:
+            q = queue.Queue(maxsize=prefetch)
+            reader = layer.make_reader()
+            size = layer.batch_size * replicas
+            thread = threading.Thread(target=self._produce, args=(reader, size, q),
+                                      name='prefetch-%s' % layer.name, daemon=True)
+            thread.start()
+            self._queues[layer.name] = q
+            self._threads.append(thread)
+
+    def _produce(self, reader, size, q):
+        while not self._stop.is_set():
+            try:
+                item = reader.next_batch(size)
+            except Exception as exc:            # handed to the consumer, raised there
+                item = exc
+            while not self._stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    break
+                except Exception:
+                    continue
+            if isinstance(item, Exception):
+                return
+
+    def next_split(self):
+        """{layer name: [this replica's arrays] per replica} for the next global batch."""
+        parts = [dict() for _ in range(self.replicas)]
+        for name, q in self._queues.items():
+            item = q.get()
+            if isinstance(item, Exception):
+                raise item
+            for rank, piece in enumerate(split_batch(item, self.replicas)):
+                parts[rank][name] = piece
+        return parts
+
+    def close(self):
+        self._stop.set()

@@ -1,0 +1,231 @@
+"""Data-parallel training: ``get_solver(solver_prototxt, devices='cpu:4', sync_bn=True)``.
+
+Rules (the README states them for users):
+- ``batch_size`` in the prototxt is PER DEVICE, as in Caffe's multi-GPU mode: one input
+  pipeline draws a global batch of R x batch_size per forward and splits it over the R
+  replicas along axis 0 (unevenly when the source gives fewer samples).
+- Each replica runs forward and backward on its slice. Loss layers divide by the GLOBAL
+  normalizer (see LayerContext.loss_normalizer) and SyncBN layers use global statistics.
+- The gradients of all learnable params are summed over replicas in one flat buffer and
+  divided by R, so the result is the gradient of one device on the whole batch. Every
+  replica then applies the same update, and params stay bitwise equal.
+"""
+import functools
+
+import numpy as np
+
+from . import caffe_pb2
+from .comm import ThreadComm
+from .convert import to_syncbn
+from .errors import CaffeError
+from .layer import TRAIN, LayerContext
+from .net import Net
+from .parallel import DevicePool, InputPipeline, parse_devices, split_batch
+from .solvers import get_solver_class, load_solver_param, upgrade_solver_param
+
+
+def make_comms(devices):
+    """One communicator member per device: threads on the CPU, NCCL across distinct GPUs,
+    the same-GPU communicator when GPUs repeat (NCCL refuses two ranks on one GPU)."""
+    kinds = {kind for kind, _ in devices}
+    if kinds == {'cpu'}:
+        return ThreadComm.create(len(devices))
+    if kinds != {'gpu'}:
+        raise CaffeError('devices mix CPU and GPU: %s' % (devices,))
+    ids = [index for _, index in devices]
+    if len(set(ids)) == 1 and len(ids) > 1:
+        from .comm.same_device import SameDeviceComm
+        return SameDeviceComm.create(len(ids), ids[0])
+    if len(set(ids)) != len(ids):
+        raise CaffeError('devices %s repeat some GPUs but not all; use distinct GPUs or one GPU '
+                         'repeated' % (devices,))
+    from .comm.nccl import NcclComm
+    return NcclComm.create_all(ids)
+
+
+def _backend(kind):
+    if kind == 'gpu':
+        import cupy
+        return cupy
+    return np
+
+
+class DataParallelMixin:
+    """Turns a Solver class into a data-parallel one (put it first in the bases)."""
+
+    def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None):
+        self.devices = parse_devices(devices)
+        self.sync_bn = sync_bn
+        self.comms = make_comms(self.devices)
+        self.pool = DevicePool(self.devices, self.comms)
+        self.pool.run(self._activate_device)
+        self.replicas, self.pipeline = [], None
+        self._parts = [None] * len(self.devices)
+        self._seed = seed
+        kind = self.devices[0][0]
+        super().__init__(solver, dtype=dtype, xp=_backend(kind))
+        self.workers = [self.solver_base(self.param, net=net, test_nets=[], dtype=self.dtype, xp=self.xp)
+                        for net in self.replicas[1:]]
+        for worker in self.workers:
+            worker.is_root = False
+        self.broadcast_params()
+
+    # ---- building -------------------------------------------------------------------------
+    def _activate_device(self, rank):
+        kind, index = self.devices[rank]
+        if kind == 'gpu':
+            from .gpu.device import activate
+            activate(index)
+
+    def create_net(self, net_param, phase):
+        if self.sync_bn:
+            net_param = to_syncbn(net_param)[0]
+        if phase != TRAIN:                   # test nets run alone, on replica 0's device
+            context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
+            return self._on_root(lambda: Net(net_param, phase, level=net_param.state.level,
+                                             context=context))
+        if self.replicas:
+            raise CaffeError('a data-parallel solver has exactly one train net')
+        seed = self._seed if self._seed is not None else (self.param.random_seed
+                                                           if self.param.random_seed >= 0 else 1701)
+        # One after another: the fillers share one seeded RNG, and replica 0 must draw the
+        # same weights whatever the number of devices (the others get replica 0's anyway).
+        self.replicas = [self.pool.run_on(rank, functools.partial(
+            self._build_net, net_param, phase, seed, rank)) for rank in range(len(self.devices))]
+        root = self.replicas[0]
+        self._input_layers = [(layer.name, root.top_names[layer.name])
+                              for layer in root.layers if layer.type == 'Input']
+        readers = [layer for layer in root.layers
+                   if hasattr(layer, 'make_reader') and layer.type != 'Input']
+        if readers:
+            self.pipeline = InputPipeline(readers, len(self.replicas))
+        return self.replicas[0]
+
+    def _on_root(self, fn):
+        return self.pool.run_on(0, fn)
+
+    def _build_net(self, net_param, phase, seed, rank):
+        context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype, comm=self.comms[rank],
+                               rng=np.random.RandomState((seed + 7919 * rank) & 0xFFFFFFFF),
+                               feeder=functools.partial(self._layer_feed, rank))
+        return Net(net_param, phase, level=net_param.state.level, context=context)
+
+    def broadcast_params(self):
+        """Make every replica's blobs (params and statistics) equal to replica 0's."""
+        def send(rank):
+            for layer in self.replicas[rank].layers:
+                for blob in layer.blobs:
+                    self.comms[rank].broadcast(blob.data, root=0, tag='params')
+        self.pool.run(send)
+
+    # ---- data ------------------------------------------------------------------------------
+    def _layer_feed(self, rank, layer):
+        parts = self._parts[rank]
+        if parts is None or layer.name not in parts['layers']:
+            raise CaffeError("data layer '%s' has no batch from the input pipeline" % layer.name)
+        return parts['layers'][layer.name]
+
+    def _next_parts(self):
+        """Split the next global batch: Input blobs from set_data_source (a dict of global
+        arrays, split evenly, or a list of per-replica dicts), data layers from the pipeline."""
+        count = len(self.replicas)
+        parts = [{'layers': {}} for _ in range(count)]
+        source = self._data_sources.get('train')
+        if source is not None:
+            batch = source()
+            if isinstance(batch, dict):
+                names = list(batch)
+                pieces = split_batch([np.asarray(batch[n]) for n in names], count)
+                batch = [dict(zip(names, piece)) for piece in pieces]
+            elif len(batch) != count:
+                raise CaffeError('the data source gave %d per-replica batches for %d replicas'
+                                 % (len(batch), count))
+            for rank, inputs in enumerate(batch):
+                for name, tops in self._input_layers:
+                    missing = [t for t in tops if t not in inputs]
+                    if missing:
+                        raise CaffeError("the data source gave no array for blob(s) %s of Input "
+                                         "layer '%s'" % (', '.join(missing), name))
+                    parts[rank]['layers'][name] = [np.asarray(inputs[t]) for t in tops]
+        if self.pipeline is not None:
+            for rank, layers in enumerate(self.pipeline.next_split()):
+                parts[rank]['layers'].update(layers)
+        return parts
+
+    # ---- one iteration -----------------------------------------------------------------------
+    def forward_backward_all(self):
+        iter_size = self.param.iter_size
+        self.pool.run(lambda rank: self.replicas[rank].clear_param_diffs())
+        total = 0.0
+        for _ in range(iter_size):
+            self._parts = self._next_parts()
+            total += sum(self.pool.run(lambda rank: self.replicas[rank].forward_backward()))
+        self.pool.run(self._average_gradients)
+        return total / (iter_size * len(self.replicas))
+
+    def _average_gradients(self, rank):
+        params = self.replicas[rank].learnable_params
+        if not params or len(self.replicas) == 1:
+            return
+        xp = params[0].xp
+        flat = xp.concatenate([b.diff.ravel() for b in params])
+        self.comms[rank].allreduce(flat, tag='gradients')
+        flat *= flat.dtype.type(1.0 / len(self.replicas))
+        offset = 0
+        for blob in params:
+            blob.diff[...] = flat[offset:offset + blob.count].reshape(blob.shape)
+            offset += blob.count
+
+    def apply_update(self):
+        solvers = [self] + self.workers
+        for worker in self.workers:
+            worker.iter = self.iter
+        rates = self.pool.run(lambda rank: self.solver_base.apply_update(solvers[rank]))
+        return rates[0]
+
+    # ---- state -----------------------------------------------------------------------------
+    def restore(self, path):
+        super().restore(path)
+        for worker in self.workers:
+            worker.iter = self.iter
+            worker.lr_policy.current_step = self.lr_policy.current_step
+            for mine, root in zip(worker.rule.history, self.rule.history):
+                mine[...] = worker.xp.asarray(root) if worker.xp is not None else root
+        self.broadcast_params()
+
+    def copy_weights(self, path):
+        """Finetune: load a caffemodel into every replica (by layer name)."""
+        self.net.copy_from(path)
+        self.broadcast_params()
+
+    def finish(self):
+        """What Caffe does after the last iteration: final snapshot, display and test."""
+        p = self.param
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+
+    def close(self):
+        if self.pipeline is not None:
+            self.pipeline.close()
+        self.pool.close()
+
+
+@functools.lru_cache(maxsize=None)
+def data_parallel_class(base):
+    return type('DataParallel' + base.__name__, (DataParallelMixin, base),
+                {'__module__': __name__, '__doc__': base.__doc__, 'solver_base': base})
+
+
+def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None):
+    """The solver a solver prototxt (or SolverParameter) asks for, running on ``devices``:
+    'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0' (replicas sharing a GPU).
+    ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN."""
+    if isinstance(solver, caffe_pb2.SolverParameter):
+        solver_type = upgrade_solver_param(caffe_pb2.SolverParameter.FromString(
+            solver.SerializeToString())).type
+    else:
+        solver_type = load_solver_param(solver).type
+    cls = data_parallel_class(get_solver_class(solver_type))
+    return cls(solver, devices=devices, sync_bn=sync_bn, dtype=dtype)

@@ -1,0 +1,154 @@
+"""Data-parallel training on virtual CPU devices equals one device on the whole batch."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import caffe_syncbn as caffe
+from caffe_syncbn import caffe_pb2
+from caffe_syncbn.errors import CaffeError
+from caffe_syncbn.prototxt import parse_text
+from caffe_syncbn.training import get_solver
+
+NET = '''
+name: "dp"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 16 dim: 3 dim: 8 dim: 8 } shape { dim: 16 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 6 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.3 }
+                            bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "bn" type: "%(bn)s" bottom: "conv" top: "conv"
+        bn_param { slope_filler { type: "constant" value: 1 } bias_filler { type: "constant" }
+                   momentum: 0.9 } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+        inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss"
+        loss_param { ignore_label: 4 } }
+'''
+
+SOLVER = '''
+base_lr: 0.1 momentum: 0.9 weight_decay: 0.001 lr_policy: "fixed" max_iter: 100
+display: 0 random_seed: 5
+'''
+
+
+def solver_param(bn='SyncBN'):
+    param = parse_text(SOLVER, caffe_pb2.SolverParameter())
+    param.net_param.CopyFrom(parse_text(NET % {'bn': bn}, caffe_pb2.NetParameter()))
+    return param
+
+
+def batches(steps, seed=0):
+    rs = np.random.RandomState(seed)
+    return [{'data': rs.standard_normal((16, 3, 8, 8)) * 2 + 1,
+             'label': rs.randint(0, 5, 16).astype(np.float64)} for _ in range(steps)]
+
+
+def train(devices, data, split=None, bn='SyncBN', dtype=np.float32):
+    solver = get_solver(solver_param(bn), devices=devices, dtype=dtype)
+    feed = iter(data)
+
+    def source():
+        batch = next(feed)
+        if split is None:
+            return batch
+        bounds = np.cumsum([0] + list(split))
+        return [{k: v[a:b] for k, v in batch.items()} for a, b in zip(bounds[:-1], bounds[1:])]
+
+    solver.set_data_source(source)
+    solver.step(len(data))
+    params = [[b.data.copy() for b in net.learnable_params] for net in solver.replicas]
+    stats = [[b.data.copy() for b in net.params['bn']] for net in solver.replicas]
+    solver.close()
+    return params, stats
+
+
+def max_difference(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize('split', [None, (5, 4, 4, 3), (7, 0, 6, 3)])
+def test_four_devices_equal_one_device_on_the_whole_batch(split):
+    data = batches(5)
+    single, single_stats = train('cpu:1', data)
+    multi, multi_stats = train('cpu:4', data, split)
+    assert max_difference(single[0], multi[0]) <= 1e-5
+    assert max_difference(single_stats[0], multi_stats[0]) <= 1e-5
+    for replica in multi[1:]:          # replicas never drift: bitwise equal
+        for mine, root in zip(replica, multi[0]):
+            assert np.array_equal(mine, root)
+
+
+def test_per_device_bn_does_not_equal_the_global_batch():
+    """The same comparison with unsynchronized BN must fail: the test above has teeth."""
+    data = batches(5)
+    single, _ = train('cpu:1', data, bn='BN')
+    multi, _ = train('cpu:4', data, (5, 4, 4, 3), bn='BN')
+    assert max_difference(single[0], multi[0]) > 1e-3
+
+
+def test_float64_equivalence_is_tight():
+    data = batches(3, seed=3)
+    single, single_stats = train('cpu:1', data, dtype=np.float64)
+    multi, multi_stats = train('cpu:3', data, (2, 9, 5), dtype=np.float64)
+    assert max_difference(single[0], multi[0]) <= 1e-10
+    assert max_difference(single_stats[0], multi_stats[0]) <= 1e-10
+
+
+class FailingLayer(caffe.Layer):
+    """Passes data through; raises on replica 1 at its third forward."""
+    calls = {}
+
+    def reshape(self, bottom, top):
+        top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        rank = self.ctx.comm.rank
+        count = FailingLayer.calls[rank] = FailingLayer.calls.get(rank, 0) + 1
+        if rank == 1 and count == 3:
+            raise ValueError('replica 1 broke at step 3')
+        top[0].data[...] = bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = top[0].diff
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_replica_stops_all_and_raises_the_original_error():
+    param = solver_param()
+    layers = param.net_param.layer
+    loss = caffe_pb2.LayerParameter()
+    loss.CopyFrom(layers[-1])
+    loss.bottom[0] = 'ip2'
+    layers[-1].CopyFrom(parse_text(
+        'name: "fail" type: "Python" bottom: "ip" top: "ip2" '
+        'python_param { module: "test_data_parallel" layer: "FailingLayer" }',
+        caffe_pb2.LayerParameter()))
+    layers.add().CopyFrom(loss)
+    FailingLayer.calls.clear()
+    solver = get_solver(param, devices='cpu:4')
+    data = iter(batches(5))
+    solver.set_data_source(lambda: next(data))
+    threads_before = threading.active_count()
+    start = time.monotonic()
+    with pytest.raises(ValueError, match='replica 1 broke at step 3'):
+        solver.step(5)
+    assert time.monotonic() - start < 5
+    assert solver.iter == 2
+    solver.close()
+    assert threading.active_count() <= threads_before
+
+
+def test_device_strings():
+    from caffe_syncbn.parallel import parse_devices
+    assert parse_devices('cpu:4') == [('cpu', i) for i in range(4)]
+    assert parse_devices(['cpu:0', 'cpu:1']) == [('cpu', 0), ('cpu', 1)]
+    assert parse_devices('gpu:0,1') == [('gpu', 0), ('gpu', 1)]
+    assert parse_devices('gpu:0,0') == [('gpu', 0), ('gpu', 0)]
+    with pytest.raises(CaffeError):
+        parse_devices('tpu:1')
