@@ -34,7 +34,7 @@ def weights_of(net):
 
 def load(net, weights):
     for name, arrays in weights.items():
-        for blob, array in zip(net.params[name], arrays):
+        for blob, array in zip(net.params.get(name, []), arrays):
             blob.data[...] = array
 
 
