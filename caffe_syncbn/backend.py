@@ -39,3 +39,19 @@ def to_numpy(a):
     if type(a).__module__.startswith('cupy'):
         return a.get()
     return np.asarray(a)
+
+
+def gpu_count():
+    """How many CUDA devices CuPy sees (0 without CuPy or without a GPU)."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:        # no CuPy, no driver, no device: all mean "no GPU here"
+        return 0
+
+
+def activate_gpu(index):
+    """Make GPU ``index`` current for this thread, with a stream of its own."""
+    import cupy
+    cupy.cuda.Device(index).use()
+    cupy.cuda.Stream(non_blocking=True).use()

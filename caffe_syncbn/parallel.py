@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 
+from .backend import gpu_count
 from .comm.base import CommAborted
 from .errors import CaffeError
 
@@ -25,14 +26,17 @@ def parse_devices(devices):
         if kind == 'cpu':
             if rest.isdigit() and ',' not in rest:
                 return [('cpu', i) for i in range(int(rest))] if int(rest) > 0 else _bad(devices)
-            return [('cpu', int(i)) for i in rest.split(',')] if rest else [('cpu', 0)]
+            return [('cpu', _index(i, devices)) for i in rest.split(',')] if rest else [('cpu', 0)]
+        count = gpu_count()
+        if count == 0:
+            raise CaffeError('devices %r: no GPU is available here (CuPy missing or no CUDA '
+                             'device); use CPU devices instead, e.g. cpu:4' % devices)
         if rest in ('all', ''):
-            from .gpu.device import device_count
-            count = device_count()
-            if count == 0:
-                raise CaffeError("devices %r: no GPU is visible" % devices)
             return [('gpu', i) for i in range(count)]
-        return [('gpu', int(i)) for i in rest.split(',')]
+        ids = [_index(i, devices) for i in rest.split(',')]
+        if max(ids) >= count:
+            raise CaffeError('devices %r: GPU %d does not exist (%d visible)' % (devices, max(ids), count))
+        return [('gpu', i) for i in ids]
     parsed = []
     for item in devices:             # in a list, 'cpu:4' is the device cpu:4, not four devices
         item = str(item)
@@ -40,6 +44,12 @@ def parse_devices(devices):
     if not parsed:
         _bad(devices)
     return parsed
+
+
+def _index(text, devices):
+    if not text.strip().isdigit():
+        raise CaffeError('devices %r: %r is not a device number' % (devices, text))
+    return int(text)
 
 
 def _one(item):

@@ -15,6 +15,7 @@ import functools
 import numpy as np
 
 from . import caffe_pb2
+from .backend import activate_gpu
 from .comm import ThreadComm
 from .convert import to_syncbn
 from .errors import CaffeError
@@ -74,8 +75,7 @@ class DataParallelMixin:
     def _activate_device(self, rank):
         kind, index = self.devices[rank]
         if kind == 'gpu':
-            from .gpu.device import activate
-            activate(index)
+            activate_gpu(index)
 
     def create_net(self, net_param, phase):
         if self.sync_bn:

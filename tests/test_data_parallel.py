@@ -148,7 +148,12 @@ def test_device_strings():
     from caffe_syncbn.parallel import parse_devices
     assert parse_devices('cpu:4') == [('cpu', i) for i in range(4)]
     assert parse_devices(['cpu:0', 'cpu:1']) == [('cpu', 0), ('cpu', 1)]
-    assert parse_devices('gpu:0,1') == [('gpu', 0), ('gpu', 1)]
-    assert parse_devices('gpu:0,0') == [('gpu', 0), ('gpu', 0)]
     with pytest.raises(CaffeError):
         parse_devices('tpu:1')
+    with pytest.raises(CaffeError, match='not a device number'):
+        parse_devices('cpu:0,x')
+    if caffe.backend.gpu_count() == 0:
+        with pytest.raises(CaffeError, match='no GPU is available'):
+            parse_devices('gpu:0,1')
+    else:
+        assert parse_devices('gpu:0,0') == [('gpu', 0), ('gpu', 0)]

@@ -1,0 +1,155 @@
+"""tools/train_net.py end to end, as a user runs it: subprocesses, files, signals."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import caffe_syncbn as caffe
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_NET = ROOT / 'tools' / 'train_net.py'
+
+NET = '''name: "tiny"
+layer { name: "data" type: "HDF5Data" top: "data" top: "label"
+        hdf5_data_param { source: "%(list)s" batch_size: %(batch)d } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
+layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+'''
+
+SOLVER = '''net: "%(net)s"
+base_lr: 0.05 momentum: 0.9 lr_policy: "fixed" max_iter: %(max_iter)d display: 1
+random_seed: 3 snapshot_prefix: "%(prefix)s" snapshot_after_train: true
+'''
+
+
+def make_job(folder, batch, max_iter=3, rows=48):
+    folder.mkdir(parents=True, exist_ok=True)
+    rs = np.random.RandomState(0)
+    with h5py.File(folder / 'data.h5', 'w') as f:
+        f['data'] = rs.standard_normal((rows, 2, 5, 5)).astype(np.float32)
+        f['label'] = rs.randint(0, 3, rows).astype(np.float32)
+    (folder / 'list.txt').write_text(str(folder / 'data.h5') + '\n')
+    (folder / 'net.prototxt').write_text(NET % {'list': folder / 'list.txt', 'batch': batch})
+    solver = folder / 'solver.prototxt'
+    solver.write_text(SOLVER % {'net': folder / 'net.prototxt', 'max_iter': max_iter,
+                                'prefix': folder / 'snap'})
+    return solver
+
+
+def run_tool(*args, timeout=120):
+    return subprocess.run([sys.executable, str(TRAIN_NET), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def params_of(path, prototxt):
+    net = caffe.Net(str(prototxt), caffe.TEST, weights=str(path))
+    return {k: [b.data.copy() for b in v] for k, v in net.params.items()}
+
+
+def test_four_devices_with_sync_bn_equal_one_device(tmp_path):
+    four = make_job(tmp_path / 'four', batch=4)
+    one = make_job(tmp_path / 'one', batch=16)
+    a = run_tool('--solver', four, '--cpu-devices', 4, '--sync-bn')
+    assert a.returncode == 0, a.stderr
+    b = run_tool('--solver', one, '--cpu-devices', 1, '--sync-bn')
+    assert b.returncode == 0, b.stderr
+    assert 'Iteration 0, loss = ' in a.stderr and 'Optimization Done.' in a.stderr
+    from caffe_syncbn.convert import to_syncbn
+    converted, _ = to_syncbn(str(tmp_path / 'four' / 'net.prototxt'))
+    net_four = caffe.Net(converted, caffe.TEST, weights=str(tmp_path / 'four' / 'snap_iter_3.caffemodel'))
+    net_one = caffe.Net(converted, caffe.TEST, weights=str(tmp_path / 'one' / 'snap_iter_3.caffemodel'))
+    for name, blobs in net_one.params.items():
+        for mine, theirs in zip(net_four.params[name], blobs):
+            np.testing.assert_allclose(mine.data, theirs.data, atol=1e-5, rtol=1e-5)
+
+
+def test_sigint_with_snapshot_effect_writes_a_snapshot_and_exits_0(tmp_path):
+    solver = make_job(tmp_path, batch=4, max_iter=60)
+    proc = subprocess.Popen([sys.executable, str(TRAIN_NET), '--solver', str(solver),
+                             '--sigint-effect', 'snapshot'], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:                     # wait until training runs
+        seen.append(line)
+        if 'Iteration 2, loss' in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    seen += proc.stderr.readlines()
+    assert proc.wait(timeout=120) == 0, ''.join(seen)
+    snapshots = sorted(p.name for p in tmp_path.glob('snap_iter_*.caffemodel'))
+    assert any(name != 'snap_iter_60.caffemodel' for name in snapshots), snapshots
+    assert 'snap_iter_60.caffemodel' in snapshots
+
+
+def test_kill_during_snapshot_leaves_previous_snapshot_loadable(tmp_path):
+    """SIGKILL a process that keeps rewriting a large caffemodel; the file stays whole."""
+    script = tmp_path / 'writer.py'
+    target = tmp_path / 'big.caffemodel'
+    script.write_text('''
+import sys, numpy as np
+sys.path.insert(0, %r)
+import caffe_syncbn as caffe
+from caffe_syncbn import caffe_pb2
+from google.protobuf import text_format
+p = text_format.Parse('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 4 } } }'
+                      'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
+                      'inner_product_param { num_output: 6000000 } }', caffe_pb2.NetParameter())
+net = caffe.Net(p, caffe.TEST)
+net.save(%r)
+print('first', flush=True)
+while True:
+    net.params['ip'][0].data[...] += 1
+    net.save(%r)
+''' % (str(ROOT), str(target), str(target)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == 'first'
+    time.sleep(1.5)                              # several saves are under way by now
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    from caffe_syncbn.io.caffemodel import read_net_param
+    param = read_net_param(str(target))          # whole and parseable
+    weights = [l for l in param.layer if l.name == 'ip'][0].blobs[0]
+    assert len(weights.data) == 6000000 * 4
+
+
+@pytest.mark.parametrize('case', ['missing solver', 'missing net', 'gpu without gpu', 'bad weights',
+                                  'missing data'])
+def test_bad_input_gives_one_clear_error_line(tmp_path, case):
+    solver = make_job(tmp_path, batch=4)
+    args = ['--solver', solver]
+    if case == 'missing solver':
+        args = ['--solver', tmp_path / 'nope.prototxt']
+    elif case == 'missing net':
+        (tmp_path / 'net.prototxt').unlink()
+    elif case == 'gpu without gpu':
+        if caffe.backend.gpu_count():
+            pytest.skip('this machine has a GPU')
+        args += ['--gpus', '0']
+    elif case == 'bad weights':
+        bad = tmp_path / 'other.prototxt'
+        bad.write_text((tmp_path / 'net.prototxt').read_text().replace('num_output: 4', 'num_output: 5'))
+        net = caffe.Net(str(bad), caffe.TRAIN)
+        net.save(str(tmp_path / 'bad.caffemodel'))
+        args += ['--weights', tmp_path / 'bad.caffemodel']
+    elif case == 'missing data':
+        (tmp_path / 'list.txt').write_text(str(tmp_path / 'absent.h5') + '\n')
+    result = run_tool(*args)
+    assert result.returncode != 0
+    assert 'Traceback' not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+    assert len(errors) == 1, result.stderr
+    expected = {'missing solver': 'nope.prototxt', 'missing net': 'net.prototxt', 'gpu without gpu': 'GPU',
+                'bad weights': 'conv', 'missing data': 'absent.h5'}[case]
+    assert expected in errors[0]
