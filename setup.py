@@ -8,7 +8,7 @@ setup(
     package_data={'caffe_syncbn': ['caffe.pb']},
     data_files=[('share/caffe_syncbn/cuda', [])],
     python_requires='>=3.10',
-    install_requires=['numpy>=1.23', 'protobuf>=4.21', 'h5py>=3.7', 'lmdb>=1.3', 'tqdm>=4.60'],
+    install_requires=['numpy>=1.23', 'protobuf>=4.21', 'h5py>=3.7', 'lmdb>=1.3', 'tqdm>=4.60', 'threadpoolctl>=3'],
     extras_require={
         'gpu': ['cupy-cuda13x>=13'],
         'mpi': ['mpi4py>=3.1'],

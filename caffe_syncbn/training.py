@@ -44,6 +44,16 @@ def make_comms(devices):
     return NcclComm.create_all(ids)
 
 
+def _share_cores(devices):
+    """Virtual CPU devices share the machine's cores: give each replica's BLAS calls its
+    share, or R replicas x all cores of BLAS threads fight over the same cores."""
+    if len(devices) < 2 or devices[0][0] != 'cpu':
+        return None
+    import os
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // len(devices)), user_api='blas')
+
+
 def _backend(kind):
     if kind == 'gpu':
         import cupy
@@ -58,6 +68,7 @@ class DataParallelMixin:
         self.devices = parse_devices(devices)
         self.sync_bn = sync_bn
         self.comms = make_comms(self.devices)
+        self._blas_limit = _share_cores(self.devices)
         self.pool = DevicePool(self.devices, self.comms)
         self.pool.run(self._activate_device)
         self.replicas, self.pipeline = [], None
@@ -210,6 +221,9 @@ class DataParallelMixin:
         if self.pipeline is not None:
             self.pipeline.close()
         self.pool.close()
+        if self._blas_limit is not None:
+            self._blas_limit.restore_original_limits()
+            self._blas_limit = None
 
 
 @functools.lru_cache(maxsize=None)

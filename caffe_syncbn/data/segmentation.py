@@ -1,0 +1,143 @@
+"""Image / label-map pairs for semantic segmentation: yjxiong's SegData, DeepLab's ImageSegData.
+
+Per pair, in TRAIN: rescale both by a random factor (bilinear for the image, nearest for
+the labels), take a random crop_size x crop_size window, padding at the bottom and right
+where the image is smaller (the image with its mean, which is 0 after subtraction, the
+labels with ignore_label, as DeepLab does), and flip both left-right at random when
+``mirror`` is set. In TEST the window is centred and nothing is random. The image becomes
+``(pixel - mean_value[c]) * scale``. Without crop_size the whole (rescaled) image is kept,
+trimmed to a multiple of transform_param.stride as yjxiong's layer does.
+"""
+import numpy as np
+
+from ..errors import CaffeError
+from ..layer import TRAIN
+from .datum import cv2, hwc_to_chw, read_image
+
+IGNORE_LABEL = 255
+
+
+def read_pair_list(path, prefix='', error=CaffeError):
+    """[(image path, label path)] from a list file of "image label" lines. The prefix is
+    prepended as plain text, as Caffe does (so a root folder needs its trailing '/')."""
+    try:
+        with open(path) as f:
+            words = f.read().split()
+    except OSError as exc:
+        raise error('cannot read list file %s: %s' % (path, exc.strerror)) from None
+    if not words:
+        raise error('list file %s names no images' % path)
+    if len(words) % 2:
+        raise error('list file %s: expected "image label" pairs, got an odd number (%d) of '
+                    'names' % (path, len(words)))
+    return [(prefix + words[i], prefix + words[i + 1]) for i in range(0, len(words), 2)]
+
+
+def read_pair(image_path, label_path, color=True, error=CaffeError):
+    """The image (H x W x C uint8) and its label map (H x W uint8) from their files."""
+    image = read_image(image_path, color=color)
+    labels = cv2().imread(label_path, cv2().IMREAD_GRAYSCALE)
+    if labels is None:
+        raise error('could not open or decode label map %s' % label_path)
+    if image.shape[:2] != labels.shape:
+        raise error('image %s is %d x %d but its label map %s is %d x %d'
+                    % (image_path, image.shape[0], image.shape[1], label_path,
+                       labels.shape[0], labels.shape[1]))
+    return image, labels
+
+
+class SegTransformer:
+    """Rescale, crop/pad, mirror and normalize image/label pairs (see the module doc)."""
+
+    def __init__(self, param, phase, rng, ignore_label=IGNORE_LABEL, error=CaffeError):
+        self.error = error
+        self.train = phase == TRAIN
+        self.rng = rng
+        self.scale = float(param.scale)
+        self.mirror = bool(param.mirror)
+        self.crop_size = int(param.crop_size)
+        self.stride = max(1, int(param.stride))
+        self.ratios = [float(r) for r in param.scale_ratios]
+        self.ignore_label = ignore_label
+        if param.mean_file:
+            raise error('transform_param.mean_file is not supported for segmentation data; '
+                        'use mean_value')
+        self.mean_values = np.asarray(param.mean_value, np.float64)
+        if any(r <= 0 for r in self.ratios):
+            raise error('transform_param.scale_ratios must be > 0, got %s' % self.ratios)
+
+    def output_size(self, height, width):
+        """(h, w) of the windows cut from a (rescaled) image of height x width."""
+        if self.crop_size:
+            return self.crop_size, self.crop_size
+        return height // self.stride * self.stride, width // self.stride * self.stride
+
+    def _random_ratio(self):
+        """Two scale_ratios are a range [low, high] in steps of 0.001 (yjxiong's rule);
+        one or more than two are the factors to choose from."""
+        if not self.train or not self.ratios:
+            return 1.0
+        if len(self.ratios) == 2:
+            low, high = sorted(self.ratios)
+            return low + self.rng.randint(int((high - low) * 1000) + 1) / 1000.0
+        return self.ratios[self.rng.randint(len(self.ratios))]
+
+    def _offset(self, size, window):
+        """Start of the window along one axis; 0 when the window is larger (padding)."""
+        if size <= window:
+            return 0
+        return self.rng.randint(size - window + 1) if self.train else (size - window) // 2
+
+    def __call__(self, pairs, dtype=np.float32, balance=False):
+        """(data N x C x h x w, labels N x 1 x h x w) of ``dtype`` from (image, labels) pairs.
+
+        With ``balance`` (yjxiong's seg_data_param.balance) a pair is drawn again, up to 10
+        times, while one label covers more than 80% of its window.
+        """
+        dtype = np.dtype(dtype)
+        pairs = [(image.reshape(image.shape[:2] + (-1,)), labels) for image, labels in pairs]
+        channels = pairs[0][0].shape[2]
+        if len(self.mean_values) not in (0, 1, channels):
+            raise self.error('transform_param: give 1 mean_value or one per channel (%d), got %d'
+                             % (channels, len(self.mean_values)))
+        mean = np.zeros(channels, dtype)
+        mean[...] = self.mean_values if len(self.mean_values) else 0
+        scaled = [self._rescale(image, labels) for image, labels in pairs]
+        sizes = {self.output_size(*image.shape[:2]) for image, _ in scaled}
+        if len(sizes) > 1:
+            raise self.error('images of different sizes in one batch need crop_size '
+                             '(window sizes %s)' % sorted(sizes))
+        h, w = sizes.pop()
+        data = np.zeros((len(pairs), channels, h, w), dtype)
+        labels = np.full((len(pairs), 1, h, w), self.ignore_label, dtype)
+        for i, (image, label_map) in enumerate(scaled):
+            window, window_labels = self._window(image, label_map, h, w)
+            for _ in range(10 if balance and self.train else 0):
+                if np.bincount(window_labels.ravel()).max() <= 0.8 * window_labels.size:
+                    break
+                window, window_labels = self._window(*self._rescale(*pairs[i]), h, w)
+            wh, ww = window_labels.shape
+            data[i, :, :wh, :ww] = (window.astype(dtype) - mean[:, None, None]) \
+                * dtype.type(self.scale)
+            labels[i, 0, :wh, :ww] = window_labels
+        return data, labels
+
+    def _window(self, image, label_map, h, w):
+        """The (C x h' x w' image, h' x w' labels) window, h' <= h and w' <= w, maybe flipped."""
+        top, left = self._offset(image.shape[0], h), self._offset(image.shape[1], w)
+        rows, cols = slice(top, top + h), slice(left, left + w)
+        window, window_labels = hwc_to_chw(image[rows, cols]), label_map[rows, cols]
+        if self.mirror and self.train and self.rng.randint(2):
+            window, window_labels = window[:, :, ::-1], window_labels[:, ::-1]
+        return window, window_labels
+
+    def _rescale(self, image, label_map):
+        ratio = self._random_ratio()
+        if ratio == 1.0:
+            return image, label_map
+        cv = cv2()
+        height = int(image.shape[0] * ratio + 0.5)
+        width = int(image.shape[1] * ratio + 0.5)
+        resized = cv.resize(image, (width, height), interpolation=cv.INTER_LINEAR)
+        label_map = cv.resize(label_map, (width, height), interpolation=cv.INTER_NEAREST)
+        return resized.reshape((height, width, image.shape[2])), label_map
