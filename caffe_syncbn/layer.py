@@ -144,6 +144,12 @@ class Layer:
         statistics, for example, are never learned."""
         return None
 
+    def wants_param_gradient(self, index):
+        """Whether learnable blob ``index`` gets a gradient (the Net turns it off for
+        lr_mult 0; a layer built outside a Net has no flags and wants them all)."""
+        flags = self.param_propagate_down
+        return index >= len(flags) or bool(flags[index])
+
     def allow_force_backward(self, bottom_index):
         """False for inputs that are indices or selectors, which have no gradient."""
         return True

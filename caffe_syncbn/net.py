@@ -68,12 +68,13 @@ class Net:
         self.bottom_names, self.top_names = collections.OrderedDict(), collections.OrderedDict()
         self._bottoms, self._tops, self._loss_weights = [], [], []
         self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
-        owners = {}
-        consumed, blob_need_backward = set(), {}
+        owners, explicit_mults = {}, {}
+        blob_need_backward = {}
         layer_need_backward, bottom_need_backward = [], []
+        available = set()             # Caffe's rule for outputs: produced and not consumed since
         for lp in self.net_param.layer:
-            if lp.name in self._layer_names:
-                raise layer_error(lp, 'a layer of this name already exists')
+            # Caffe accepts repeated layer names (mnist_autoencoder has two 'loss' layers);
+            # lookups by name then find the last one, as Caffe's layer_by_name does.
             layer = create_layer(lp, ctx)
             bottoms, need_backward, bottom_needs = [], False, []
             for j, name in enumerate(lp.bottom):
@@ -81,7 +82,7 @@ class Net:
                     raise layer_error(lp, "unknown bottom blob '%s' (no earlier layer produces it; "
                                       'known blobs: %s)' % (name, ', '.join(self.blobs) or 'none'))
                 bottoms.append(self.blobs[name])
-                consumed.add(name)
+                available.discard(name)
                 needs = blob_need_backward[name]
                 if len(lp.propagate_down) > 0:
                     if len(lp.propagate_down) != len(lp.bottom):
@@ -99,12 +100,16 @@ class Net:
                 else:
                     self.blobs[name] = Blob((), ctx.dtype, ctx.xp)
                     tops.append(self.blobs[name])
+                available.add(name)
             layer.setup(bottoms, tops)
             layer.reshape(bottoms, tops)
+            if len(lp.param) > len(layer.blobs):
+                raise layer_error(lp, '%d param specs given for %d learnable blobs'
+                                  % (len(lp.param), len(layer.blobs)))
             weights = [lp.loss_weight[j] if j < len(lp.loss_weight) else
                        (1.0 if layer.is_loss and j == 0 else 0.0) for j in range(len(tops))]
             for j, blob in enumerate(layer.blobs):
-                wants_grad = self._register_param(lp, layer, j, blob, owners)
+                wants_grad = self._register_param(lp, layer, j, blob, owners, explicit_mults)
                 need_backward |= wants_grad
             for name in lp.top:
                 blob_need_backward[name] = need_backward
@@ -122,14 +127,18 @@ class Net:
         self.params = collections.OrderedDict(
             (name, layer.blobs) for name, layer in zip(self._layer_names, self.layers) if layer.blobs)
         self.inputs = [name for lp in self.net_param.layer if lp.type == 'Input' for name in lp.top]
-        self.outputs = [name for name in self.blobs if name not in consumed]
+        self.outputs = sorted(available)          # Caffe lists them by name
         self.output_blob_loss_weights = {
             name: w for tops, ws in zip(self.top_names.values(), self._loss_weights)
             for name, w in zip(tops, ws) if w}
         self._write_loss_weights()
 
-    def _register_param(self, lp, layer, j, blob, owners):
-        """Apply ParamSpec j (lr_mult, decay_mult, sharing); return whether it wants a gradient."""
+    def _register_param(self, lp, layer, j, blob, owners, explicit_mults):
+        """Apply ParamSpec j (lr_mult, decay_mult, sharing); return whether it wants a gradient.
+
+        ``explicit_mults[index]`` holds which of lr_mult/decay_mult the prototxt set for
+        learnable param ``index``: a sharing layer may set one its owner left out (Caffe).
+        """
         spec = lp.param[j] if j < len(lp.param) else caffe_pb2.ParamSpec()
         lr_mult, decay_mult = spec.lr_mult, spec.decay_mult
         fixed = layer.fixed_param_mults(j)
@@ -150,13 +159,23 @@ class Net:
                                   '(use share_mode: PERMISSIVE to share by count)'
                                   % (spec.name, blob.shape, owner.shape))
             index = self.learnable_params.index(owner)
-            if spec.HasField('lr_mult') and spec.lr_mult != self.params_lr[index]:
-                raise layer_error(lp, "shared param '%s' has lr_mult %g but its owner has %g"
-                                  % (spec.name, spec.lr_mult, self.params_lr[index]))
+            for field, values in (('lr_mult', self.params_lr), ('decay_mult', self.params_weight_decay)):
+                if not spec.HasField(field):
+                    continue
+                value = getattr(spec, field)
+                if field not in explicit_mults[index]:
+                    values[index] = value
+                    explicit_mults[index].add(field)
+                elif value != values[index]:
+                    raise layer_error(lp, "shared param '%s' has %s %g but its owner has %g"
+                                      % (spec.name, field, value, values[index]))
             layer.blobs[j] = owner if owner.shape == blob.shape else _reshaped_view(owner, blob.shape)
             return lr_mult != 0
         if spec.name:
             owners[spec.name] = blob
+        forced = fixed or (None, None)
+        explicit_mults[len(self.learnable_params)] = {
+            f for f, value in zip(('lr_mult', 'decay_mult'), forced) if spec.HasField(f) or value is not None}
         self.learnable_params.append(blob)
         self.params_lr.append(lr_mult)
         self.params_weight_decay.append(decay_mult)

@@ -1,6 +1,7 @@
 """Rewrites of a NetParameter before layers are built: phase/level/stage filtering and
 the Split layers Caffe inserts where one blob feeds several consumers."""
 from . import caffe_pb2
+from .errors import layer_error
 
 
 def state_meets_rule(state, rule):
@@ -20,7 +21,7 @@ def state_meets_rule(state, rule):
 
 def layer_included(layer, state):
     if layer.include and layer.exclude:
-        raise ValueError("layer '%s' has both include and exclude rules" % layer.name)
+        raise layer_error(layer, 'has both include and exclude rules; use one kind')
     if layer.include:
         return any(state_meets_rule(state, r) for r in layer.include)
     return not any(state_meets_rule(state, r) for r in layer.exclude)

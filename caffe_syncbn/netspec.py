@@ -83,6 +83,8 @@ class Function:
             layer.top.extend(layer.bottom)
         else:
             layer.top.extend(self._name(t, names, autonames) for t in self.tops)
+        if self not in names and self.tops:          # pycaffe names a layer after its first top
+            names[self] = self._name(self.tops[0], names, autonames)
         layer.name = self._name(self, names, autonames)
         type_field = _type_param_fields().get(self.type_name)
         for key, value in self.params.items():

@@ -15,11 +15,6 @@ from .im2col import col2im, conv_output_shape, im2col
 _WIDE_IMAGE = 1024
 
 
-def wants_param_grad(layer, j):
-    """Whether learnable blob ``j`` gets a gradient (the Net clears it for lr_mult 0)."""
-    return j >= len(layer.param_propagate_down) or layer.param_propagate_down[j]
-
-
 def _per_image(n, p):
     return n == 1 or p >= _WIDE_IMAGE
 
@@ -200,7 +195,7 @@ class _ConvolutionBase(_SpatialLayer):
 
     def _accumulate_bias_grad(self, top_diff):
         """``top_diff`` as ``(N, num_output, positions)``."""
-        if self.bias_term and wants_param_grad(self, 1):
+        if self.bias_term and self.wants_param_gradient(1):
             self.blobs[1].diff += top_diff.sum(axis=(0, 2))
 
     def _accumulate_weight_grad(self, left, right):
@@ -238,7 +233,7 @@ class ConvolutionLayer(_ConvolutionBase):
             dy = t.diff.reshape(self.batch, self.num_output, positions)
             grouped_dy = self._grouped(dy, positions)
             self._accumulate_bias_grad(dy)
-            if wants_param_grad(self, 0):
+            if self.wants_param_gradient(0):
                 source, col = self._kept_columns.pop(i, (None, None))
                 if source is not b.data:
                     col = self._grouped_columns(b.data)
@@ -274,11 +269,11 @@ class DeconvolutionLayer(_ConvolutionBase):
         for i, (t, b) in enumerate(zip(top, bottom)):
             dy = t.diff.reshape(self.batch, self.num_output, int(np.prod(self.out_spatial)))
             self._accumulate_bias_grad(dy)
-            if not (wants_param_grad(self, 0) or propagate_down[i]):
+            if not (self.wants_param_gradient(0) or propagate_down[i]):
                 continue
             col = self._columns(self._image(dy, self.num_output, self.out_spatial))
             col = self._grouped(col, positions)
-            if wants_param_grad(self, 0):
+            if self.wants_param_gradient(0):
                 self._accumulate_weight_grad(self._grouped(b.data, positions), col)
             if propagate_down[i]:
                 b.diff[...] = grouped_matmul(weight, col).reshape(b.shape)

@@ -2,7 +2,6 @@
 import numpy as np
 
 from ..layer import Layer, register
-from .conv import wants_param_grad
 from .pooling import scatter_add
 
 
@@ -50,10 +49,10 @@ class InnerProductLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff.reshape(-1, self.num_output)
         x = bottom[0].data.reshape(-1, self.inputs)
-        if wants_param_grad(self, 0):
+        if self.wants_param_gradient(0):
             grad = x.T @ dy if self.transpose else dy.T @ x
             self.blobs[0].diff += grad.reshape(self.blobs[0].shape)
-        if self.bias_term and wants_param_grad(self, 1):
+        if self.bias_term and self.wants_param_gradient(1):
             self.blobs[1].diff += dy.sum(axis=0)
         if propagate_down[0]:
             bottom[0].diff[...] = (dy @ self._weight_nk()).reshape(bottom[0].shape)
@@ -102,7 +101,7 @@ class EmbedLayer(Layer):
         if propagate_down[0]:
             raise self.error('cannot backpropagate to the indices (bottom 0)')
         dy = top[0].diff.reshape(-1, self.num_output)
-        if wants_param_grad(self, 0):
+        if self.wants_param_gradient(0):
             scatter_add(self.blobs[0].diff, self._indices(bottom[0].data), dy)
-        if self.bias_term and wants_param_grad(self, 1):
+        if self.bias_term and self.wants_param_gradient(1):
             self.blobs[1].diff += dy.sum(axis=0)

@@ -5,12 +5,6 @@ from .. import caffe_pb2
 from ..layer import TRAIN, Layer, register
 
 
-def wants_param_gradient(layer, index):
-    """Whether the Net asked for the gradient of ``layer.blobs[index]`` (missing entries: yes)."""
-    flags = layer.param_propagate_down
-    return index >= len(flags) or bool(flags[index])
-
-
 class NeuronLayer(Layer):
     """Base of the element-wise layers.
 
@@ -97,7 +91,7 @@ class PReLULayer(NeuronLayer):
         xp = self.xp
         x = self._saved_input if self._saved_input is not None else bottom[0].data
         dy = top[0].diff
-        if wants_param_gradient(self, 0):
+        if self.wants_param_gradient(0):
             negative_part = xp.where(x > 0, 0, dy * x)
             axes = None if self.channel_shared else (0,) + tuple(range(2, x.ndim))
             self.blobs[0].diff += negative_part.sum(axis=axes)

@@ -157,9 +157,6 @@ class _ChannelNorm(Layer):
     def set_stat(self, j, values):
         self.blobs[j].data[...] = values.reshape(self.blobs[j].shape).astype(self.dtype)
 
-    def wants_param_gradient(self, j):
-        return j >= len(self.param_propagate_down) or self.param_propagate_down[j]
-
     def add_param_gradient(self, j, values):
         blob = self.blobs[j]
         blob.diff += values.reshape(blob.shape).astype(self.dtype)

@@ -132,9 +132,6 @@ class _Recurrent(Layer):
         for t in top[1:]:
             t.reshape(state_shape)
 
-    def wants_param_grad(self, j):
-        return j >= len(self.param_propagate_down) or self.param_propagate_down[j]
-
     def project_inputs(self, bottom):
         """W x_t + b (+ W_static x_static) for every step at once: (T, N, gates)."""
         steps, num = bottom[1].shape
@@ -147,15 +144,15 @@ class _Recurrent(Layer):
     def project_inputs_backward(self, bottom, propagate_down, dprojected):
         steps, num = bottom[1].shape
         flat = dprojected.reshape(steps * num, -1)
-        if self.wants_param_grad(0):
+        if self.wants_param_gradient(0):
             self.blobs[0].diff += flat.T @ bottom[0].data.reshape(steps * num, -1)
-        if self.wants_param_grad(1):
+        if self.wants_param_gradient(1):
             self.blobs[1].diff += flat.sum(axis=0)
         if propagate_down[0]:
             bottom[0].diff[...] = (flat @ self.blobs[0].data).reshape(bottom[0].shape)
         if self.static:
             per_item = dprojected.sum(axis=0)            # the static input feeds every step
-            if self.wants_param_grad(2):
+            if self.wants_param_gradient(2):
                 self.blobs[2].diff += per_item.T @ bottom[2].data.reshape(num, -1)
             if propagate_down[2]:
                 bottom[2].diff[...] = (per_item @ self.blobs[2].data).reshape(bottom[2].shape)
@@ -228,7 +225,7 @@ class LSTMLayer(_Recurrent):
         for t in reversed(range(steps)):
             dgates[t], dc = lstm_unit_backward(xp, self.caches[t], dc, top[0].diff[t] + dh_next)
             dh_next = cont[t][:, None] * (dgates[t] @ w_hc)
-        if self.wants_param_grad(len(self.blobs) - 1):
+        if self.wants_param_gradient(len(self.blobs) - 1):
             self.blobs[-1].diff += (dgates.reshape(steps * num, -1).T @
                                     self.conted.reshape(steps * num, -1))
         self.project_inputs_backward(bottom, propagate_down, dgates)
@@ -270,9 +267,9 @@ class RNNLayer(_Recurrent):
         first = len(self.blobs) - 3                      # index of W_hh
         w_hh, w_ho = self.blobs[first].data, self.blobs[first + 1].data
         dout = (top[0].diff * (1 - self.output ** 2)).reshape(steps * num, -1)
-        if self.wants_param_grad(first + 1):
+        if self.wants_param_gradient(first + 1):
             self.blobs[first + 1].diff += dout.T @ self.hiddens.reshape(steps * num, -1)
-        if self.wants_param_grad(first + 2):
+        if self.wants_param_gradient(first + 2):
             self.blobs[first + 2].diff += dout.sum(axis=0)
         dh_from_output = (dout @ w_ho).reshape(steps, num, -1)
         (dh_next,) = self.final_state_diffs(top, num)
@@ -281,7 +278,7 @@ class RNNLayer(_Recurrent):
             dh = dh_from_output[t] + dh_next
             dpre[t] = dh * (1 - self.hiddens[t] ** 2)
             dh_next = cont[t][:, None] * (dpre[t] @ w_hh)
-        if self.wants_param_grad(first):
+        if self.wants_param_gradient(first):
             self.blobs[first].diff += (dpre.reshape(steps * num, -1).T @
                                        self.conted.reshape(steps * num, -1))
         self.project_inputs_backward(bottom, propagate_down, dpre)

@@ -5,7 +5,6 @@ The operand (a learned blob, or the second bottom) covers the bottom's axes
 """
 from .. import caffe_pb2
 from ..layer import Layer, register
-from .neuron import wants_param_gradient
 from .shape import canonical_axis
 
 
@@ -87,11 +86,11 @@ class ScaleLayer(Layer):
         outer, dim, inner = self.dims
         dy3 = top[0].diff.reshape(outer, dim, inner)
         # read the top diff fully before writing bottom 0's diff: in place they are one array
-        if self.bias_index is not None and wants_param_gradient(self, self.bias_index):
+        if self.bias_index is not None and self.wants_param_gradient(self.bias_index):
             bias = self.blobs[self.bias_index]
             bias.diff += operand_sum(dy3, bias.shape)
         learned = len(bottom) == 1
-        if (learned and wants_param_gradient(self, 0)) or (not learned and propagate_down[1]):
+        if (learned and self.wants_param_gradient(0)) or (not learned and propagate_down[1]):
             x = self._saved_input if self._saved_input is not None else bottom[0].data
             scale_grad = operand_sum(dy3 * x.reshape(outer, dim, inner), scale.shape)
             if learned:
@@ -135,7 +134,7 @@ class BiasLayer(Layer):
         bias = self._bias_blob(bottom)
         dy3 = top[0].diff.reshape(self.dims)
         if len(bottom) == 1:
-            if wants_param_gradient(self, 0):
+            if self.wants_param_gradient(0):
                 bias.diff += operand_sum(dy3, bias.shape)
         elif propagate_down[1]:
             bias.diff[...] = operand_sum(dy3, bias.shape)

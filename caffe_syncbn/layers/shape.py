@@ -4,7 +4,6 @@ import numpy as np
 
 from ..backend import to_numpy
 from ..layer import Layer, register
-from .neuron import wants_param_gradient
 
 
 def canonical_axis(layer, blob, axis):
@@ -385,5 +384,5 @@ class ParameterLayer(Layer):
         top[0].data = self.blobs[0].data
 
     def backward(self, top, propagate_down, bottom):
-        if wants_param_gradient(self, 0):
+        if self.wants_param_gradient(0):
             self.blobs[0].diff += top[0].diff

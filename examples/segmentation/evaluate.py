@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Pixel accuracy and mean IoU of a trained segmentation net on the held-out list.
+
+    python examples/segmentation/evaluate.py WEIGHTS [--model fcn_bn.prototxt] [--images 96]
+
+Run it from examples/segmentation (the net's list files are relative to that folder).
+Weights written by `train_net.py --sync-bn` hold SyncBN layers, so the net is converted
+with the same to_syncbn before they load.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
+
+import caffe_syncbn as caffe  # noqa: E402
+from caffe_syncbn.convert import to_syncbn  # noqa: E402
+
+IGNORE = 255
+
+
+def confusion(prediction, label, classes):
+    """classes x classes counts of (true, predicted) over the pixels not ignored."""
+    keep = label != IGNORE
+    index = label[keep].astype(np.int64) * classes + prediction[keep].astype(np.int64)
+    return np.bincount(index, minlength=classes * classes).reshape(classes, classes)
+
+
+def scores(matrix):
+    """Pixel accuracy, mean IoU and the per-class IoUs of a confusion matrix."""
+    true_positive = np.diag(matrix).astype(np.float64)
+    union = matrix.sum(0) + matrix.sum(1) - true_positive
+    iou = np.where(union > 0, true_positive / np.maximum(union, 1), np.nan)
+    return true_positive.sum() / max(matrix.sum(), 1), float(np.nanmean(iou)), iou
+
+
+def evaluate(weights, model='fcn_bn.prototxt', images=96, sync_bn=True):
+    param = to_syncbn(model)[0] if sync_bn else caffe.net.load_net_param(model)
+    net = caffe.Net(param, caffe.TEST, weights=weights)
+    scores_blob = [name for name in net.top_names.values() for name in name
+                   if net.blobs[name].data.ndim == 4 and name != 'data'][-1]
+    matrix, seen = None, 0
+    while seen < images:
+        net.forward()
+        logits = caffe.backend.to_numpy(net.blobs[scores_blob].data)
+        label = caffe.backend.to_numpy(net.blobs['label'].data)[:, 0]
+        take = min(images - seen, logits.shape[0])
+        counts = confusion(logits[:take].argmax(axis=1), label[:take], logits.shape[1])
+        matrix = counts if matrix is None else matrix + counts
+        seen += take
+    return scores(matrix)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('weights')
+    p.add_argument('--model', default='fcn_bn.prototxt')
+    p.add_argument('--images', type=int, default=96, help='held-out images (the val list)')
+    p.add_argument('--no-sync-bn', action='store_true', help='weights hold the original BN layers')
+    args = p.parse_args(argv)
+    accuracy, miou, iou = evaluate(args.weights, args.model, args.images, not args.no_sync_bn)
+    print('pixel accuracy %.4f, mean IoU %.4f' % (accuracy, miou))
+    print('per-class IoU: ' + ', '.join('%.3f' % v for v in iou))
+
+
+if __name__ == '__main__':
+    main()
