@@ -318,6 +318,22 @@ class Net:
     def load_hdf5(self, path):
         self.copy_from(path)
 
+    def set_input_arrays(self, data, labels):
+        """pycaffe's: hand arrays to the net's MemoryData layer (the first that takes them)."""
+        for layer in self.layers:
+            if hasattr(layer, 'set_input_arrays'):
+                return layer.set_input_arrays(data, labels)
+        raise CaffeError("net '%s' has no layer that takes input arrays (MemoryData)" % self.name)
+
+    @property
+    def layer_dict(self):
+        return collections.OrderedDict(zip(self._layer_names, self.layers))
+
+    @property
+    def blob_loss_weights(self):
+        return collections.OrderedDict((name, self.output_blob_loss_weights.get(name, 0.0))
+                                       for name in self.blobs)
+
     def __repr__(self):
         return "Net('%s', %s, %d layers)" % (self.name, 'TRAIN' if self.phase == TRAIN else 'TEST',
                                               len(self.layers))

@@ -34,14 +34,31 @@ random_seed: 3 snapshot_prefix: "%(prefix)s" snapshot_after_train: true
 '''
 
 
-def make_job(folder, batch, max_iter=3, rows=48):
+LMDB_DATA = '''layer { name: "data" type: "Data" top: "data" top: "label"
+        data_param { source: "%(db)s" backend: LMDB batch_size: %(batch)d }
+        transform_param { scale: 0.02 mean_value: 120 } }
+'''
+
+
+def make_job(folder, batch, max_iter=3, rows=48, source='hdf5'):
+    """A tiny conv-BatchNorm-Scale net reading ``rows`` samples from HDF5 or an LMDB."""
     folder.mkdir(parents=True, exist_ok=True)
     rs = np.random.RandomState(0)
+    images = rs.randint(0, 256, (rows, 2, 5, 5)).astype(np.uint8)
+    labels = rs.randint(0, 3, rows)
     with h5py.File(folder / 'data.h5', 'w') as f:
-        f['data'] = rs.standard_normal((rows, 2, 5, 5)).astype(np.float32)
-        f['label'] = rs.randint(0, 3, rows).astype(np.float32)
+        f['data'] = (images.astype(np.float32) - 120) * 0.02
+        f['label'] = labels.astype(np.float32)
     (folder / 'list.txt').write_text(str(folder / 'data.h5') + '\n')
-    (folder / 'net.prototxt').write_text(NET % {'list': folder / 'list.txt', 'batch': batch})
+    net = NET % {'list': folder / 'list.txt', 'batch': batch}
+    if source == 'lmdb':
+        from caffe_syncbn.data.datum import array_to_datum, write_lmdb
+        records = [(b'%08d' % i, array_to_datum(image, int(label)).SerializeToString())
+                   for i, (image, label) in enumerate(zip(images, labels))]
+        write_lmdb(str(folder / 'db'), [records])
+        net = net.replace(net[net.index('layer {'):net.index('layer { name: "conv"')],
+                          LMDB_DATA % {'db': folder / 'db', 'batch': batch})
+    (folder / 'net.prototxt').write_text(net)
     solver = folder / 'solver.prototxt'
     solver.write_text(SOLVER % {'net': folder / 'net.prototxt', 'max_iter': max_iter,
                                 'prefix': folder / 'snap'})
@@ -58,9 +75,11 @@ def params_of(path, prototxt):
     return {k: [b.data.copy() for b in v] for k, v in net.params.items()}
 
 
-def test_four_devices_with_sync_bn_equal_one_device(tmp_path):
-    four = make_job(tmp_path / 'four', batch=4)
-    one = make_job(tmp_path / 'one', batch=16)
+@pytest.mark.parametrize('source', ['lmdb', 'hdf5'])
+def test_four_devices_with_sync_bn_equal_one_device(tmp_path, source):
+    """The real pipeline: one reader draws 4 x 4 samples and splits them over 4 devices."""
+    four = make_job(tmp_path / 'four', batch=4, source=source)
+    one = make_job(tmp_path / 'one', batch=16, source=source)
     a = run_tool('--solver', four, '--cpu-devices', 4, '--sync-bn')
     assert a.returncode == 0, a.stderr
     b = run_tool('--solver', one, '--cpu-devices', 1, '--sync-bn')

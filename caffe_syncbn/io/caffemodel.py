@@ -201,7 +201,7 @@ def _shared_params(net):
     owners = getattr(net, 'learnable_params', None)
     owner_ids = {id(b) for b in owners} if owners is not None else None
     shared, seen = set(), set()
-    for name, layer in net.layer_by_name.items():
+    for name, layer in zip(net._layer_names, net.layers):
         for j, blob in enumerate(layer.blobs):
             if id(blob) in seen or (owner_ids is not None and id(blob) not in owner_ids):
                 shared.add((name, j))
@@ -217,7 +217,7 @@ def _copy_from_hdf5(net, path):
             if 'data' not in f:
                 raise CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)
             data = f['data']
-            for name, layer in net.layer_by_name.items():
+            for name, layer in zip(net._layer_names, net.layers):
                 if name not in data:
                     continue
                 group = data[name]
@@ -276,7 +276,7 @@ def net_to_proto(net):
     proto = caffe_pb2.NetParameter()
     if getattr(net, 'name', ''):
         proto.name = net.name
-    for layer in net.layer_by_name.values():
+    for layer in net.layers:
         proto.layer.add().CopyFrom(_layer_proto(layer))
     return proto
 
@@ -290,7 +290,7 @@ def write_caffemodel(net, path):
     with atomic_write(path) as f:
         if getattr(net, 'name', ''):
             f.write(caffe_pb2.NetParameter(name=net.name).SerializeToString())
-        for layer in net.layer_by_name.values():
+        for layer in net.layers:
             f.write(_length_delimited(_NET_LAYER_FIELD, _layer_proto(layer).SerializeToString()))
 
 
@@ -305,7 +305,7 @@ def write_hdf5(net, path):
     with atomic_write(path, as_path=True) as tmp:
         with h5py.File(tmp, 'w') as f:
             data = f.create_group('data')
-            for name, layer in net.layer_by_name.items():
+            for name, layer in zip(net._layer_names, net.layers):
                 group = data.require_group(name)   # 'a' may exist as the parent of 'a/b'
                 for j, blob in enumerate(layer.blobs):
                     if (name, j) not in shared:
