@@ -25,11 +25,19 @@ class FakeLayer:
 
 
 class FakeNet:
-    """The minimal interface the weight functions use: name and layer_by_name."""
+    """The minimal interface the weight functions use: name, layers, _layer_names and
+    layer_by_name."""
 
     def __init__(self, name, layers):
         self.name = name
-        self.layer_by_name = {layer.param.name: layer for layer in layers}
+        self.layers, self._layer_names, self.layer_by_name = [], [], {}
+        for layer in layers:
+            self.add(layer)
+
+    def add(self, layer):
+        self.layers.append(layer)
+        self._layer_names.append(layer.param.name)
+        self.layer_by_name[layer.param.name] = layer
 
 
 def blob_of(array, dtype=np.float32):
@@ -244,12 +252,12 @@ BIG_SCRIPT = textwrap.dedent('''
         name = 'big'
 
     net = Net()
-    net.layer_by_name = {}
-    for i in range(int(sys.argv[2])):          # 100 MB per layer
-        layer = Layer('fc%d' % i, (25000, 1000))
+    net.layers = [Layer('fc%d' % i, (25000, 1000)) for i in range(int(sys.argv[2]))]  # 100 MB each
+    for i, layer in enumerate(net.layers):
         layer.blobs[0].data[...] = i
         layer.blobs[0].data[-1, -3:] = [-1, -2, -3]
-        net.layer_by_name[layer.param.name] = layer
+    net._layer_names = [layer.param.name for layer in net.layers]
+    net.layer_by_name = dict(zip(net._layer_names, net.layers))
     start = time.time()
     write_caffemodel(net, sys.argv[1])
     for layer in net.layer_by_name.values():
@@ -331,7 +339,7 @@ def test_hdf5_shared_params_stored_once(tmp_path):
     net = small_net()
     shared = FakeLayer(caffe_pb2.LayerParameter(name='ip_copy', type='InnerProduct'),
                        net.layer_by_name['ip'].blobs)
-    net.layer_by_name['ip_copy'] = shared
+    net.add(shared)
     path = tmp_path / 'shared.h5'
     write_hdf5(net, path)
     with h5py.File(path, 'r') as f:
