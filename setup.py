@@ -1,3 +1,5 @@
+from glob import glob
+
 from setuptools import find_packages, setup
 
 setup(
@@ -6,7 +8,8 @@ setup(
     description='Caffe models on numpy/CuPy, trained data-parallel with synchronized batch norm',
     packages=find_packages(include=['caffe_syncbn', 'caffe_syncbn.*']),
     package_data={'caffe_syncbn': ['caffe.pb']},
-    data_files=[('share/caffe_syncbn/cuda', [])],
+    # the kernels' CUDA sources, where caffe_syncbn.cuda_kernels looks outside a source tree
+    data_files=[('share/caffe_syncbn/cuda', sorted(glob('cuda/*.cu') + glob('cuda/*.cuh')))],
     python_requires='>=3.10',
     install_requires=['numpy>=1.23', 'protobuf>=4.21', 'h5py>=3.7', 'lmdb>=1.3', 'tqdm>=4.60', 'threadpoolctl>=3'],
     extras_require={

@@ -25,6 +25,16 @@ def mode():
     return _state['mode']
 
 
+def mode_array_module():
+    """The array module that ``set_mode_cpu``/``set_mode_gpu`` chose, as pycaffe's global
+    mode does: cupy (with the ``set_device`` GPU made current) or numpy."""
+    if _state['mode'] != 'gpu':
+        return np
+    import cupy
+    cupy.cuda.Device(_state['device']).use()
+    return cupy
+
+
 def get_array_module(*arrays):
     """numpy or cupy, whichever the given arrays belong to (numpy if unsure)."""
     for a in arrays:

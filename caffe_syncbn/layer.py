@@ -67,11 +67,15 @@ class LayerContext:
     comm:   the Communicator that joins the replicas of a data-parallel run (None alone)
     rng:    this replica's numpy RandomState (dropout masks, data shuffling)
     feeder: the input pipeline's batch for this replica, for data layers (None outside a solver)
+    cuda_kernels: layers that have a kernel in cuda/ run it (default: when xp is CuPy); the
+            tests switch it on over numpy arrays with an emulation of the kernels
     """
 
-    def __init__(self, phase=TRAIN, xp=np, dtype=np.float32, comm=None, rng=None, feeder=None):
+    def __init__(self, phase=TRAIN, xp=np, dtype=np.float32, comm=None, rng=None, feeder=None,
+                 cuda_kernels=None):
         self.phase = phase
         self.xp = xp
+        self.cuda_kernels = xp is not np if cuda_kernels is None else cuda_kernels
         self.dtype = np.dtype(dtype)
         self.comm = comm
         self.rng = rng if rng is not None else np.random.RandomState()
@@ -125,6 +129,11 @@ class Layer:
     @property
     def dtype(self):
         return self.ctx.dtype
+
+    @property
+    def cuda_kernels(self):
+        """Whether this layer runs its fast path of caffe_syncbn/gpu (see LayerContext)."""
+        return self.ctx.cuda_kernels
 
     def setup(self, bottom, top):
         pass

@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from . import caffe_pb2
+from .backend import mode_array_module
 from .blob import Blob
 from .errors import CaffeError, layer_error
 from .layer import TEST, TRAIN, LayerContext, create_layer
@@ -44,7 +45,7 @@ class Net:
         if phase is None:
             raise CaffeError('Net needs a phase: TRAIN or TEST')
         if context is None:
-            context = LayerContext(phase=phase, dtype=dtype or np.float32)
+            context = LayerContext(phase=phase, xp=mode_array_module(), dtype=dtype or np.float32)
         context.phase = phase
         self.context = context
         self.phase = phase

@@ -63,7 +63,7 @@ def replay(net, ref):
     net.clear_param_diffs()
     for key in ref.files:
         if key.startswith('topdiff/'):
-            net.blobs[key.split('/', 1)[1]].diff[...] = ref[key]
+            net.blobs[key.split('/', 1)[1]].diff[...] = net.context.xp.asarray(ref[key])
     net.backward()
     for key in ref.files:
         kind, _, rest = key.partition('/')
@@ -74,14 +74,19 @@ def replay(net, ref):
             assert_close(net.params[layer][int(index)].diff, ref[key], key)
 
 
-@pytest.mark.parametrize('name', cases())
-def test_golden_case(name, monkeypatch):
+def run_case(name, monkeypatch):
+    """Build the golden case ``name`` in the current mode (CPU or GPU) and replay it."""
     require(GOLDEN / (name + '.npz'))
     monkeypatch.chdir(GOLDEN)          # prototxt paths (HDF5 sources, infogain files) are relative
     ref = np.load(GOLDEN / (name + '.npz'))
     phase = caffe.TRAIN if str(ref['phase']) == 'TRAIN' else caffe.TEST
     net = caffe.Net(name + '.prototxt', phase, weights=weights_for(name))
     replay(net, ref)
+
+
+@pytest.mark.parametrize('name', cases())
+def test_golden_case(name, monkeypatch):
+    run_case(name, monkeypatch)
 
 
 def test_v1_prototxt_builds_the_same_net(monkeypatch):

@@ -8,7 +8,8 @@ import numpy as np
 
 from ..backend import get_array_module
 from ..layer import TRAIN, Layer, register
-from .im2col import col2im, conv_output_shape, im2col
+from . import im2col as im2col_module
+from .im2col import conv_output_shape
 
 # Below this many output positions per image, per-image GEMMs are too thin to run at
 # full speed, so the batch is folded into the GEMM's columns (at the cost of a transpose).
@@ -119,19 +120,28 @@ class _SpatialLayer(Layer):
     def _image(self, array, channels, spatial):
         return array.reshape((self.batch, channels) + tuple(spatial))
 
+    def _im2col_module(self):
+        """The kernels of caffe_syncbn/gpu for 2-D convolutions, else the array code."""
+        if self.cuda_kernels and self.num_spatial == 2:
+            from ..gpu import im2col_gpu
+            return im2col_gpu
+        return im2col_module
+
     def _columns(self, image):
         """im2col of ``image`` ``(N, C, *spatial)``; a view of it for 1x1 kernels."""
         if self.pointwise:
             return image
         try:
-            return im2col(image, self.kernel, self.pad, self.stride, self.dilation)
+            return self._im2col_module().im2col(image, self.kernel, self.pad, self.stride,
+                                                self.dilation)
         except ValueError as e:
             raise self.error(str(e)) from None
 
     def _image_from_columns(self, col, spatial):
         if self.pointwise:
             return col
-        return col2im(col, spatial, self.kernel, self.pad, self.stride, self.dilation)
+        return self._im2col_module().col2im(col, spatial, self.kernel, self.pad, self.stride,
+                                            self.dilation)
 
 
 class _ConvolutionBase(_SpatialLayer):

@@ -99,7 +99,19 @@ class InterpLayer(Layer):
         b = self.crop_begin
         return array[:, :, b:b + self.in_hw[0], b:b + self.in_hw[1]]
 
+    def _kernel_path(self, array):
+        """The Interp module of caffe_syncbn/gpu when it runs this layer, else None."""
+        if self.cuda_kernels:
+            from ..gpu import interp_gpu
+            if interp_gpu.supported(self, array):
+                return interp_gpu
+        return None
+
     def forward(self, bottom, top):
+        kernels = self._kernel_path(bottom[0].data)
+        if kernels is not None:
+            kernels.forward(self, bottom, top)
+            return
         x = self._cropped(bottom[0].data)
         if self.copy_only:
             top[0].data[...] = x
@@ -110,6 +122,10 @@ class InterpLayer(Layer):
                             + h_w1[:, None] * along_w[:, :, h_second])
 
     def backward(self, top, propagate_down, bottom):
+        kernels = self._kernel_path(top[0].diff)
+        if kernels is not None:
+            kernels.backward(self, top, propagate_down, bottom)
+            return
         if not propagate_down[0]:
             return
         dy = top[0].diff

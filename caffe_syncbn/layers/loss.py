@@ -150,6 +150,10 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
         return self.param.softmax_param.axis
 
     def forward(self, bottom, top):
+        if self.cuda_kernels:
+            from ..gpu import softmax_loss_gpu
+            softmax_loss_gpu.forward(self, bottom, top)
+            return
         xp = self.xp
         self.softmax_and_labels(bottom, top)
         p_true = xp.take_along_axis(self.prob, self.label[:, None, :], axis=1)[:, 0, :]
@@ -157,6 +161,10 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
         self.set_loss(top, -xp.sum(xp.where(self.valid, log_p, 0)), self.normalizer_value)
 
     def backward(self, top, propagate_down, bottom):
+        if self.cuda_kernels:
+            from ..gpu import softmax_loss_gpu
+            softmax_loss_gpu.backward(self, top, propagate_down, bottom)
+            return
         self.refuse_label_gradient(propagate_down)
         if not propagate_down[0]:
             return

@@ -47,11 +47,19 @@ class LRNLayer(Layer):
         return centered_window_sum(centered_window_sum(a, 2, self.size), 3, self.size)
 
     def forward(self, bottom, top):
+        if self.cuda_kernels and self.across:
+            from ..gpu import lrn_gpu
+            lrn_gpu.forward(self, bottom, top)
+            return
         x = bottom[0].data
         self._scale = self.k + (self.alpha / self.cells) * self._window_sum(x * x)
         top[0].data[...] = x * self._scale ** -self.beta
 
     def backward(self, top, propagate_down, bottom):
+        if self.cuda_kernels and self.across:
+            from ..gpu import lrn_gpu
+            lrn_gpu.backward(self, top, propagate_down, bottom)
+            return
         if not propagate_down[0]:
             return
         x, y, dy, scale = bottom[0].data, top[0].data, top[0].diff, self._scale

@@ -258,6 +258,10 @@ class BN(_ChannelNorm):
         return sum_dy, sum_dy_x_hat
 
     def forward(self, bottom, top):
+        if self.cuda_kernels:
+            from ..gpu import syncbn_gpu
+            syncbn_gpu.layer_forward(self, bottom, top)
+            return
         x3 = channel_view(bottom[0].data)
         if self.use_running_stats:
             mean, var = self.stat(self.MEAN), self.stat(self.VAR)
@@ -276,6 +280,10 @@ class BN(_ChannelNorm):
         self.write_top(top, y3)
 
     def backward(self, top, propagate_down, bottom):
+        if self.cuda_kernels:
+            from ..gpu import syncbn_gpu
+            syncbn_gpu.layer_backward(self, top, propagate_down, bottom)
+            return
         dy3 = channel_view(top[0].diff)
         scale = self.stat(self.SLOPE) * self._inv_std
         if self.frozen:

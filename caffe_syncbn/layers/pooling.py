@@ -246,8 +246,19 @@ class PoolingLayer(Layer):
         for t in top:
             t.reshape(bottom[0].shape[:2] + self.pool.out_hw)
 
+    def _kernel_path(self):
+        """The pooling module of caffe_syncbn/gpu when it runs this layer, else None."""
+        if self.cuda_kernels and self.method in ('MAX', 'AVE'):
+            from ..gpu import pooling_gpu
+            return pooling_gpu
+        return None
+
     def forward(self, bottom, top):
-        result = self.pool.forward(bottom[0].data, self.phase, self.ctx.rng)
+        kernels = self._kernel_path()
+        if kernels is not None:
+            result = kernels.forward(self.pool, bottom[0].data)
+        else:
+            result = self.pool.forward(bottom[0].data, self.phase, self.ctx.rng)
         top[0].data[...] = result
         if len(top) > 1:
             top[1].data[...] = self.pool.mask()
@@ -255,8 +266,10 @@ class PoolingLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
+        kernels = self._kernel_path()
         try:
-            dx = self.pool.backward(top[0].diff, self.phase)
+            dx = (kernels.backward(self.pool, top[0].diff) if kernels is not None
+                  else self.pool.backward(top[0].diff, self.phase))
         except ValueError as e:
             raise self.error(str(e)) from None
         bottom[0].diff[...] = dx
