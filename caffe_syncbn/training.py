@@ -15,7 +15,7 @@ import functools
 import numpy as np
 
 from . import caffe_pb2
-from .backend import activate_gpu
+from .backend import activate_gpu, to_numpy
 from .comm import ThreadComm
 from .convert import to_syncbn
 from .errors import CaffeError
@@ -174,6 +174,12 @@ class DataParallelMixin:
         self.pool.run(self._average_gradients)
         return total / (iter_size * len(self.replicas))
 
+    def forward_all(self):
+        """The display pass after training: a forward of every replica on the next batch."""
+        self._parts = self._next_parts()
+        return sum(self.pool.run(lambda rank: self.replicas[rank].forward_prefilled())) \
+            / len(self.replicas)
+
     def _average_gradients(self, rank):
         params = self.replicas[rank].learnable_params
         if not params or len(self.replicas) == 1:
@@ -186,6 +192,14 @@ class DataParallelMixin:
         for blob in params:
             blob.diff[...] = flat[offset:offset + blob.count].reshape(blob.shape)
             offset += blob.count
+
+    def log_outputs(self, net, which, values=None):
+        """The train net's outputs as the mean over replicas: for a loss, whose replicas divide
+        by the global normalizer, that mean is the loss of the global batch."""
+        if net is self.net and values is None and len(self.replicas) > 1:
+            values = {name: np.mean([to_numpy(r.blobs[name].data) for r in self.replicas], axis=0)
+                      for name in net.outputs}
+        super().log_outputs(net, which, values)
 
     def apply_update(self):
         solvers = [self] + self.workers
@@ -208,14 +222,6 @@ class DataParallelMixin:
         """Finetune: load a caffemodel into every replica (by layer name)."""
         self.net.copy_from(path)
         self.broadcast_params()
-
-    def finish(self):
-        """What Caffe does after the last iteration: final snapshot, display and test."""
-        p = self.param
-        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
-            self.snapshot()
-        if p.test_interval and self.iter % p.test_interval == 0:
-            self.test_all()
 
     def close(self):
         if self.pipeline is not None:

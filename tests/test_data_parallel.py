@@ -166,3 +166,29 @@ def test_device_strings():
             parse_devices('gpu:0,1')
     else:
         assert parse_devices('gpu:0,0') == [('gpu', 0), ('gpu', 0)]
+
+
+def test_logged_train_output_is_the_global_batch_loss(caplog):
+    """'Train net output' averages the replicas' losses, which divide by the global normalizer,
+    so it equals the displayed iteration loss even with uneven splits and ignored labels."""
+    import logging
+    import re
+    param = solver_param()
+    param.display = 1
+    solver = get_solver(param, devices='cpu:4')
+    data = iter(batches(3))
+
+    def source():
+        batch = next(data)
+        bounds = [0, 7, 7, 13, 16]
+        return [{k: v[a:b] for k, v in batch.items()} for a, b in zip(bounds[:-1], bounds[1:])]
+
+    solver.set_data_source(source)
+    with caplog.at_level(logging.INFO):
+        solver.step(3)
+    solver.close()
+    text = caplog.text
+    shown = [float(x) for x in re.findall(r'Iteration \d+, loss = (\S+)', text)]
+    outputs = [float(x) for x in re.findall(r'Train net output #0: loss = (\S+) ', text)]
+    assert len(shown) == len(outputs) == 3
+    np.testing.assert_allclose(outputs, shown, rtol=1e-5)

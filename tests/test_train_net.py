@@ -75,6 +75,26 @@ def params_of(path, prototxt):
     return {k: [b.data.copy() for b in v] for k, v in net.params.items()}
 
 
+def logged_losses(stderr):
+    """{iteration: loss} of the 'Iteration N, loss = x' lines."""
+    import re
+    return {int(i): float(x) for i, x in re.findall(r'Iteration (\d+), loss = (\S+)', stderr)}
+
+
+def test_displayed_loss_is_the_mean_of_the_last_average_loss_iterations(tmp_path):
+    """Caffe's smoothed loss runs over the whole training, not one step at a time."""
+    raw_job = make_job(tmp_path / 'raw', batch=4, max_iter=8)
+    smooth_job = make_job(tmp_path / 'smooth', batch=4, max_iter=8)
+    smooth_job.write_text(smooth_job.read_text() + 'average_loss: 3\n')
+    raw, smooth = run_tool('--solver', raw_job), run_tool('--solver', smooth_job)
+    assert raw.returncode == 0 and smooth.returncode == 0, raw.stderr + smooth.stderr
+    raw, smooth = logged_losses(raw.stderr), logged_losses(smooth.stderr)
+    assert len(set(raw[i] for i in range(8))) > 1
+    for i in range(8):
+        window = [raw[j] for j in range(max(0, i - 2), i + 1)]
+        assert smooth[i] == pytest.approx(np.mean(window), rel=1e-5), (i, raw, smooth)
+
+
 @pytest.mark.parametrize('source', ['lmdb', 'hdf5'])
 def test_four_devices_with_sync_bn_equal_one_device(tmp_path, source):
     """The real pipeline: one reader draws 4 x 4 samples and splits them over 4 devices."""

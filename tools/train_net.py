@@ -77,29 +77,25 @@ def main(argv=None):
     if args.weights:
         for path in args.weights.split(','):
             solver.copy_weights(path)
-    if args.snapshot:
-        solver.restore(args.snapshot)
     requests = SignalRequests(args.sigint_effect, args.sighup_effect)
-    max_iter = solver.param.max_iter
     log.info('Starting Optimization')
-    progress = _progress_bar(solver.iter, max_iter)
+    progress = None
+
+    def after_iteration():              # the solver asks between iterations
+        if progress is not None:
+            progress.update(1)
+        return requests.take()
+
+    solver.action_request = after_iteration
     try:
-        while solver.iter < max_iter:
-            solver.step(1)
-            if progress is not None:
-                progress.update(1)
-            request = requests.take()
-            if request == 'snapshot':
-                solver.snapshot()
-            elif request == 'stop':
-                log.info('Optimization stopped early.')
-                return 0
-        solver.finish()
+        if args.snapshot:               # before the bar, so that it starts at the restored iter
+            solver.restore(args.snapshot)
+        progress = _progress_bar(solver.iter, solver.param.max_iter)
+        solver.solve()
     finally:
         if progress is not None:
             progress.close()
         solver.close()
-    log.info('Optimization Done.')
     return 0
 
 
