@@ -239,12 +239,15 @@ class Net:
                     blob.diff[...] = w
         return loss
 
-    def backward_from(self, start=None, end=0):
-        """Run backward for layers start down to end (inclusive)."""
+    def backward_from(self, start=None, end=0, after_layer=None):
+        """Run backward for layers start down to end (inclusive); ``after_layer(i)`` is called
+        once layer i is through (run or skipped), e.g. to start reducing its gradients."""
         start = len(self.layers) - 1 if start is None else start
         for i in range(start, end - 1, -1):
             if self._layer_need_backward[i]:
                 self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
+            if after_layer is not None:
+                after_layer(i)
 
     def forward(self, blobs=None, start=None, end=None, **inputs):
         """pycaffe's forward: set inputs by keyword, run, return {output name: array}."""
@@ -272,9 +275,9 @@ class Net:
         names = self.inputs if end is None else self.bottom_names[self._layer_names[end_i]]
         return {name: self.blobs[name].diff for name in list(names) + list(diffs or [])}
 
-    def forward_backward(self):
+    def forward_backward(self, after_layer=None):
         loss = self.forward_prefilled()
-        self.backward_from()
+        self.backward_from(after_layer=after_layer)
         return loss
 
     def reshape(self):

@@ -6,9 +6,10 @@ Rules (the README states them for users):
   replicas along axis 0 (unevenly when the source gives fewer samples).
 - Each replica runs forward and backward on its slice. Loss layers divide by the GLOBAL
   normalizer (see LayerContext.loss_normalizer) and SyncBN layers use global statistics.
-- The gradients of all learnable params are summed over replicas in one flat buffer and
-  divided by R, so the result is the gradient of one device on the whole batch. Every
-  replica then applies the same update, and params stay bitwise equal.
+- The gradients of all learnable params are summed over replicas and divided by R, so the
+  result is the gradient of one device on the whole batch. The sums run in buckets that
+  start while backward goes on (gradients.py). Every replica then applies the same
+  update, and params stay bitwise equal.
 """
 import functools
 
@@ -19,6 +20,7 @@ from .backend import activate_gpu, to_numpy
 from .comm import ThreadComm
 from .convert import to_syncbn
 from .errors import CaffeError
+from .gradients import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .layer import TRAIN, LayerContext
 from .net import Net
 from .parallel import DevicePool, InputPipeline, parse_devices, split_batch
@@ -64,6 +66,9 @@ def _backend(kind):
 class DataParallelMixin:
     """Turns a Solver class into a data-parallel one (put it first in the bases)."""
 
+    #: about how many bytes of gradients go into one allreduce (gradients.py)
+    gradient_bucket_bytes = DEFAULT_BUCKET_BYTES
+
     def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None):
         self.devices = parse_devices(devices)
         self.sync_bn = sync_bn
@@ -73,6 +78,7 @@ class DataParallelMixin:
         self.pool.run(self._activate_device)
         self.replicas, self.pipeline = [], None
         self._parts = [None] * len(self.devices)
+        self._buckets = [None] * len(self.devices)
         self._seed = seed
         kind = self.devices[0][0]
         super().__init__(solver, dtype=dtype, xp=_backend(kind))
@@ -168,30 +174,30 @@ class DataParallelMixin:
         iter_size = self.param.iter_size
         self.pool.run(lambda rank: self.replicas[rank].clear_param_diffs())
         total = 0.0
-        for _ in range(iter_size):
+        for k in range(iter_size):
             self._parts = self._next_parts()
-            total += sum(self.pool.run(lambda rank: self.replicas[rank].forward_backward()))
-        self.pool.run(self._average_gradients)
+            last = k == iter_size - 1      # the gradients are final in the last pass only
+            total += sum(self.pool.run(lambda rank: self._forward_backward(rank, last)))
+        if len(self.replicas) > 1:
+            self.pool.run(lambda rank: self._gradient_buckets(rank).finish())
         return total / (iter_size * len(self.replicas))
+
+    def _gradient_buckets(self, rank):
+        if self._buckets[rank] is None:
+            self._buckets[rank] = GradientBuckets(self.replicas[rank], self.comms[rank],
+                                                  self.gradient_bucket_bytes)
+        return self._buckets[rank]
+
+    def _forward_backward(self, rank, reduce_gradients):
+        overlap = reduce_gradients and len(self.replicas) > 1
+        return self.replicas[rank].forward_backward(
+            after_layer=self._gradient_buckets(rank).layer_done if overlap else None)
 
     def forward_all(self):
         """The display pass after training: a forward of every replica on the next batch."""
         self._parts = self._next_parts()
         return sum(self.pool.run(lambda rank: self.replicas[rank].forward_prefilled())) \
             / len(self.replicas)
-
-    def _average_gradients(self, rank):
-        params = self.replicas[rank].learnable_params
-        if not params or len(self.replicas) == 1:
-            return
-        xp = params[0].xp
-        flat = xp.concatenate([b.diff.ravel() for b in params])
-        self.comms[rank].allreduce(flat, tag='gradients')
-        flat *= flat.dtype.type(1.0 / len(self.replicas))
-        offset = 0
-        for blob in params:
-            blob.diff[...] = flat[offset:offset + blob.count].reshape(blob.shape)
-            offset += blob.count
 
     def log_outputs(self, net, which, values=None):
         """The train net's outputs as the mean over replicas: for a loss, whose replicas divide
@@ -227,6 +233,8 @@ class DataParallelMixin:
         if self.pipeline is not None:
             self.pipeline.close()
         self.pool.close()
+        for comm in self.comms:
+            comm.close()
         if self._blas_limit is not None:
             self._blas_limit.restore_original_limits()
             self._blas_limit = None

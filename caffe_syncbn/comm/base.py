@@ -88,6 +88,9 @@ class Communicator:
         """Make every member's pending and future collectives raise CommAborted (cause: exc)."""
         raise NotImplementedError
 
+    def close(self):
+        """Release what this member holds for async collectives (helper threads)."""
+
 
 class CountingComm(Communicator):
     """Wraps a member communicator and records every call as ``(op, tag)`` (for tests).
@@ -150,6 +153,9 @@ class CountingComm(Communicator):
 
     def abort(self, exc):
         return self.inner.abort(exc)
+
+    def close(self):
+        return self.inner.close()
 
     def __getattr__(self, name):            # e.g. ThreadComm.close
         if name == 'inner':

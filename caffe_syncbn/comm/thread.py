@@ -249,8 +249,11 @@ class _Helper:
         self._queue.put((fn, args, handle))
         return handle
 
-    def stop(self):
+    def stop(self, timeout=5.0):
+        """Finish the queued collectives and end the thread (an aborted group fails them
+        promptly, so the join is short)."""
         self._queue.put(None)
+        self._thread.join(timeout)
 
     def _run(self):
         while True:
