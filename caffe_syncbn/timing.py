@@ -3,8 +3,6 @@ import time
 
 import numpy as np
 
-from .backend import get_array_module
-
 
 def _synchronize(net):
     xp = net.context.xp

@@ -1,5 +1,4 @@
 """ThreadComm and CountingComm: results, determinism, ordering, mismatch, abort, timeout."""
-import threading
 import time
 
 import numpy as np
@@ -7,27 +6,12 @@ import pytest
 
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted, CountingComm, ThreadComm
 from caffe_syncbn.comm.thread import PARALLEL_SUM_MIN_SIZE
+from threads import run_threads
 
 
 def run_members(fn, comms, timeout=20.0):
     """fn(comm) on one thread per member; returns (results, errors) by rank."""
-    n = len(comms)
-    results, errors = [None] * n, [None] * n
-
-    def target(rank):
-        try:
-            results[rank] = fn(comms[rank])
-        except BaseException as exc:
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), 'members still blocked after %g s' % timeout
-    return results, errors
+    return run_threads(lambda rank: fn(comms[rank]), len(comms), timeout)
 
 
 def ok(fn, comms):

@@ -5,7 +5,6 @@ random interleaving that keeps each stream's order and honours event waits, as a
 may: a missing wait in the communicator shows up as a wrong sum for some seed. The
 kernels of the GPU backend (cuda/reduce.cu) run here through the CPU emulation.
 """
-import threading
 import time
 
 import numpy as np
@@ -14,26 +13,10 @@ import pytest
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted
 from caffe_syncbn.comm.same_device import SameDeviceComm
 from caffe_syncbn.comm.streams import HostStreams, launch_copy, launch_sum
+from threads import run_threads
 
 
-def run_members(fn, n, timeout=30.0):
-    """fn(rank) on n threads; returns (results, errors). Fails on a hang."""
-    results, errors = [None] * n, [None] * n
-
-    def target(rank):
-        try:
-            results[rank] = fn(rank)
-        except BaseException as exc:
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), 'members still running after %g s' % timeout
-    return results, errors
+run_members = run_threads
 
 
 def ok(results_errors):

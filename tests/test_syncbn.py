@@ -8,7 +8,6 @@ sums over its LOCAL batch; the solver averages them over R replicas, and the glo
 loss normalizer makes each replica's top diff R times the one-device gradient of its
 samples. The tests feed exactly such top diffs (R * dy[slice]).
 """
-import threading
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ from caffe_syncbn.blob import Blob
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted, CountingComm, ThreadComm
 from caffe_syncbn.layer import TEST, TRAIN, LayerContext, create_layer
 from caffe_syncbn.testing import layer_param
+from threads import run_threads
 
 MOMENTUM = float(np.float32(0.9))      # bn_param.momentum is a proto float
 EPS = float(np.float32(1e-4))
@@ -29,25 +29,7 @@ def syncbn_text(name='bn', extra=''):
             'bn_param { momentum: 0.9 eps: 1e-4 %s }' % (name, extra))
 
 
-def run_replicas(fn, n, timeout=20.0):
-    """fn(rank) on n threads at once; returns (results, errors) by rank. Fails if a
-    thread is still running after ``timeout`` seconds (a hang)."""
-    results, errors = [None] * n, [None] * n
-
-    def target(rank):
-        try:
-            results[rank] = fn(rank)
-        except BaseException as exc:
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), 'replicas still running after %g s' % timeout
-    return results, errors
+run_replicas = run_threads
 
 
 def run_ok(fn, n):

@@ -1,5 +1,4 @@
 """tools/train_net.py end to end, as a user runs it: subprocesses, files, signals."""
-import os
 import signal
 import subprocess
 import sys

@@ -25,9 +25,8 @@ event waits, so CI tests the ordering logic without a GPU. Host (numpy) arrays a
 """
 import numpy as np
 
-from .base import CommAborted, Communicator
 from .streams import CupyStreams
-from .thread import DEFAULT_TIMEOUT, _Call, _Group, _Helper
+from .thread import DEFAULT_TIMEOUT, GroupMember, _Call, new_group
 
 
 class _StreamCall(_Call):
@@ -59,26 +58,20 @@ class _Shared:
         return buffer[:size]
 
 
-class SameDeviceComm(Communicator):
+class SameDeviceComm(GroupMember):
     """One member of a group of replicas sharing one device (see the module docstring)."""
 
     @classmethod
     def create(cls, size, device=0, timeout=DEFAULT_TIMEOUT, streams=None):
         """``size`` members on ``device``; ``streams`` defaults to CupyStreams(device)."""
-        if size < 1:
-            raise ValueError('a communicator group needs at least 1 member, got %d' % size)
-        group = _Group(int(size), float(timeout))
+        group = new_group(size, timeout)
         shared = _Shared(streams if streams is not None else CupyStreams(device), int(size))
         return [cls(group, shared, rank) for rank in range(size)]
 
     def __init__(self, group, shared, rank):
-        self._group = group
+        super().__init__(group, rank)
         self._shared = shared
         self._streams = shared.streams
-        self.size = group.size
-        self.rank = rank
-        self._helper = None
-        self._last_async = None
 
     # ---- collectives -------------------------------------------------------------------
     def allreduce(self, array, tag=None):
@@ -89,17 +82,12 @@ class SameDeviceComm(Communicator):
         return self._in_order(self._allreduce_device, array, tag, stream, event)
 
     def allreduce_async(self, array, tag=None):
-        if self._helper is None:
-            self._helper = _Helper('same-device-comm-%d' % self.rank)
-        if self._streams.is_device_array(array):
-            # the entry event is recorded now, so the sum sees the buffer as of this call
-            stream = self._streams.current_stream()
-            event = self._streams.record_event(stream)
-            self._last_async = self._helper.submit(self._allreduce_device, array, tag,
-                                                   stream, event)
-        else:
-            self._last_async = self._helper.submit(self._allreduce_host, array, tag)
-        return self._last_async
+        if not self._streams.is_device_array(array):
+            return self._submit_async(self._allreduce_host, array, tag)
+        # the entry event is recorded now, so the sum sees the buffer as of this call
+        stream = self._streams.current_stream()
+        event = self._streams.record_event(stream)
+        return self._submit_async(self._allreduce_device, array, tag, stream, event)
 
     def allreduce_scalar(self, value, tag=None):
         """A host sum in rank order: no device buffer, no stream."""
@@ -115,27 +103,7 @@ class SameDeviceComm(Communicator):
         event = self._streams.record_event(stream)
         return self._in_order(self._broadcast, array, root, tag, stream, event)
 
-    def barrier(self, tag=None):
-        self._in_order(self._group.rendezvous, self.rank, _Call('barrier', tag))
-
-    def abort(self, exc):
-        self._group.fail(CommAborted, 'collectives aborted because a replica failed: %r' % (exc,),
-                         exc)
-
-    def close(self):
-        """Stop the helper thread of async collectives (if any)."""
-        if self._helper is not None:
-            self._helper.stop()
-            self._helper = None
-
     # ---- implementation ----------------------------------------------------------------
-    def _in_order(self, fn, *args):
-        """Run a blocking collective after this member's pending async ones."""
-        pending = self._last_async
-        if pending is not None and not pending.done():
-            return self._helper.submit(fn, *args).wait()
-        return fn(*args)
-
     def _allreduce_device(self, array, tag, stream, event):
         _require_contiguous(array)
         shared, streams = self._shared, self._streams

@@ -131,15 +131,9 @@ def _calls_and_output(calls):
     return calls, np.empty_like(calls[0].array)
 
 
-class ThreadComm(Communicator):
-    """One member of a group of threads; build the group with ``ThreadComm.create(n)``."""
-
-    @classmethod
-    def create(cls, size, timeout=DEFAULT_TIMEOUT):
-        if size < 1:
-            raise ValueError('a communicator group needs at least 1 member, got %d' % size)
-        group = _Group(int(size), float(timeout))
-        return [cls(group, rank) for rank in range(size)]
+class GroupMember(Communicator):
+    """What the members of an in-process group share: the rendezvous ``_Group`` (barrier,
+    abort) and a helper thread that runs this member's async collectives in order."""
 
     def __init__(self, group, rank):
         self._group = group
@@ -147,21 +141,6 @@ class ThreadComm(Communicator):
         self.rank = rank
         self._helper = None           # runs async collectives, started on first use
         self._last_async = None
-
-    # ---- collectives -------------------------------------------------------------------
-    def allreduce(self, array, tag=None):
-        return self._in_order(self._allreduce, _host_array(array), tag)
-
-    def allreduce_async(self, array, tag=None):
-        if self._helper is None:
-            self._helper = _Helper('comm-%d' % self.rank)
-        self._last_async = self._helper.submit(self._allreduce, _host_array(array), tag)
-        return self._last_async
-
-    def broadcast(self, array, root=0, tag=None):
-        if not 0 <= root < self.size:
-            raise ValueError('broadcast root %d out of range for %d members' % (root, self.size))
-        return self._in_order(self._broadcast, _host_array(array), root, tag)
 
     def barrier(self, tag=None):
         self._in_order(self._group.rendezvous, self.rank, _Call('barrier', tag))
@@ -176,7 +155,13 @@ class ThreadComm(Communicator):
             self._helper.stop()
             self._helper = None
 
-    # ---- implementation ----------------------------------------------------------------
+    def _submit_async(self, fn, *args):
+        """Queue a collective on the helper thread; its handle is the member's latest."""
+        if self._helper is None:
+            self._helper = _Helper('%s-%d' % (type(self).__name__, self.rank))
+        self._last_async = self._helper.submit(fn, *args)
+        return self._last_async
+
     def _in_order(self, fn, *args):
         """Run a blocking collective after this member's pending async ones."""
         pending = self._last_async
@@ -184,6 +169,34 @@ class ThreadComm(Communicator):
             return self._helper.submit(fn, *args).wait()
         return fn(*args)
 
+
+def new_group(size, timeout):
+    if size < 1:
+        raise ValueError('a communicator group needs at least 1 member, got %d' % size)
+    return _Group(int(size), float(timeout))
+
+
+class ThreadComm(GroupMember):
+    """One member of a group of threads; build the group with ``ThreadComm.create(n)``."""
+
+    @classmethod
+    def create(cls, size, timeout=DEFAULT_TIMEOUT):
+        group = new_group(size, timeout)
+        return [cls(group, rank) for rank in range(size)]
+
+    # ---- collectives -------------------------------------------------------------------
+    def allreduce(self, array, tag=None):
+        return self._in_order(self._allreduce, _host_array(array), tag)
+
+    def allreduce_async(self, array, tag=None):
+        return self._submit_async(self._allreduce, _host_array(array), tag)
+
+    def broadcast(self, array, root=0, tag=None):
+        if not 0 <= root < self.size:
+            raise ValueError('broadcast root %d out of range for %d members' % (root, self.size))
+        return self._in_order(self._broadcast, _host_array(array), root, tag)
+
+    # ---- implementation ----------------------------------------------------------------
     def _allreduce(self, array, tag):
         call = _Call('allreduce', tag, array)
         if array.size < PARALLEL_SUM_MIN_SIZE:
