@@ -17,8 +17,8 @@ DEFAULT_BUCKET_BYTES = 25 << 20
 
 
 class _Bucket:
-    def __init__(self, ready_at):
-        self.ready_at = ready_at      # start once backward has finished this layer index
+    def __init__(self):
+        self.ready_at = None          # start once backward has finished this layer index
         self.params = []
         self.nbytes = 0
         self.flat = None
@@ -39,12 +39,12 @@ class GradientBuckets:
         final_order = sorted(learned, key=lambda blob: -owner_layer[id(blob)])
         self.buckets = []
         for blob in final_order:
-            bucket = self.buckets[-1] if self.buckets else None
-            if bucket is None or bucket.nbytes + blob.diff.nbytes > bucket_bytes and bucket.params:
-                bucket = _Bucket(owner_layer[id(blob)])
-                self.buckets.append(bucket)
+            if not self.buckets or self.buckets[-1].nbytes + blob.diff.nbytes > bucket_bytes:
+                self.buckets.append(_Bucket())
+            bucket = self.buckets[-1]
             bucket.params.append(blob)
             bucket.nbytes += blob.diff.nbytes
+            # params come in decreasing owner order: the last one added has the lowest
             bucket.ready_at = owner_layer[id(blob)]
         self._next = 0
 

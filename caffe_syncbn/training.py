@@ -6,7 +6,7 @@ Rules (the README states them for users):
   replicas along axis 0 (unevenly when the source gives fewer samples).
 - Each replica runs forward and backward on its slice. Loss layers divide by the GLOBAL
   normalizer (see LayerContext.loss_normalizer) and SyncBN layers use global statistics.
-- The gradients of all learnable params are summed over replicas and divided by R, so the
+- The gradients of the learned params are summed over replicas and divided by R, so the
   result is the gradient of one device on the whole batch. The sums run in buckets that
   start while backward goes on (gradients.py). Every replica then applies the same
   update, and params stay bitwise equal.

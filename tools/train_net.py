@@ -81,12 +81,12 @@ def main(argv=None):
     log.info('Starting Optimization')
     progress = None
 
-    def after_iteration():              # the solver asks between iterations
+    def take_request():                 # the solver asks between iterations (and test batches)
         if progress is not None:
-            progress.update(1)
+            progress.update(solver.iter - progress.n)
         return requests.take()
 
-    solver.action_request = after_iteration
+    solver.action_request = take_request
     try:
         if args.snapshot:               # before the bar, so that it starts at the restored iter
             solver.restore(args.snapshot)

@@ -157,7 +157,7 @@ class CountingComm(Communicator):
     def close(self):
         return self.inner.close()
 
-    def __getattr__(self, name):            # e.g. ThreadComm.close
+    def __getattr__(self, name):            # what the wrapped member adds to the interface
         if name == 'inner':
             raise AttributeError(name)
         return getattr(self.inner, name)
