@@ -34,6 +34,21 @@ def build_layer(param, bottoms, phase=TRAIN, dtype=np.float64, seed=0):
     return layer, bottom, top
 
 
+def numeric_gradient(array, objective, step=1e-6):
+    """Central differences of ``objective()`` with respect to every element of ``array``
+    (changed in place and restored), as a float64 array of its shape."""
+    flat, grad = array.reshape(-1), np.zeros(array.size)
+    for k in range(flat.size):
+        saved = flat[k]
+        flat[k] = saved + step
+        plus = objective()
+        flat[k] = saved - step
+        minus = objective()
+        flat[k] = saved
+        grad[k] = (plus - minus) / (2 * step)
+    return grad.reshape(array.shape)
+
+
 def check_gradient(param, bottoms, check_bottom=None, check_params=True, phase=TRAIN,
                    step=1e-6, tolerance=1e-6, seed=1701, top_weights=None):
     """Assert analytic == numeric gradients for ``bottoms[i]`` (i in check_bottom) and params.
@@ -74,16 +89,8 @@ def check_gradient(param, bottoms, check_bottom=None, check_params=True, phase=T
     worst = 0.0
     for (kind, index), grad in analytic:
         target = bottom[index] if kind == 'bottom' else layer.blobs[index]
-        flat = target.data.reshape(-1)
-        for k in range(flat.size):
-            saved = flat[k]
-            flat[k] = saved + step
-            plus = objective()
-            flat[k] = saved - step
-            minus = objective()
-            flat[k] = saved
-            numeric = (plus - minus) / (2 * step)
-            a = grad.reshape(-1)[k]
+        numerics = numeric_gradient(target.data, objective, step).reshape(-1)
+        for k, (a, numeric) in enumerate(zip(grad.reshape(-1), numerics)):
             err = abs(a - numeric) / max(1.0, abs(a), abs(numeric))
             worst = max(worst, err)
             if err > tolerance:

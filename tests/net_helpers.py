@@ -62,19 +62,6 @@ def close(actual, expected, rtol=1e-4, atol=1e-5):
     np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol)
 
 
-def numeric_grad(net, array, objective, step=1e-6):
-    flat, grad = array.reshape(-1), np.zeros(array.size)
-    for k in range(flat.size):
-        saved = flat[k]
-        flat[k] = saved + step
-        plus = objective()
-        flat[k] = saved - step
-        minus = objective()
-        flat[k] = saved
-        grad[k] = (plus - minus) / (2 * step)
-    return grad.reshape(array.shape)
-
-
 def python_layer(name, bottom, top, layer='Multiply', param_str='', extra=''):
     return ('layer { name: "%s" type: "Python" bottom: "%s" top: "%s" %s python_param { '
             'module: "pylayer_examples" layer: "%s" param_str: \'%s\' } }\n'

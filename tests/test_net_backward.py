@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.errors import CaffeError
+from caffe_syncbn.testing import numeric_gradient
 from net_helpers import (MLP, backward_calls, build, close, input_layer, ip_layer,
-                         numeric_grad, load_pylayers, python_layer, randomize)
+                         load_pylayers, python_layer, randomize)
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def test_shared_params_are_one_blob_whose_diffs_accumulate():
     def objective():
         out = net.forward(x=x, x2=x2)
         return float((da * out['a']).sum() + (db * out['b']).sum())
-    close(net.params['ip_a'][0].diff, numeric_grad(net, w, objective), rtol=1e-6, atol=1e-7)
+    close(net.params['ip_a'][0].diff, numeric_gradient(w, objective), rtol=1e-6, atol=1e-7)
 
 
 def test_shared_params_need_equal_shapes_unless_permissive():
@@ -260,5 +261,5 @@ def test_net_gradient_matches_finite_differences():
                      for i, b in enumerate(blobs)})
     for key, grad in analytic.items():
         target = net.blobs['x'] if key == 'x' else net.params[key.split('/')[0]][int(key[-1])]
-        numeric = numeric_grad(net, target.data, net.forward_prefilled)
+        numeric = numeric_gradient(target.data, net.forward_prefilled)
         close(grad, numeric, rtol=1e-6, atol=1e-7)
