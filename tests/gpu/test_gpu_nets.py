@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 
 import caffe_syncbn as caffe                                            # noqa: E402
 from test_data_parallel import (batches, check_a_failing_replica_stops_all,  # noqa: E402
-                                max_difference, train)
+                                check_replicas_equal_one, max_difference, train)
 from test_golden_nets import cases, run_case                            # noqa: E402
 
 
@@ -29,14 +29,7 @@ def test_golden_case_on_gpu(name, monkeypatch, gpu_mode):
 
 @pytest.mark.parametrize('split', [None, (5, 4, 4, 3), (7, 0, 6, 3)])
 def test_four_replicas_on_one_gpu_equal_one_replica(split):
-    data = batches(5)
-    single, single_stats = train('gpu:0', data)
-    multi, multi_stats = train('gpu:0,0,0,0', data, split)
-    assert max_difference(single[0], multi[0]) <= 1e-5
-    assert max_difference(single_stats[0], multi_stats[0]) <= 1e-5
-    for replica in multi[1:]:
-        for mine, root in zip(replica, multi[0]):
-            assert np.array_equal(mine, root)
+    check_replicas_equal_one('gpu:0', 'gpu:0,0,0,0', split)
 
 
 @pytest.mark.parametrize('dtype,tol', [(np.float64, 1e-10), (np.float32, 1e-4)])
