@@ -17,7 +17,8 @@ setup(
         'mpi': ['mpi4py>=3.1'],
         'plot': ['matplotlib>=3.5'],
         'images': ['opencv-python-headless<5'],
+        'onnx': ['onnx>=1.14'],
         'test': ['pytest>=7', 'pytest-timeout>=2', 'pytest-xdist>=3', 'grpcio-tools>=1.60', 'opencv-python-headless<5',
-                 'matplotlib>=3.5', 'scipy>=1.9'],
+                 'matplotlib>=3.5', 'scipy>=1.9', 'onnx>=1.14', 'onnxruntime>=1.16'],
     },
 )
