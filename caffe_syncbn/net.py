@@ -301,10 +301,12 @@ class Net:
             (name, layer.blobs) for name, layer in zip(self._layer_names, self.layers) if layer.blobs)
 
     # ---- weights ------------------------------------------------------------------------
-    def copy_from(self, path):
-        """Load weights by layer name (binary caffemodel, V1 or V2, or HDF5)."""
+    def copy_from(self, weights):
+        """Load weights by layer name: a caffemodel path (binary V1 or V2, or HDF5), a
+        NetParameter, or {layer name: [arrays]} as the converters give them. Batch norms
+        stored in another form (BatchNorm+Scale, BN, SyncBN) are converted on the way."""
         from .io.caffemodel import copy_weights
-        copy_weights(self, os.fspath(path))
+        copy_weights(self, weights)
 
     def to_proto(self):
         """The net's NetParameter with every layer's blobs filled in (what save() writes)."""

@@ -1,141 +1,41 @@
-"""Weights on disk: binary .caffemodel (V1 and V2 layer lists), Caffe's HDF5 layout, .binaryproto.
+"""Weights on disk: binary .caffemodel (V1 and V2 layer lists) and Caffe's HDF5 layout.
 
-Reading never goes through a size-limited protobuf stream: the file is memory-mapped and
-parsed in one call, so VGG-sized (500+ MB) models load. Blob payloads are converted to and
-from numpy in bulk (raw little-endian bytes), never element by element.
-Every write is atomic (see ``atomic.py``).
+Loading takes three steps, whatever the format. ``read_weights`` gives the stored blobs by
+layer name. ``convert.fit_norm_weights`` rewrites the batch norms that the file holds in
+another form (BatchNorm+Scale, BN, SyncBN) into the net's form. Then the blobs are copied
+into the net by layer name, with Caffe's checks. Writing takes *records*, each a layer's
+LayerParameter with its arrays, so that a solver can write its weights in the terms of the
+user's own prototxt. Every write is atomic (see ``atomic.py``).
 """
 import collections
 import logging
-import mmap
 import os
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from .. import caffe_pb2
 from ..backend import get_array_module, to_numpy
 from ..errors import CaffeError
 from .atomic import atomic_write
+from .blobs import (array_to_blob, blob_shape, blob_to_array, is_hdf5, is_legacy,  # noqa: F401
+                    length_delimited, parse_binary_file, read_blob_proto, write_blob_proto)
 
 log = logging.getLogger('caffe_syncbn')
 
-HDF5_MAGIC = b'\x89HDF\r\n\x1a\n'
 _NET_LAYER_FIELD = caffe_pb2.NetParameter.DESCRIPTOR.fields_by_name['layer'].number
-_BLOB_DATA_FIELD = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name['data'].number
-_BLOB_DOUBLE_FIELD = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name['double_data'].number
+
+#: What a weights file holds. ``blobs``: {layer name: [BlobProto, array or None]}.
+#: ``layers``: the LayerParameters of a V2 binary file (their types and connections), else
+#: None. ``partial``: True for HDF5, which stores a shared param only under its owner, so
+#: that a sharing layer may lack blobs (None, or missing at the end).
+StoredWeights = collections.namedtuple('StoredWeights', 'source blobs layers partial')
+Record = collections.namedtuple('Record', 'param arrays phase')
 
 
-# ---- blobs ------------------------------------------------------------------------------
-def _is_legacy(proto):
-    return any(proto.HasField(f) for f in ('num', 'channels', 'height', 'width'))
-
-
-def blob_shape(proto):
-    """The shape a BlobProto describes: ``shape`` or the legacy 4-D num/channels/height/width."""
-    if _is_legacy(proto):
-        return (proto.num, proto.channels, proto.height, proto.width)
-    return tuple(int(d) for d in proto.shape.dim)
-
-
-def blob_to_array(proto, diff=False):
-    """A numpy array (float32, or float64 for ``double_data``) holding a BlobProto's data.
-
-    Legacy blobs keep their 4-D num/channels/height/width shape, as in pycaffe.
-    """
-    shape = blob_shape(proto)
-    singles, doubles = (proto.diff, proto.double_diff) if diff else (proto.data, proto.double_data)
-    values = np.array(doubles, np.float64) if len(doubles) else np.array(singles, np.float32)
-    count = int(np.prod(shape, dtype=np.int64))
-    if values.size != count:
-        raise CaffeError('blob of shape %s holds %d values, expected %d'
-                         % (list(shape), values.size, count))
-    return values.reshape(shape)
-
-
-def _varint(value):
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _length_delimited(field, payload):
-    """Wire bytes of field ``field`` holding ``payload`` (packed numbers or a sub-message)."""
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
-
-
-def array_to_blob(array, proto=None):
-    """A BlobProto (modern ``shape`` form) holding ``array``: float64 as ``double_data``,
-    anything else as float32 ``data``. Fills ``proto`` when given."""
-    array = to_numpy(array)
-    proto = caffe_pb2.BlobProto() if proto is None else proto
-    proto.Clear()
-    if array.ndim:      # Caffe leaves `shape` unset for a 0-d blob
-        proto.shape.dim.extend(array.shape)
-    if array.dtype == np.float64:
-        field, raw = _BLOB_DOUBLE_FIELD, array.astype('<f8').tobytes()
-    else:
-        field, raw = _BLOB_DATA_FIELD, array.astype('<f4').tobytes()
-    if raw:
-        # Parsing the packed bytes is a bulk copy; extend() would box every value.
-        proto.MergeFromString(_length_delimited(field, raw))
-    return proto
-
-
-def read_blob_proto(path):
-    """The array stored in a .binaryproto BlobProto file (mean file, infogain matrix)."""
-    proto = _parse_file(path, caffe_pb2.BlobProto)
-    try:
-        return blob_to_array(proto)
-    except CaffeError as exc:
-        raise CaffeError('%s: %s' % (path, exc)) from None
-
-
-def write_blob_proto(path, array):
-    with atomic_write(path) as f:
-        f.write(array_to_blob(array).SerializeToString())
-
-
-# ---- nets -------------------------------------------------------------------------------
-def is_hdf5(path):
-    path = os.fspath(path)
-    if path.endswith('.h5'):
-        return True
-    try:
-        with open(path, 'rb') as f:
-            return f.read(len(HDF5_MAGIC)) == HDF5_MAGIC
-    except OSError:
-        return False
-
-
-def _parse_file(path, message_class):
-    path = os.fspath(path)
-    what = message_class.DESCRIPTOR.name
-    try:
-        with open(path, 'rb') as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                raise CaffeError('%s: the file is empty, not a binary %s' % (path, what))
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                if mapped[:len(HDF5_MAGIC)] == HDF5_MAGIC:
-                    raise CaffeError('%s is an HDF5 file, not a binary %s' % (path, what))
-                with memoryview(mapped) as view:
-                    return message_class.FromString(view)
-    except OSError as exc:
-        raise CaffeError('cannot read %s: %s' % (path, exc.strerror or exc)) from None
-    except DecodeError:
-        raise CaffeError('%s is not a valid binary %s: the file is truncated or corrupt'
-                         % (path, what)) from None
-
-
+# ---- reading ------------------------------------------------------------------------------
 def read_net_param(path):
     """The NetParameter of a binary .caffemodel, as stored (V1 ``layers`` are not upgraded)."""
-    return _parse_file(path, caffe_pb2.NetParameter)
+    return parse_binary_file(path, caffe_pb2.NetParameter)
 
 
 def _source_layers(net_param):
@@ -146,52 +46,70 @@ def _source_layers(net_param):
 
 def layer_blobs(net_param):
     """{layer name: [numpy arrays]} in file order; V1 blobs keep their legacy 4-D shape."""
+    return arrays_of(read_weights(net_param))
+
+
+def as_array(item):
+    """A stored blob as a numpy array (BlobProtos are converted when first needed, so that
+    loading never holds a second copy of every weight)."""
+    return blob_to_array(item) if isinstance(item, caffe_pb2.BlobProto) else np.asarray(item)
+
+
+def arrays_of(stored):
+    """{layer name: [numpy arrays]} of a StoredWeights (blobs missing from HDF5 are dropped)."""
     out = collections.OrderedDict()
-    for name, protos in _source_layers(net_param):
+    for name, items in stored.blobs.items():
         try:
-            out[name] = [blob_to_array(p) for p in protos]
+            out[name] = [as_array(item) for item in items if item is not None]
         except CaffeError as exc:
-            raise CaffeError("layer '%s': %s" % (name, exc)) from None
+            raise CaffeError("%s: layer '%s': %s" % (stored.source, name, exc)) from None
     return out
 
 
-def _legacy_fits(proto, shape):
-    """Caffe's rule for legacy blobs: the target shape, left-padded with 1s to 4-D, is equal."""
-    return len(shape) <= 4 and (1,) * (4 - len(shape)) + tuple(shape) == blob_shape(proto)
+def read_weights(source):
+    """The StoredWeights of a .caffemodel path (V1 or V2), an HDF5 weights path (``.h5`` or
+    HDF5 magic bytes), a NetParameter or a {layer name: [arrays]} dict."""
+    if isinstance(source, caffe_pb2.NetParameter):
+        return StoredWeights('<NetParameter %s>' % (source.name or 'unnamed'),
+                             collections.OrderedDict(_source_layers(source)),
+                             list(source.layer) or None, False)
+    if isinstance(source, dict):
+        return StoredWeights('<weights>', source, None, False)
+    path = os.fspath(source)
+    if not os.path.exists(path):
+        raise CaffeError('weights file %s does not exist' % path)
+    if is_hdf5(path):
+        return _read_hdf5(path)
+    net_param = read_net_param(path)
+    return StoredWeights(path, collections.OrderedDict(_source_layers(net_param)),
+                         list(net_param.layer) or None, False)
 
 
-def _assign(blob, array):
-    xp = get_array_module(blob.data)
-    blob.data[...] = xp.asarray(array.reshape(blob.shape), dtype=blob.data.dtype)
+def _read_hdf5(path):
+    import h5py
+    blobs = collections.OrderedDict()
+    try:
+        with h5py.File(path, 'r') as f:
+            if 'data' not in f:
+                raise CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)
+            # 'conv1' is also the parent group of a layer 'conv1/bn': visit every group and
+            # count only the datasets named by an index.
+            def visit(name, item):
+                if isinstance(item, h5py.Group):
+                    stored = {int(k): v for k, v in item.items()
+                              if isinstance(v, h5py.Dataset) and k.isdigit()}
+                    if stored:
+                        blobs[name] = [stored[j][()] if j in stored else None
+                                       for j in range(max(stored) + 1)]
+            f['data'].visititems(visit)
+            for name in f['data']:                 # layers without params keep their name
+                blobs.setdefault(name, [])
+    except OSError as exc:
+        raise CaffeError('cannot read HDF5 weights %s: %s' % (path, exc)) from None
+    return StoredWeights(path, blobs, None, True)
 
 
-def _mismatch(source, layer_name, index, file_shape, net_shape):
-    return CaffeError(
-        "%s: cannot copy blob %d of layer '%s': the file's blob has shape %s but the net's has "
-        "shape %s (to learn this layer from scratch instead, rename it in the prototxt)"
-        % (source, index, layer_name, list(file_shape), list(net_shape)))
-
-
-def _copy_from_proto(net, net_param, source):
-    for name, protos in _source_layers(net_param):
-        layer = net.layer_by_name.get(name)
-        if layer is None:
-            log.debug("%s: ignoring layer '%s', which the net lacks", source, name)
-            continue
-        if len(protos) != len(layer.blobs):
-            raise CaffeError("%s: layer '%s' has %d blob(s) in the file but %d in the net"
-                             % (source, name, len(protos), len(layer.blobs)))
-        for j, (proto, blob) in enumerate(zip(protos, layer.blobs)):
-            fits = _legacy_fits(proto, blob.shape) if _is_legacy(proto) else \
-                blob_shape(proto) == tuple(blob.shape)
-            if not fits:
-                raise _mismatch(source, name, j, blob_shape(proto), blob.shape)
-            try:
-                _assign(blob, blob_to_array(proto))
-            except CaffeError as exc:
-                raise CaffeError("%s: layer '%s' blob %d: %s" % (source, name, j, exc)) from None
-
-
+# ---- copying into a net -------------------------------------------------------------------
 def _shared_params(net):
     """(layer name, blob index) of the param blobs that repeat one owned by an earlier layer.
 
@@ -209,65 +127,89 @@ def _shared_params(net):
     return shared
 
 
-def _copy_from_hdf5(net, path):
-    import h5py
-    shared = _shared_params(net)
-    try:
-        with h5py.File(path, 'r') as f:
-            if 'data' not in f:
-                raise CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)
-            data = f['data']
-            for name, layer in zip(net._layer_names, net.layers):
-                if name not in data:
-                    continue
-                group = data[name]
-                # Only datasets count: 'conv1' is also the parent group of a layer 'conv1/bn'.
-                stored = sum(isinstance(item, h5py.Dataset) for item in group.values())
-                if stored > len(layer.blobs):
-                    raise CaffeError("%s: layer '%s' has %d blob(s) in the file but %d in the net"
-                                     % (path, name, stored, len(layer.blobs)))
-                for j, blob in enumerate(layer.blobs):
-                    if str(j) not in group:
-                        if (name, j) in shared:
-                            continue
-                        raise CaffeError("%s: layer '%s' lacks blob %d (the net has %d)"
-                                         % (path, name, j, len(layer.blobs)))
-                    dataset = group[str(j)]
-                    if tuple(dataset.shape) != tuple(blob.shape):
-                        raise _mismatch(path, name, j, dataset.shape, blob.shape)
-                    _assign(blob, dataset[()])
-    except OSError as exc:
-        raise CaffeError('cannot read HDF5 weights %s: %s' % (path, exc)) from None
+def _mismatch(source, layer_name, index, file_shape, net_shape):
+    return CaffeError(
+        "%s: cannot copy blob %d of layer '%s': the file's blob has shape %s but the net's has "
+        "shape %s (to learn this layer from scratch instead, rename it in the prototxt)"
+        % (source, index, layer_name, list(file_shape), list(net_shape)))
 
 
-def copy_weights(net, source):
+def _fits(item, shape):
+    """Caffe's rule: a legacy (num/channels/height/width) blob fits a target shape that,
+    left-padded with 1s to 4-D, is equal; any other blob must have the target shape."""
+    if isinstance(item, caffe_pb2.BlobProto):
+        stored = blob_shape(item)
+        if is_legacy(item):
+            return len(shape) <= 4 and (1,) * (4 - len(shape)) + tuple(shape) == stored
+        return stored == tuple(shape)
+    return tuple(np.shape(item)) == tuple(shape)
+
+
+def _stored_shape(item):
+    return blob_shape(item) if isinstance(item, caffe_pb2.BlobProto) else np.shape(item)
+
+
+def _copy_layer(stored, name, layer, items, shared):
+    source = stored.source
+    if len(items) > len(layer.blobs) or (not stored.partial and len(items) != len(layer.blobs)):
+        raise CaffeError("%s: layer '%s' has %d blob(s) in the file but %d in the net"
+                         % (source, name, len(items), len(layer.blobs)))
+    for j, blob in enumerate(layer.blobs):
+        item = items[j] if j < len(items) else None
+        if item is None:
+            if (name, j) in shared:
+                continue                   # stored under the layer that owns it
+            raise CaffeError("%s: layer '%s' lacks blob %d (the net has %d)"
+                             % (source, name, j, len(layer.blobs)))
+        if not _fits(item, blob.shape):
+            raise _mismatch(source, name, j, _stored_shape(item), blob.shape)
+        try:
+            array = as_array(item)
+        except CaffeError as exc:
+            raise CaffeError("%s: layer '%s' blob %d: %s" % (source, name, j, exc)) from None
+        xp = get_array_module(blob.data)
+        blob.data[...] = xp.asarray(array.reshape(blob.shape), dtype=blob.data.dtype)
+
+
+def copy_weights(net, source, source_layers=None):
     """Copy weights into ``net`` by layer name, as Caffe's CopyTrainedLayersFrom does.
 
-    ``source``: a .caffemodel path (V1 or V2), an HDF5 weights path (``.h5`` or HDF5
-    magic bytes) or a NetParameter. Layers the net lacks are skipped; a blob count or
-    shape mismatch raises a CaffeError naming the file, layer, blob index and shapes.
+    ``source``: anything ``read_weights`` reads. Batch norms stored in another form than
+    the net's (BatchNorm+Scale, BN, SyncBN) are converted on the way. ``source_layers``
+    are the LayerParameters the weights were written for, where the file does not say
+    (HDF5): they pair each BatchNorm with its Scale. Layers the net lacks are skipped; a
+    blob count or shape mismatch raises a CaffeError naming the file, layer, blob index and
+    shapes.
     """
-    if isinstance(source, caffe_pb2.NetParameter):
-        _copy_from_proto(net, source, '<NetParameter %s>' % (source.name or 'unnamed'))
-        return
-    source = os.fspath(source)
-    if not os.path.exists(source):
-        raise CaffeError('weights file %s does not exist' % source)
-    if is_hdf5(source):
-        _copy_from_hdf5(net, source)
-    else:
-        _copy_from_proto(net, read_net_param(source), source)
+    from ..convert import fit_norm_weights
+    stored = read_weights(source)
+    blobs = fit_norm_weights([layer.param for layer in net.layers], stored.blobs,
+                             stored.layers or source_layers, stored.source)
+    shared = _shared_params(net)
+    for name, items in blobs.items():
+        layer = net.layer_by_name.get(name)
+        if layer is None:
+            log.debug("%s: ignoring layer '%s', which the net lacks", stored.source, name)
+            continue
+        _copy_layer(stored, name, layer, items, shared)
 
 
-def _layer_proto(layer):
+# ---- writing ------------------------------------------------------------------------------
+def net_records(net):
+    """The Records of ``net``: every layer's LayerParameter, param arrays and phase."""
+    return [Record(layer.param, [blob.data for blob in layer.blobs], getattr(layer, 'phase', None))
+            for layer in net.layers]
+
+
+def _layer_proto(record):
     """What Caffe's Layer::ToProto writes: the layer's param with its blobs and phase."""
     proto = caffe_pb2.LayerParameter()
-    proto.CopyFrom(layer.param)
+    proto.CopyFrom(record.param)
     proto.ClearField('blobs')
-    if not proto.HasField('phase') and hasattr(layer, 'phase'):
-        proto.phase = layer.phase
-    for blob in layer.blobs:
-        array_to_blob(blob.data, proto.blobs.add())
+    if not proto.HasField('phase') and record.phase is not None:
+        proto.phase = record.phase
+    for array in record.arrays:
+        array_to_blob(array, proto.blobs.add())
     return proto
 
 
@@ -276,37 +218,48 @@ def net_to_proto(net):
     proto = caffe_pb2.NetParameter()
     if getattr(net, 'name', ''):
         proto.name = net.name
-    for layer in net.layers:
-        proto.layer.add().CopyFrom(_layer_proto(layer))
+    for record in net_records(net):
+        proto.layer.add().CopyFrom(_layer_proto(record))
     return proto
 
 
-def write_caffemodel(net, path):
-    """Write ``net``'s weights as a binary NetParameter, as Caffe's Net.save() does.
+def write_records(path, records, name=''):
+    """Write Records as a binary NetParameter, as Caffe's Net.save() does.
 
     Layers are serialized one at a time (a NetParameter is the concatenation of its
     fields), so no second copy of all the weights is ever held in memory.
     """
     with atomic_write(path) as f:
-        if getattr(net, 'name', ''):
-            f.write(caffe_pb2.NetParameter(name=net.name).SerializeToString())
-        for layer in net.layers:
-            f.write(_length_delimited(_NET_LAYER_FIELD, _layer_proto(layer).SerializeToString()))
+        if name:
+            f.write(caffe_pb2.NetParameter(name=name).SerializeToString())
+        for record in records:
+            f.write(length_delimited(_NET_LAYER_FIELD, _layer_proto(record).SerializeToString()))
 
 
-def write_hdf5(net, path):
-    """Write ``net``'s weights in Caffe's HDF5 layout: datasets ``data/<layer>/<i>``.
+def write_records_hdf5(path, records, shared=()):
+    """Write Records in Caffe's HDF5 layout: datasets ``data/<layer>/<i>``.
 
-    Every layer gets a group (empty when it has no params); a shared param is stored
-    only under the layer that owns it, as Caffe's Net.save_hdf5() does.
+    Every layer gets a group (empty when it has no params); the params in ``shared``
+    ((layer name, index) pairs) are stored only under the layer that owns them, as Caffe's
+    Net.save_hdf5() does.
     """
     import h5py
-    shared = _shared_params(net)
     with atomic_write(path, as_path=True) as tmp:
         with h5py.File(tmp, 'w') as f:
             data = f.create_group('data')
-            for name, layer in zip(net._layer_names, net.layers):
-                group = data.require_group(name)   # 'a' may exist as the parent of 'a/b'
-                for j, blob in enumerate(layer.blobs):
-                    if (name, j) not in shared:
-                        group.create_dataset(str(j), data=to_numpy(blob.data))
+            for record in records:
+                layer_name = record.param.name
+                group = data.require_group(layer_name)   # 'a' may exist as the parent of 'a/b'
+                for j, array in enumerate(record.arrays):
+                    if (layer_name, j) not in shared:
+                        group.create_dataset(str(j), data=to_numpy(array))
+
+
+def write_caffemodel(net, path):
+    """Write ``net``'s weights as a binary NetParameter (Caffe's Net.save())."""
+    write_records(path, net_records(net), getattr(net, 'name', ''))
+
+
+def write_hdf5(net, path):
+    """Write ``net``'s weights in Caffe's HDF5 layout (Caffe's Net.save_hdf5())."""
+    write_records_hdf5(path, net_records(net), _shared_params(net))
