@@ -203,7 +203,7 @@ def layer_forward(layer, bottom, top):
         mode = MODE_BATCH_UNBIASED if _is_sync(layer) else MODE_BATCH_BIASED
         state['count'] = packed[:1]
     state['params'] = prepare(packed, mean, var, slope, bias, layer.eps, layer.momentum, mode)
-    if in_place and not layer.frozen:
+    if in_place and not layer.affine_frozen:
         state['xhat'], state['x_is_xhat'] = xp.empty_like(x3), 1
     normalize_affine(x3, y3, state['params'], state['xhat'])
     layer._gpu_state = state
@@ -216,7 +216,7 @@ def layer_backward(layer, top, propagate_down, bottom):
     dy3 = contiguous(xp, channel_view(top[0].diff))
     dx3 = channel_view(bottom[0].diff)
     x3 = state['xhat'] if state['x_is_xhat'] else contiguous(xp, channel_view(bottom[0].data))
-    if layer.frozen:
+    if layer.affine_frozen:
         if propagate_down[0]:
             input_gradient(x3, dy3, dx3, state['params'], state['x_is_xhat'])
         return

@@ -37,7 +37,10 @@ statistics of the GLOBAL batch, the union of every replica's local batch:
   param diffs is the gradient of the loss whose gradient the top diffs are.
   (Using the all-reduced global sums instead would count each sample R times.)
 * TEST phase, or ``frozen: true``: the running stats, no communication. Unlike
-  BN, the TEST backward is the true gradient of the TEST forward (dx = dy*slope/std).
+  BN, the TEST backward is the true gradient of the TEST forward (dx = dy*slope/std),
+  and a frozen SyncBN still learns its slope and bias as their ParamSpecs say (the
+  forks' frozen BN fixes them): it is BVLC's BatchNorm with use_global_stats followed
+  by a Scale, which is what --sync-bn turns that pair into.
 * Uneven local batches are exact; a replica with an EMPTY local batch (N=0) joins
   both collectives, gets the same running stats and an output of shape (0, C, ...).
 
@@ -235,11 +238,16 @@ class BN(_ChannelNorm):
                       self.make_blob(shape), self.make_blob(shape)]
         if self.frozen:
             self.blobs[self.VAR].data[...] = 1
-        self.param_propagate_down = [not self.frozen] * 2 + [False] * 2
+        self.param_propagate_down = [not self.affine_frozen] * 2 + [False] * 2
         self.use_running_stats = self.frozen or self.phase == TEST
 
+    @property
+    def affine_frozen(self):
+        """Whether slope and bias are fixed whatever the ParamSpecs say (the forks' frozen)."""
+        return self.frozen
+
     def fixed_param_mults(self, index):
-        return (0.0, 0.0) if index >= 2 or self.frozen else None
+        return (0.0, 0.0) if index >= 2 or self.affine_frozen else None
 
     def batch_moments(self, x3):
         """(global count, mean, biased var) of this forward's batch."""
@@ -286,7 +294,7 @@ class BN(_ChannelNorm):
             return
         dy3 = channel_view(top[0].diff)
         scale = self.stat(self.SLOPE) * self._inv_std
-        if self.frozen:
+        if self.affine_frozen:
             if propagate_down[0]:
                 dx = dy3 * _per_channel(scale.astype(work_dtype(dy3.dtype)))
                 bottom[0].diff[...] = dx.reshape(bottom[0].shape)
@@ -308,6 +316,8 @@ class BN(_ChannelNorm):
 @register('SyncBN')
 class SyncBN(BN):
     """BN with the statistics of the global batch across ``ctx.comm`` (module docstring)."""
+
+    affine_frozen = False
 
     def batch_moments(self, x3):
         xp = self.xp

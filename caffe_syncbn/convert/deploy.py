@@ -1,0 +1,89 @@
+"""A train_val or test prototxt turned into a deploy one.
+
+The TEST phase's rules are applied (with the given stages). Data layers become Input
+layers: the image top gets ``input_shape`` or the data layer's own shape (batch_size, crop
+or image size, as ``upgrade.swap_data_layers_for_inputs`` guesses it). SoftmaxWithLoss
+becomes Softmax with top 'prob'. Accuracy, every other loss, and any layer that reads a
+label (a data layer's second or later top) are dropped, with the layers that depend on
+them. What a dropped loss read stays, as an output of the net. Weights are kept for the
+layers that remain.
+"""
+import collections
+
+from .. import caffe_pb2
+from ..layer import TEST, layer_class
+from ..netgraph import filter_net
+from ..upgrade import is_data_layer, swap_data_layers_for_inputs
+
+
+def _is_loss(layer):
+    try:
+        return layer_class(layer.type).is_loss
+    except Exception:              # an unknown type: not ours to judge
+        return False
+
+
+def _softmax_for(loss, taken):
+    name = 'prob' if 'prob' not in taken else loss.name + '_prob'
+    while name in taken:
+        name += '_'
+    taken.add(name)
+    layer = caffe_pb2.LayerParameter(name=name, type='Softmax', bottom=loss.bottom[:1], top=[name])
+    if loss.HasField('softmax_param'):
+        layer.softmax_param.CopyFrom(loss.softmax_param)
+    return layer
+
+
+def _without_dependents(layers, labels):
+    """``layers`` without those that read a label or a blob that only dropped layers made."""
+    while True:
+        produced = {t for layer in layers for t in layer.top}
+        keep = [layer for layer in layers
+                if not any(b in labels or b not in produced for b in layer.bottom)]
+        if len(keep) == len(layers):
+            return keep
+        layers = keep
+
+
+def to_deploy(net_param, weights=None, input_shape=None, stages=()):
+    """``(net_param, weights)`` of the deploy net (module docstring). ``input_shape``
+    (N, C, H, W) sizes every data layer's first top."""
+    from ..io.caffemodel import arrays_of, read_weights
+    from ..net import load_net_param
+    param = load_net_param(net_param)
+    state = caffe_pb2.NetState(phase=TEST, stage=list(stages))
+    param = filter_net(param, state)
+    param.ClearField('state')
+    data_layers = [layer for layer in param.layer if is_data_layer(layer)]
+    images = [layer.top[0] for layer in data_layers if layer.top]
+    labels = {top for layer in data_layers for top in layer.top[1:]}
+    shapes = {top: tuple(input_shape) for top in images} if input_shape else None
+    param = swap_data_layers_for_inputs(param, shapes=shapes)
+    taken = {layer.name for layer in param.layer} | {t for layer in param.layer for t in layer.top}
+    layers = []
+    for layer in param.layer:
+        layer.ClearField('include')
+        layer.ClearField('exclude')
+        if layer.type == 'SoftmaxWithLoss':
+            layers.append(_softmax_for(layer, taken))
+        elif layer.type != 'Accuracy' and not _is_loss(layer):
+            layers.append(layer)
+    layers = _without_dependents(layers, labels)
+    for layer in layers:           # Input layers keep the tops that are still read
+        if layer.type == 'Input' and labels & set(layer.top):
+            keep = [k for k, top in enumerate(layer.top) if top not in labels]
+            shapes = list(layer.input_param.shape)
+            tops = [layer.top[k] for k in keep]
+            del layer.top[:]
+            layer.top.extend(tops)
+            if len(shapes) > 1:
+                del layer.input_param.shape[:]
+                layer.input_param.shape.extend(shapes[k] for k in keep)
+    layers = [layer for layer in layers if layer.top or layer.bottom]
+    del param.layer[:]
+    param.layer.extend(layers)
+    if weights is None:
+        return param, None
+    arrays = arrays_of(read_weights(weights))
+    return param, collections.OrderedDict((l.name, arrays[l.name]) for l in layers
+                                          if arrays.get(l.name))
