@@ -12,19 +12,22 @@ Rules (the README states them for users):
   update, and params stay bitwise equal.
 """
 import functools
+import logging
 
 import numpy as np
 
 from . import caffe_pb2
 from .backend import activate_gpu, to_numpy
 from .comm import ThreadComm
-from .convert import to_syncbn
+from .convert import norm_units, to_syncbn
 from .errors import CaffeError
 from .gradients import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .layer import TRAIN, LayerContext
 from .net import Net
 from .parallel import DevicePool, InputPipeline, parse_devices, split_batch
 from .solvers import get_solver_class, load_solver_param, upgrade_solver_param
+
+log = logging.getLogger('caffe_syncbn')
 
 
 def make_comms(devices):
@@ -80,6 +83,7 @@ class DataParallelMixin:
         self._parts = [None] * len(self.devices)
         self._buckets = [None] * len(self.devices)
         self._seed = seed
+        self._user_train_param = None
         kind = self.devices[0][0]
         super().__init__(solver, dtype=dtype, xp=_backend(kind))
         self.workers = [self.solver_base(self.param, net=net, test_nets=[], dtype=self.dtype, xp=self.xp)
@@ -96,6 +100,9 @@ class DataParallelMixin:
 
     def create_net(self, net_param, phase):
         if self.sync_bn:
+            if phase == TRAIN:
+                self._user_train_param = net_param
+                _log_sync_bn(net_param)
             net_param = to_syncbn(net_param)[0]
         if phase != TRAIN:                   # test nets run alone, on replica 0's device
             context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
@@ -224,9 +231,17 @@ class DataParallelMixin:
                 mine[...] = worker.xp.asarray(root) if worker.xp is not None else root
         self.broadcast_params()
 
+    def make_file_terms(self):
+        """Under --sync-bn, files speak the user's prototxt (BatchNorm+Scale or BN)."""
+        if self._user_train_param is None:
+            return super().make_file_terms()
+        from .convert.terms import UserTerms
+        return UserTerms(self._user_train_param, self.net)
+
     def copy_weights(self, path):
-        """Finetune: load a caffemodel into every replica (by layer name)."""
-        self.net.copy_from(path)
+        """Finetune: load a caffemodel into every replica (by layer name). Under --sync-bn
+        it may hold BatchNorm+Scale, BN or SyncBN layers."""
+        self.file_terms.load_weights(self.net, path)
         self.broadcast_params()
 
     def close(self):
@@ -238,6 +253,33 @@ class DataParallelMixin:
         if self._blas_limit is not None:
             self._blas_limit.restore_original_limits()
             self._blas_limit = None
+
+
+def _log_sync_bn(net_param):
+    """Say what --sync-bn turns into SyncBN, and which of those keep frozen statistics."""
+    units = norm_units(net_param.layer)
+    if not units:
+        log.warning("--sync-bn: net '%s' has no BatchNorm or BN layer; nothing is synchronized",
+                    net_param.name)
+        return
+    forms = [('BatchNorm+Scale', sum(u.kind == 'BatchNorm' and u.scale_name is not None
+                                      for u in units)),
+             ('BatchNorm', sum(u.kind == 'BatchNorm' and u.scale_name is None for u in units)),
+             ('BN', sum(u.kind == 'BN' for u in units)),
+             ('SyncBN', sum(u.kind == 'SyncBN' for u in units))]
+    log.info('--sync-bn: %d layer(s) run as SyncBN (%s)', len(units),
+             ', '.join('%d %s' % (n, form) for form, n in forms if n))
+    frozen = [u.name for u in units if _is_frozen(net_param.layer[u.index])]
+    if frozen:
+        log.info('--sync-bn: %d of them keep their running statistics (use_global_stats: true '
+                 'or frozen: true), as frozen SyncBN: %s', len(frozen), ', '.join(frozen))
+
+
+def _is_frozen(layer):
+    if layer.type == 'BatchNorm':
+        p = layer.batch_norm_param
+        return p.HasField('use_global_stats') and p.use_global_stats
+    return layer.bn_param.frozen
 
 
 @functools.lru_cache(maxsize=None)

@@ -54,6 +54,8 @@ class Solver:
             train_param = train_net_param(p, self.source)
             net = self.create_net(train_param, train_param.state.phase)
         self.net = net
+        #: the terms its files speak: the net's own, or the user's prototxt (convert.terms)
+        self.file_terms = self.make_file_terms()
         self._load_weights(net)
         if test_nets is None:
             test_nets = [self.create_net(n, n.state.phase) for n in test_net_params(p, self.source)]
@@ -86,13 +88,17 @@ class Solver:
             context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
         return Net(net_param, phase, level=net_param.state.level, context=context, dtype=self.dtype)
 
+    def make_file_terms(self):
+        from ..convert.terms import NetTerms
+        return NetTerms(self.net)
+
     def _load_weights(self, net):
         """The solver's ``weights`` entries (each a comma-separated list), as Caffe finetunes."""
         for entry in self.param.weights:
             for path in (name.strip() for name in entry.split(',')):
                 if path:
                     log.info('Finetuning from %s', path)
-                    net.copy_from(path)
+                    self.file_terms.load_weights(net, path)
 
     # ---- data -------------------------------------------------------------------------------
     def set_data_source(self, source, test_net=None):
@@ -325,12 +331,8 @@ class Solver:
         model = self.snapshot_filename('.caffemodel.h5' if hdf5 else '.caffemodel')
         state = self.snapshot_filename('.solverstate.h5' if hdf5 else '.solverstate')
         try:
-            if hdf5:
-                log.info('Snapshotting to HDF5 file %s', model)
-                self.net.save_hdf5(model)
-            else:
-                log.info('Snapshotting to binary proto file %s', model)
-                self.net.save(model)
+            log.info('Snapshotting to %s file %s', 'HDF5' if hdf5 else 'binary proto', model)
+            self.file_terms.save(model, hdf5)
             log.info('Snapshotting solver state to %s file %s', 'HDF5' if hdf5 else 'binary proto', state)
             write_solver_state(state, self.solver_state(model))
         except OSError as exc:
@@ -338,7 +340,8 @@ class Solver:
         return model, state
 
     def solver_state(self, learned_net=''):
-        history = [to_numpy(h) for h in self.rule.history]
+        """The SolverState a snapshot writes: the history in the terms of ``file_terms``."""
+        history = self.file_terms.history_out(self.rule.history)
         return SolverState(self.iter, learned_net, self.current_step, history)
 
     def restore(self, path):
@@ -346,19 +349,15 @@ class Solver:
         path = os.fspath(path)
         state = read_solver_state(path)
         history = self.rule.history
-        if len(state.history) != len(history):
-            raise CaffeError('solver state %s has %d history blobs, but a %s solver on net %s needs %d'
-                             % (path, len(state.history), self.param.type, self.net.name, len(history)))
-        for i, (saved, mine) in enumerate(zip(state.history, history)):
-            if saved.size != mine.size:
-                raise CaffeError('solver state %s: history blob %d has shape %s, the net needs %s'
-                                 % (path, i, saved.shape, mine.shape))
+        saved = self.file_terms.history_in(
+            state.history, path, self.rule.history_per_param,
+            "a %s solver on net '%s'" % (self.param.type, self.net.name))
         self.iter = state.iter
         if state.learned_net:
-            self.net.copy_from(_find_learned_net(state.learned_net, path))
+            self.file_terms.load_weights(self.net, _find_learned_net(state.learned_net, path))
         self.lr_policy.current_step = state.current_step
-        for saved, mine in zip(state.history, history):
-            mine[...] = get_array_module(mine).asarray(saved.reshape(mine.shape), dtype=mine.dtype)
+        for saved_array, mine in zip(saved, history):
+            mine[...] = get_array_module(mine).asarray(saved_array, dtype=mine.dtype)
         log.info('%s: restored iteration %d from %s', type(self).__name__, self.iter, path)
 
 
