@@ -38,6 +38,12 @@ def main():
     print('Held-out images (%s)   pixel accuracy   mean IoU' % os.path.join(data, 'val.txt'))
     for run in results.values():
         print('  %-13s %26.4f %10.4f' % (run['label'], run['pixel_accuracy'], run['mean_iou']))
+    per_device = results['per-device']
+    print('Why: per-device BN normalized each training image with its own statistics, and at\n'
+          'test time normalizes with running averages over many images. Scored with each\n'
+          "image's own statistics, as in its training, the same per-device net gets a mean IoU\n"
+          'of %.4f (examples/segmentation/evaluate.py --own-statistics).'
+          % per_device['own_statistics_mean_iou'])
     print('One seed is one sample: examples/segmentation/sweep.py runs three of each mode.')
     print('The whole demo took %.0f s.' % (time.time() - start))
     print('Plot:      %s' % plot)

@@ -7,7 +7,9 @@
   init.caffemodel                   the initial weights of both runs (fillers seeded with
                                     ``seed``)
   syncbn/, per-device/              one folder per run: train.log and the final snapshot
-  results.json                      both runs: command, held-out pixel accuracy, mean IoU
+  results.json                      both runs: command, held-out pixel accuracy, mean IoU;
+                                    for per-device BN also the mean IoU with each image
+                                    normalized by its own statistics, as in its training
 The two runs differ in one thing, the `--sync-bn` flag of tools/train_net.py. The data
 order and augmentation come from the solver's random_seed, so both see the same images
 in the same order; the initial weights come from the one file.
@@ -157,12 +159,16 @@ def run_pair(out, data, seed, devices=None, solver_overrides=None, held_out=None
         command, seconds = train(run_dir, solver_path, weights, flags, devices, label, progress)
         snapshot = final_snapshot(run_dir, solver_path)
         accuracy, miou, iou = evaluate(snapshot, net_path, held_out)
-        results[folder] = {'label': label, 'command': command, 'weights': weights,
-                           'log': os.path.join(run_dir, 'train.log'), 'snapshot': snapshot,
-                           'seconds': seconds, 'pixel_accuracy': float(accuracy),
-                           'mean_iou': float(miou), 'class_iou': [float(v) for v in iou]}
+        run = results[folder] = {
+            'label': label, 'command': command, 'weights': weights,
+            'log': os.path.join(run_dir, 'train.log'), 'snapshot': snapshot, 'seconds': seconds,
+            'pixel_accuracy': float(accuracy), 'mean_iou': float(miou),
+            'class_iou': [float(v) for v in iou]}
         progress('  %-13s done in %.0f s: held-out pixel accuracy %.4f, mean IoU %.4f'
                  % (label, seconds, accuracy, miou))
+        if '--sync-bn' not in flags:   # the diagnostic: normalized as in its training
+            run['own_statistics_mean_iou'] = float(
+                evaluate(snapshot, net_path, held_out, own_statistics=True)[1])
     with atomic_write(os.path.join(out, 'results.json')) as f:
         f.write(json.dumps(results, indent=1).encode())
     return results

@@ -48,6 +48,10 @@ def summarize(runs):
             lines.append('  %-25s %s' % (labels[m], spread([r[m][key] for r in runs.values()])))
         lines.append('  %-25s %s' % ('%s - %s' % (labels[modes[0]], labels[modes[1]]), spread(
             [r[modes[0]][key] - r[modes[1]][key] for r in runs.values()])))
+    lines.append('held-out mean IoU of the per-device BN nets, each image normalized by its own '
+                 'statistics (as in their training)')
+    lines.append('  %-25s %s' % ('per-device BN', spread(
+        [r['per-device']['own_statistics_mean_iou'] for r in runs.values()])))
     return lines
 
 
