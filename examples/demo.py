@@ -30,8 +30,7 @@ def main():
     devices = compare.demo_devices()
     print('Dataset in %s. Training twice on %s, one image per device, seed %d:'
           % (data, ' '.join(devices).lstrip('-'), SEED), flush=True)
-    results = compare.run_pair(OUT, data, SEED, devices,
-                               progress=lambda line: print(line, flush=True))
+    results = compare.run_pair(OUT, data, SEED, devices)
     plot = compare.plot_pair(os.path.join(OUT, 'syncbn_vs_per_device.png'), results,
                              'fcn_bn, 4 devices x 1 image, seed %d' % SEED)
     print()

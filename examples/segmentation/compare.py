@@ -15,6 +15,7 @@ order and augmentation come from the solver's random_seed, so both see the same 
 in the same order; the initial weights come from the one file.
 ``plot_pair`` draws both runs' loss and test curves in one PNG.
 """
+import collections
 import json
 import os
 import subprocess
@@ -30,7 +31,7 @@ sys.path.insert(0, EXAMPLE)
 import caffe_syncbn as caffe  # noqa: E402
 from caffe_syncbn.caffe_pb2 import SolverParameter  # noqa: E402
 from caffe_syncbn.io.atomic import atomic_write  # noqa: E402
-from caffe_syncbn.logparse import TEST_OUTPUT, parse_log  # noqa: E402
+from caffe_syncbn.logparse import TEST_OUTPUT, TESTING, parse_log  # noqa: E402
 from caffe_syncbn.prototxt import read_prototxt  # noqa: E402
 from evaluate import evaluate  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
@@ -103,7 +104,16 @@ def syncbn_initial_weights(net_path, weights, path):
     return path
 
 
-def train(run_dir, solver_path, weights, flags, devices, label, progress=print):
+def say(line):
+    print(line, flush=True)
+
+
+def write_json(path, value):
+    with atomic_write(path) as f:
+        f.write(json.dumps(value, indent=1).encode())
+
+
+def train(run_dir, solver_path, weights, flags, devices, label, progress=say):
     """Run tools/train_net.py in ``run_dir`` (where its snapshots land); show each test's
     pixel accuracy as it comes. Returns the command and the seconds it took."""
     os.makedirs(run_dir, exist_ok=True)
@@ -113,18 +123,18 @@ def train(run_dir, solver_path, weights, flags, devices, label, progress=print):
     command = [sys.executable, TRAIN_NET, '--solver', solver_path, '--weights', weights,
                '--log-file', log] + devices + flags
     start = time.time()
-    tail = []
+    tail = collections.deque(maxlen=20)     # shown if it fails
     with subprocess.Popen(command, cwd=run_dir, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True) as process:
         iteration = None
         for line in process.stderr:
-            tail = (tail + [line])[-20:]
-            if 'Testing net' in line:
-                iteration = line.split('Iteration ')[1].split(',')[0]
-            match = TEST_OUTPUT.search(line)
-            if match and match.group(1) == 'accuracy':
-                progress('  %-13s iteration %5s: held-out pixel accuracy %.4f'
-                         % (label, iteration, float(match.group(2))))
+            tail.append(line)
+            testing, output = TESTING.search(line), TEST_OUTPUT.search(line)
+            if testing:
+                iteration = int(testing.group(1))
+            elif output and output.group(1) == 'accuracy':
+                progress('  %-13s iteration %5d: held-out pixel accuracy %.4f'
+                         % (label, iteration, float(output.group(2))))
     if process.returncode:
         sys.stderr.write(''.join(tail))
         raise SystemExit('error: %s failed (exit %d); its log: %s'
@@ -134,28 +144,27 @@ def train(run_dir, solver_path, weights, flags, devices, label, progress=print):
 
 def final_snapshot(run_dir, solver_path):
     solver = read_prototxt(solver_path, SolverParameter())
-    return os.path.join(run_dir, '%s_iter_%d.caffemodel' % (solver.snapshot_prefix, solver.max_iter))
+    name = '%s_iter_%d.caffemodel' % (solver.snapshot_prefix, solver.max_iter)
+    return os.path.join(run_dir, name)
 
 
-def run_pair(out, data, seed, devices=None, solver_overrides=None, held_out=None,
-             progress=print):
-    """Train both modes from one initial caffemodel; returns (and writes to
-    out/results.json) {mode folder: {label, command, weights, log, snapshot, seconds,
-    pixel_accuracy, mean_iou, class_iou}}. ``held_out``: how many val images to score
-    (default: all of data/val.txt)."""
+def run_pair(out, data, seed, devices=None, solver_overrides=None, progress=say):
+    """Train both modes from one initial caffemodel and score them on all of data/val.txt;
+    returns (and writes to out/results.json) {mode folder: {label, command, weights, log,
+    snapshot, seconds, pixel_accuracy, mean_iou, class_iou}}."""
     os.makedirs(out, exist_ok=True)
     devices = devices or demo_devices()
     net_path, solver_path = write_net_and_solver(out, data, seed, solver_overrides)
     init = write_initial_weights(net_path, os.path.join(out, 'init.caffemodel'), seed)
-    if held_out is None:
-        with open(os.path.join(data, 'val.txt')) as f:
-            held_out = sum(1 for line in f if line.strip())
+    with open(os.path.join(data, 'val.txt')) as f:
+        held_out = sum(1 for line in f if line.strip())
     results = {}
     for folder, label, flags in MODES:
         run_dir = os.path.join(out, folder)
         weights = init
         if '--sync-bn' in flags:       # WORKAROUND, see syncbn_initial_weights
-            weights = syncbn_initial_weights(net_path, init, os.path.join(out, 'init_syncbn.caffemodel'))
+            weights = syncbn_initial_weights(net_path, init,
+                                             os.path.join(out, 'init_syncbn.caffemodel'))
         command, seconds = train(run_dir, solver_path, weights, flags, devices, label, progress)
         snapshot = final_snapshot(run_dir, solver_path)
         accuracy, miou, iou = evaluate(snapshot, net_path, held_out)
@@ -169,8 +178,7 @@ def run_pair(out, data, seed, devices=None, solver_overrides=None, held_out=None
         if '--sync-bn' not in flags:   # the diagnostic: normalized as in its training
             run['own_statistics_mean_iou'] = float(
                 evaluate(snapshot, net_path, held_out, own_statistics=True)[1])
-    with atomic_write(os.path.join(out, 'results.json')) as f:
-        f.write(json.dumps(results, indent=1).encode())
+    write_json(os.path.join(out, 'results.json'), results)
     return results
 
 
