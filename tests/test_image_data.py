@@ -1,5 +1,5 @@
 """Image data: Datum/LMDB, the DataTransformer, the Data/ImageData/MemoryData/SegData layers,
-convert_imageset and compute_image_mean, and the segmentation demo's dataset and net."""
+convert_imageset and compute_image_mean. The segmentation demo's tests are in test_demo.py."""
 import subprocess
 import sys
 
@@ -334,26 +334,3 @@ def test_one_reader_serves_the_global_batch(image_set, tmp_path):
         np.testing.assert_array_equal(forward(alone, top)[1], labels[[(start + j) % 5
                                                                       for j in range(4)]])
 
-
-# ---- the segmentation demo -------------------------------------------------------------------
-def test_demo_dataset_is_deterministic_and_the_net_trains(tmp_path, monkeypatch):
-    demo = ROOT / 'examples' / 'segmentation'
-    sys.path.insert(0, str(demo))
-    try:
-        import make_dataset
-    finally:
-        sys.path.remove(str(demo))
-    make_dataset.make_dataset(str(tmp_path / 'data'), train=8, val=4, size=64, seed=7)
-    make_dataset.make_dataset(str(tmp_path / 'again'), train=8, val=4, size=64, seed=7)
-    for name in ('images/train_0003.jpg', 'labels/val_0001.png', 'train.txt'):
-        assert (tmp_path / 'data' / name).read_bytes() == (tmp_path / 'again' / name).read_bytes()
-    label = cv2.imread(str(tmp_path / 'data' / 'labels' / 'train_0000.png'), cv2.IMREAD_UNCHANGED)
-    assert label.dtype == np.uint8 and set(np.unique(label)) <= {0, 1, 2, 3, 4, 255}
-    monkeypatch.chdir(tmp_path)
-    import caffe_syncbn
-    net = caffe_syncbn.Net(str(demo / 'fcn_bn.prototxt'), caffe_syncbn.TRAIN)
-    assert net.blobs['score'].shape == (4, 5, 64, 64)
-    assert np.isfinite(net.forward_backward())
-    test_net = caffe_syncbn.Net(str(demo / 'fcn_bn.prototxt'), caffe_syncbn.TEST)
-    out = test_net.forward()
-    assert 0 <= float(out['accuracy']) <= 1

@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Pixel accuracy and mean IoU of a trained segmentation net on the held-out list.
 
-    python examples/segmentation/evaluate.py WEIGHTS [--model fcn_bn.prototxt] [--images 96]
+    python examples/segmentation/evaluate.py WEIGHTS [--model fcn_bn.prototxt] [--images 128]
 
 Run it from examples/segmentation (the net's list files are relative to that folder).
-Weights written by `train_net.py --sync-bn` hold SyncBN layers, so the net is converted
-with the same to_syncbn before they load.
+The net runs in TEST phase, so batch norm uses its running statistics. Weights that hold
+SyncBN layers (snapshots of `train_net.py --sync-bn`) load into the net converted by the
+same to_syncbn; weights in the prototxt's own terms load into the net as written.
+
+--own-statistics is a diagnostic: every BatchNorm normalizes each image with that image's
+own statistics (use_global_stats: false, one image per batch), as it did in training at
+one image per device, instead of with the running averages.
 """
 import argparse
 import os
@@ -17,6 +22,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 
 import caffe_syncbn as caffe  # noqa: E402
 from caffe_syncbn.convert import to_syncbn  # noqa: E402
+from caffe_syncbn.errors import CaffeError  # noqa: E402
+from caffe_syncbn.tools_common import run_main  # noqa: E402
+from caffe_syncbn.io.caffemodel import read_net_param  # noqa: E402
 
 IGNORE = 255
 
@@ -36,9 +44,26 @@ def scores(matrix):
     return true_positive.sum() / max(matrix.sum(), 1), float(np.nanmean(iou)), iou
 
 
-def evaluate(weights, model='fcn_bn.prototxt', images=96, sync_bn=True):
-    param = to_syncbn(model)[0] if sync_bn else caffe.net.load_net_param(model)
-    net = caffe.Net(param, caffe.TEST, weights=weights)
+def load_test_net(model, weights, own_statistics=False):
+    """The TEST net of ``model`` with ``weights`` loaded, converted to SyncBN first when the
+    weights hold SyncBN layers; see the module doc for ``own_statistics``."""
+    param = caffe.net.load_net_param(model)
+    if own_statistics:
+        for layer in param.layer:
+            if layer.type == 'BatchNorm':
+                layer.batch_norm_param.use_global_stats = False
+            if layer.HasField('image_data_param'):
+                layer.image_data_param.batch_size = 1
+    if any(layer.type == 'SyncBN' for layer in read_net_param(weights).layer):
+        if own_statistics:     # a TEST SyncBN always uses its running statistics
+            raise CaffeError('%s holds SyncBN layers; --own-statistics needs BatchNorm weights'
+                             % weights)
+        param = to_syncbn(param)[0]
+    return caffe.Net(param, caffe.TEST, weights=weights)
+
+
+def evaluate(weights, model='fcn_bn.prototxt', images=128, own_statistics=False):
+    net = load_test_net(model, weights, own_statistics)
     scores_blob = [name for name in net.top_names.values() for name in name
                    if net.blobs[name].data.ndim == 4 and name != 'data'][-1]
     matrix, seen = None, 0
@@ -57,13 +82,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('weights')
     p.add_argument('--model', default='fcn_bn.prototxt')
-    p.add_argument('--images', type=int, default=96, help='held-out images (the val list)')
-    p.add_argument('--no-sync-bn', action='store_true', help='weights hold the original BN layers')
+    p.add_argument('--images', type=int, default=128, help='held-out images (the val list)')
+    p.add_argument('--own-statistics', action='store_true',
+                   help="normalize each image with its own statistics, not the running ones")
     args = p.parse_args(argv)
-    accuracy, miou, iou = evaluate(args.weights, args.model, args.images, not args.no_sync_bn)
+    accuracy, miou, iou = evaluate(args.weights, args.model, args.images, args.own_statistics)
     print('pixel accuracy %.4f, mean IoU %.4f' % (accuracy, miou))
     print('per-class IoU: ' + ', '.join('%.3f' % v for v in iou))
+    return 0
 
 
 if __name__ == '__main__':
-    main()
+    run_main(main)
