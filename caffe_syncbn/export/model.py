@@ -25,7 +25,8 @@ MIN_OPSET = 17
 # why a family of layer types has no ONNX rule, for the error message
 _HINTS = (
     (lambda t: t.endswith('Loss') or t == 'Accuracy', 'a training layer: export a deploy net'),
-    (lambda t: t in ('Data', 'ImageData', 'HDF5Data', 'MemoryData', 'WindowData', 'SegData'),
+    (lambda t: t in ('Data', 'ImageData', 'HDF5Data', 'MemoryData', 'WindowData', 'SegData',
+                     'ImageSegData'),
      'reads data: replace it with an Input layer'),
     (lambda t: t == 'Python', 'runs Python code'),
     (lambda t: t in ('LSTM', 'RNN', 'LSTMUnit'), "Caffe's recurrent layers have no ONNX rule"),
@@ -98,8 +99,8 @@ def _hint(type_name):
 
 def _refusal(net_name, refused):
     listing = '; '.join("'%s' (%s): %s" % (lp.name, lp.type, why) for lp, why in refused)
-    return CaffeError('cannot export net %r to ONNX: %d layer(s) cannot be expressed: %s'
-                      % (net_name, len(refused), listing))
+    return CaffeError('cannot export %s to ONNX: %d layer(s) cannot be expressed: %s'
+                      % ("net '%s'" % net_name if net_name else 'the net', len(refused), listing))
 
 
 def _load_weights(net, weights):
@@ -107,7 +108,7 @@ def _load_weights(net, weights):
     for name, arrays in weights.items():
         layer = net.layer_by_name.get(name)
         if layer is None:
-            log.debug("ONNX export: ignoring weights of layer '%s', which the net lacks", name)
+            log.info('Ignoring source layer %s', name)      # as Caffe does
             continue
         if len(arrays) != len(layer.blobs):
             raise CaffeError("weights of layer '%s': %d blob(s) given, the net has %d"
@@ -135,11 +136,12 @@ def _batch_trace(net):
             net.blobs[name].reshape((shape[0] * factor,) + shape[1:])
         net.reshape()
 
+    batch = first[net.inputs[0]][0] if net.inputs else 1
     try:
         reshape_inputs(2)
     except CaffeError as exc:
-        raise CaffeError('cannot export with a dynamic batch: at twice the batch size, %s'
-                         % exc) from None
+        raise CaffeError('cannot export with a dynamic batch: at batch size %d, %s'
+                         % (2 * batch, exc)) from None
     second = {name: blob.shape for name, blob in net.blobs.items()}
     reshape_inputs(1)
     producer = {}
@@ -156,9 +158,9 @@ def _batch_trace(net):
         else:
             lp = producer[name]
             raise CaffeError("cannot export with a dynamic batch: layer '%s' (type %s) gives blob "
-                             "'%s' the shape %s at batch size %s and %s at twice that size"
-                             % (lp.name, lp.type, name, list(shape), net.blobs[net.inputs[0]]
-                                .shape[0], list(other)))
+                             "'%s' the shape %s at batch size %d and %s at %d"
+                             % (lp.name, lp.type, name, list(shape), batch, list(other),
+                                2 * batch))
     return batched
 
 
