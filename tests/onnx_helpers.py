@@ -1,9 +1,8 @@
 """What the ONNX export tests share: running a model in onnxruntime, the comparison, the
-opsets to test, and small nets checked against our own forward."""
+opsets to test, and prototxt snippets."""
 import numpy as np
 from google.protobuf import text_format
 
-import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 
 

@@ -17,9 +17,9 @@ from caffe_syncbn.net import load_net_param
 from conftest import CORPUS, GOLDEN, require
 from onnx_helpers import assert_close, highest_common_opset, input_layer, parse, run
 
-onnx = pytest.importorskip('onnx', reason="ONNX export needs onnx: pip install '.[onnx]'")
-ort = pytest.importorskip('onnxruntime', reason="the ONNX tests run models with onnxruntime: "
-                                                "pip install onnxruntime")
+pytest.importorskip('onnx', reason="ONNX export needs onnx: pip install '.[onnx]'")
+pytest.importorskip('onnxruntime', reason='the ONNX tests run models with onnxruntime: '
+                                          'pip install onnxruntime')
 from caffe_syncbn.export import to_onnx  # noqa: E402  (after the skips)
 from caffe_syncbn.export.graph import exportable_types  # noqa: E402
 
@@ -130,7 +130,8 @@ def random_weights(net, rng):
         if not shapes or layer.type in BATCH_NORMS:
             continue
         if layer.type == 'Scale':
-            values = [rng.uniform(0.8, 1.2, shapes[0])] + [rng.normal(0, 0.1, s) for s in shapes[1:]]
+            values = [rng.uniform(0.8, 1.2, shapes[0])] + \
+                [rng.normal(0, 0.1, s) for s in shapes[1:]]
         else:
             # uniform with He's variance 2 / fan-in (uniform draws are the cheaper ones)
             bound = np.float32(np.sqrt(6.0 / fan_in(layer)))

@@ -94,7 +94,8 @@ def test_neurons_in_place_on_one_blob():
     text = (input_layer('data', 2, 3, 4, 4) +
             'layer { name: "conv" type: "Convolution" bottom: "data" top: "h" '
             '  convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }'
-            'layer { name: "scale" type: "Scale" bottom: "h" top: "h" scale_param { bias_term: true } }'
+            'layer { name: "scale" type: "Scale" bottom: "h" top: "h" '
+            '  scale_param { bias_term: true } }'
             'layer { name: "relu" type: "ReLU" bottom: "h" top: "h" }'
             'layer { name: "drop" type: "Dropout" bottom: "h" top: "h" }')
     model = check(text)
@@ -331,14 +332,17 @@ layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv"
         batch_norm_param { use_global_stats: false } }
 layer { name: "scale" type: "Scale" bottom: "conv" bottom: "factor" top: "scaled"
         scale_param { axis: 0 num_axes: 2 } }
-layer { name: "zoom" type: "Interp" bottom: "scaled" top: "zoom" interp_param { zoom_factor: 2 pad_beg: -1 } }
+layer { name: "zoom" type: "Interp" bottom: "scaled" top: "zoom"
+        interp_param { zoom_factor: 2 pad_beg: -1 } }
 layer { name: "pool" type: "Pooling" bottom: "zoom" top: "pool"
         pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 } }
 layer { name: "slice" type: "Slice" bottom: "pool" top: "left" top: "right"
         slice_param { axis: 1 slice_point: 1 } }
 layer { name: "flat" type: "Flatten" bottom: "left" top: "flat" }
-layer { name: "ip" type: "InnerProduct" bottom: "flat" top: "ip" inner_product_param { num_output: 6 } }
-layer { name: "fold" type: "Reshape" bottom: "ip" top: "fold" reshape_param { shape { dim: -1 dim: 2 dim: 3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "flat" top: "ip"
+        inner_product_param { num_output: 6 } }
+layer { name: "fold" type: "Reshape" bottom: "ip" top: "fold"
+        reshape_param { shape { dim: -1 dim: 2 dim: 3 } } }
 layer { name: "arg" type: "ArgMax" bottom: "right" top: "arg" argmax_param { top_k: 2 } }
 layer { name: "power" type: "Power" bottom: "right" top: "ones" power_param { power: 0 } }
 '''

@@ -1,4 +1,6 @@
 """Rules for the learned linear layers: Convolution, Deconvolution, InnerProduct, Embed."""
+from onnx import TensorProto
+
 from .graph import Unsupported, rule
 
 
@@ -43,7 +45,7 @@ def inner_product(n):
 
 @rule('Embed')
 def embed(n):
-    index = n.op('Cast', n.inputs[0], to=7)      # 7 = INT64
+    index = n.op('Cast', n.inputs[0], to=TensorProto.INT64)
     y = n.op('Gather', n.weight(0, what='table'), index, axis=0)
     if n.layer.bias_term:
         y = n.op('Add', y, n.weight(1, what='bias'))

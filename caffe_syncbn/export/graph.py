@@ -31,13 +31,18 @@ def rule(*type_names):
 
 
 def rule_for(type_name):
-    from . import conv, neuron, norm, shape, vision  # noqa: F401  (register the rules)
+    """The rule for a Caffe layer type, or None."""
+    _load_rules()
     return _RULES.get(type_name)
 
 
 def exportable_types():
-    rule_for('')
+    _load_rules()
     return sorted(_RULES)
+
+
+def _load_rules():
+    from . import conv, neuron, norm, shape, vision  # noqa: F401  (they register the rules)
 
 
 class Unsupported(Exception):

@@ -1,4 +1,6 @@
 """Rules for the element-wise layers, Dropout and Softmax."""
+from onnx import TensorProto
+
 from .graph import rule
 
 
@@ -85,7 +87,7 @@ def clip(n):
 @rule('Threshold')
 def threshold(n):
     above = n.op('Greater', n.inputs[0], n.const(n.param.threshold_param.threshold, 'threshold'))
-    return [n.op('Cast', above, to=1)]      # 1 = FLOAT
+    return [n.op('Cast', above, to=TensorProto.FLOAT)]
 
 
 @rule('Dropout')

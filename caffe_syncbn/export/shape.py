@@ -1,12 +1,12 @@
 """Rules for the layers that route, reshape, combine or select values, and the sources
 (Input, Parameter, constant DummyData)."""
 import numpy as np
+from onnx import TensorProto
 
 from .. import caffe_pb2
 from .graph import Unsupported, rule
 
 INT64_MIN = np.iinfo(np.int64).min
-FLOAT, INT64 = 1, 7          # onnx.TensorProto data types, for Cast
 
 
 @rule('Input')
@@ -111,7 +111,8 @@ def argmax(n):
     reversed_x = n.slice(x, [-1], [INT64_MIN], [axis], [-1])
     values, reversed_index = n.op('TopK', reversed_x, n.ints([layer.top_k], 'k'), outputs=2,
                                   axis=axis, largest=1, sorted=1)
-    index = n.op('Cast', n.op('Sub', n.ints(length - 1, 'last'), reversed_index), to=FLOAT)
+    index = n.op('Sub', n.ints(length - 1, 'last'), reversed_index)
+    index = n.op('Cast', index, to=TensorProto.FLOAT)
     out_max_val = n.param.argmax_param.out_max_val
     if layer.axis is not None:
         return [values if out_max_val else index]
@@ -134,5 +135,5 @@ def reduction(n):
 
 @rule('BatchReindex')
 def batch_reindex(n):
-    return [n.op('Gather', n.inputs[0], n.op('Cast', n.inputs[1], to=INT64), axis=0)]
+    return [n.op('Gather', n.inputs[0], n.op('Cast', n.inputs[1], to=TensorProto.INT64), axis=0)]
 

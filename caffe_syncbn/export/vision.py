@@ -7,6 +7,8 @@ to [-pad, size + pad): padded cells count, the ceil overhang past them does not.
 zero Pad of ``pad`` on each side (cells that count) and then an AveragePool whose extra end
 padding is excluded from the divisor (count_include_pad=0).
 """
+from onnx import TensorProto
+
 from .graph import Unsupported, rule
 
 
@@ -34,7 +36,7 @@ def _pool(n, x, pool, with_mask=False):
         top, index = result
         # ONNX indexes the whole (N, C, H, W) tensor, Caffe the plane: h * W + w
         plane = n.ints(pool.in_hw[0] * pool.in_hw[1], 'plane')
-        return top, n.op('Cast', n.op('Mod', index, plane), to=1)
+        return top, n.op('Cast', n.op('Mod', index, plane), to=TensorProto.FLOAT)
     if any(pad):
         x = n.op('Pad', x, n.ints([0, 0] + pad + [0, 0] + pad, 'pads'))
 
