@@ -28,8 +28,6 @@ ALEXNET = 'BVLC_caffe__models_bvlc_alexnet_deploy.prototxt'
 CAFFENET = 'BVLC_caffe__models_bvlc_reference_caffenet_deploy.prototxt'
 FCN8S = 'shelhamer_fcn.berkeleyvision.org__voc-fcn8s_deploy.prototxt'
 PSPNET = 'hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt'
-
-
 OPSETS = sorted({17, highest_common_opset()})
 
 
@@ -339,3 +337,8 @@ def test_dynamic_batch_refuses_a_net_tied_to_its_batch():
     # without a dynamic batch it exports
     x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
     assert_close(run(to_onnx(parse(text)), {'data': x})['fold'], x.reshape(6, 64), 'fold')
+    halves = net_text('layer { name: "halves" type: "Slice" bottom: "data" top: "a" top: "b" '
+                      'slice_param { axis: 0 } }')
+    with pytest.raises(CaffeError, match="'halves' \\(Slice\\): slicing along axis 0 cannot "
+                                         "have a symbolic batch"):
+        to_onnx(parse(halves), dynamic_batch=True)

@@ -29,8 +29,8 @@ def batch_norm(n):
     mean_sum, var_sum, factor = (to_numpy(b.data).astype(np.float64) for b in layer.blobs)
     s = float(factor.reshape(-1)[0])
     inv = 0.0 if s == 0 else 1.0 / s
-    ones = np.ones(mean_sum.size)
-    return _batch_normalization(n, ones, 0 * ones, mean_sum * inv, var_sum * inv, layer.eps)
+    ones, zeros = np.ones(mean_sum.size), np.zeros(mean_sum.size)
+    return _batch_normalization(n, ones, zeros, mean_sum * inv, var_sum * inv, layer.eps)
 
 
 @rule('BN', 'SyncBN')

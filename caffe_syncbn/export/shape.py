@@ -116,10 +116,10 @@ def argmax(n):
     out_max_val = n.param.argmax_param.out_max_val
     if layer.axis is not None:
         return [values if out_max_val else index]
-    rows = [index, values] if out_max_val else [index]       # each (N, top_k)
-    rows = [n.op('Unsqueeze', r, n.ints([1], 'axes')) for r in rows]
-    y = n.op('Concat', *rows, axis=1) if out_max_val else rows[0]
-    return [n.reshape(y, n.out_shapes[0])]
+    if out_max_val:      # (N, 2, top_k): the indices, then the values
+        rows = [n.op('Unsqueeze', r, n.ints([1], 'axes')) for r in (index, values)]
+        index = n.op('Concat', *rows, axis=1)
+    return [n.reshape(index, n.out_shapes[0])]
 
 
 @rule('Reduction')
