@@ -1,0 +1,16 @@
+"""Export of Caffe nets to ONNX: ``to_onnx(net_param, weights, ...)`` (see model.py).
+
+One small rule per Caffe layer type turns a layer into ONNX nodes (``graph.rule``); the
+rules live by family in conv.py, vision.py, norm.py, neuron.py and shape.py.
+"""
+try:
+    from .model import to_onnx
+except ModuleNotFoundError as exc:
+    if exc.name != 'onnx':
+        raise
+
+    def to_onnx(*args, **kwargs):
+        from ..errors import CaffeError
+        raise CaffeError("ONNX export needs the onnx package: pip install 'caffe-syncbn[onnx]'")
+
+__all__ = ['to_onnx']

@@ -1,0 +1,256 @@
+"""to_onnx: a deploy net and its weights as an ONNX model.
+
+Our Net, built in TEST phase, is the reference: it infers every blob's shape and holds the
+weights the rules read. Caffe's in-place layers write one blob several times; ONNX tensors
+are written once, so each write gets a tensor of its own and the LAST write of a blob
+carries the blob's name (graph outputs are the net's outputs, by name).
+"""
+import logging
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .. import caffe_pb2
+from ..errors import CaffeError
+from ..layer import TEST, LayerContext
+from ..net import Net, load_net_param
+from ..netgraph import filter_net
+from .graph import Graph, LayerExport, Unsupported, rule_for
+
+log = logging.getLogger('caffe_syncbn')
+
+MIN_OPSET = 17
+
+# why a family of layer types has no ONNX rule, for the error message
+_HINTS = (
+    (lambda t: t.endswith('Loss') or t == 'Accuracy', 'a training layer: export a deploy net'),
+    (lambda t: t in ('Data', 'ImageData', 'HDF5Data', 'MemoryData', 'WindowData', 'SegData',
+                     'ImageSegData'),
+     'reads data: replace it with an Input layer'),
+    (lambda t: t == 'Python', 'runs Python code'),
+    (lambda t: t in ('LSTM', 'RNN', 'LSTMUnit'), "Caffe's recurrent layers have no ONNX rule"),
+    (lambda t: t == 'Filter', 'its output size depends on the data'),
+)
+
+
+def to_onnx(net_param, weights=None, input_shapes=None, opset=MIN_OPSET, dynamic_batch=False):
+    """The ONNX ModelProto of a deploy net, checked with ``onnx.checker``.
+
+    net_param:     NetParameter or prototxt path (V1 and legacy ``input:`` fields are
+                   upgraded); its Input layers become the graph inputs
+    weights:       None or {layer name: [arrays]} in each layer's blob order (what
+                   ``io.caffemodel.layer_blobs`` and ``convert.to_syncbn`` give); layers
+                   without an entry keep their filler values
+    input_shapes:  {input blob: shape} overriding the prototxt's Input shapes
+    opset:         ONNX opset, >= 17
+    dynamic_batch: make the first axis of every input and output symbolic
+    """
+    max_opset = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= max_opset:
+        raise CaffeError('ONNX opset %d is not supported: give %d to %d (the installed onnx '
+                         'knows up to %d)' % (opset, MIN_OPSET, max_opset, max_opset))
+    param = _with_input_shapes(load_net_param(net_param), input_shapes or {})
+    _refuse_types_without_rule(param)
+    net = Net(param, TEST, context=LayerContext(phase=TEST, xp=np, dtype=np.float32))
+    if weights:
+        _load_weights(net, weights)
+    batch_axes = _batch_trace(net) if dynamic_batch else {}
+    model = _export(net, opset, batch_axes)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _with_input_shapes(param, input_shapes):
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(param)
+    inputs = {top: layer for layer in out.layer if layer.type == 'Input' for top in layer.top}
+    unknown = sorted(set(input_shapes) - set(inputs))
+    if unknown:
+        raise CaffeError('input_shapes names %s, which %s not an Input blob of net %r (inputs: %s)'
+                         % (', '.join(unknown), 'is' if len(unknown) == 1 else 'are',
+                            out.name, ', '.join(inputs) or 'none'))
+    for name, shape in input_shapes.items():
+        ip = inputs[name].input_param
+        tops = list(inputs[name].top)
+        if len(ip.shape) == 1 and len(tops) > 1:       # one shape shared by every top
+            ip.shape.extend([ip.shape[0]] * (len(tops) - 1))
+        while len(ip.shape) < len(tops):
+            ip.shape.add()
+        del ip.shape[tops.index(name)].dim[:]
+        ip.shape[tops.index(name)].dim.extend(int(d) for d in shape)
+    return out
+
+
+def _refuse_types_without_rule(param):
+    """Before building anything: one error naming every layer whose type has no rule."""
+    state = caffe_pb2.NetState()
+    state.CopyFrom(param.state)
+    state.phase = TEST
+    missing = [(lp, _hint(lp.type)) for lp in filter_net(param, state).layer
+               if rule_for(lp.type) is None]
+    if missing:
+        raise _refusal(param.name, missing)
+
+
+def _hint(type_name):
+    return next((text for test, text in _HINTS if test(type_name)), 'no ONNX counterpart')
+
+
+def _refusal(net_name, refused):
+    listing = '; '.join("'%s' (%s): %s" % (lp.name, lp.type, why) for lp, why in refused)
+    return CaffeError('cannot export %s to ONNX: %d layer(s) cannot be expressed: %s'
+                      % ("net '%s'" % net_name if net_name else 'the net', len(refused), listing))
+
+
+def _load_weights(net, weights):
+    """Copy {layer name: [arrays]} into ``net``; legacy 4-D blobs fit as Caffe fits them."""
+    for name, arrays in weights.items():
+        layer = net.layer_by_name.get(name)
+        if layer is None:
+            log.info('Ignoring source layer %s', name)      # as Caffe does
+            continue
+        if len(arrays) != len(layer.blobs):
+            raise CaffeError("weights of layer '%s': %d blob(s) given, the net has %d"
+                             % (name, len(arrays), len(layer.blobs)))
+        for j, (array, blob) in enumerate(zip(arrays, layer.blobs)):
+            array = np.asarray(array)
+            legacy = array.ndim == 4 and len(blob.shape) <= 4 and \
+                (1,) * (4 - len(blob.shape)) + tuple(blob.shape) == array.shape
+            if array.shape != blob.shape and not legacy:
+                raise CaffeError("weights of layer '%s': blob %d has shape %s but the net's has "
+                                 'shape %s' % (name, j, list(array.shape), list(blob.shape)))
+            blob.data[...] = array.reshape(blob.shape)
+
+
+def _batch_trace(net):
+    """{blob: whether its first axis is the batch}, from the shapes at batch B and 2B.
+
+    A blob whose other axes change with the batch cannot have a symbolic batch: refused.
+    """
+    first = {name: blob.shape for name, blob in net.blobs.items()}
+
+    def reshape_inputs(factor):
+        for name in net.inputs:
+            shape = first[name]
+            net.blobs[name].reshape((shape[0] * factor,) + shape[1:])
+        net.reshape()
+
+    batch = first[net.inputs[0]][0] if net.inputs else 1
+    try:
+        reshape_inputs(2)
+    except CaffeError as exc:
+        raise CaffeError('cannot export with a dynamic batch: at batch size %d, %s'
+                         % (2 * batch, exc)) from None
+    second = {name: blob.shape for name, blob in net.blobs.items()}
+    reshape_inputs(1)
+    producer = {}
+    for lp in net.net_param.layer:
+        for top in lp.top:
+            producer.setdefault(top, lp)
+    batched = {}
+    for name, shape in first.items():
+        other = second[name]
+        if shape == other:
+            batched[name] = False
+        elif shape[1:] == other[1:] and len(shape) == len(other):
+            batched[name] = True
+        else:
+            lp = producer[name]
+            raise CaffeError("cannot export with a dynamic batch: layer '%s' (type %s) gives blob "
+                             "'%s' the shape %s at batch size %d and %s at %d"
+                             % (lp.name, lp.type, name, list(shape), batch, list(other),
+                                2 * batch))
+    return batched
+
+
+def _export(net, opset, batched):
+    graph = Graph(opset, reserved=net.blobs)
+    for name in net.inputs:             # graph inputs keep their blob names
+        graph.claim(name)
+    layers = list(zip(net.net_param.layer, net.layers))
+    last_write = {top: i for i, (lp, _) in enumerate(layers) for top in lp.top}
+    tensors, refused = {}, []
+    for i, (lp, layer) in enumerate(layers):
+        if any(tensors.get(b) is None for b in lp.bottom):
+            for top in lp.top:          # downstream of a refused layer
+                tensors[top] = None
+            continue
+        inputs = [tensors[b] for b in lp.bottom]
+        in_shapes = [net.blobs[b].shape for b in lp.bottom]
+        out_shapes = [net.blobs[t].shape for t in lp.top]
+        n = LayerExport(graph, layer, inputs, in_shapes, out_shapes,
+                        bool(lp.bottom) and batched.get(lp.bottom[0], False))
+        try:
+            outputs = rule_for(lp.type)(n)
+        except Unsupported as exc:
+            refused.append((lp, str(exc)))
+            for top in lp.top:
+                tensors[top] = None
+            continue
+        for j, (top, tensor) in enumerate(zip(lp.top, outputs)):
+            if _made_by(n, tensor) and tensor not in outputs[:j]:    # else an alias
+                name = graph.claim(top) if last_write[top] == i else \
+                    graph.fresh('%s/%s' % (top, lp.name))
+                _rename(n, tensor, name)
+                tensor = name
+            tensors[top] = tensor
+        _name_nodes(graph, n, tensors[lp.top[0]] if lp.top else None)
+    if refused:
+        raise _refusal(net.name, refused)
+    return _model(net, graph, tensors, batched)
+
+
+def _made_by(n, tensor):
+    return any(tensor in node.output for node in n.nodes)
+
+
+def _rename(n, tensor, name):
+    for node in n.nodes:
+        for field in (node.input, node.output):
+            for k, value in enumerate(field):
+                if value == tensor:
+                    field[k] = name
+
+
+def _name_nodes(graph, n, main_output):
+    """The node that writes top 0 is named after the layer; its helpers after layer/op."""
+    for node in n.nodes:
+        base = n.name if main_output in node.output else '%s/%s' % (n.name, node.op_type)
+        node.name = graph.node_name(base)
+
+
+def _value_info(name, shape, batched, batch_size):
+    """Float tensor info; a batched first axis is 'batch' (or unnamed when a multiple)."""
+    dims = list(shape)
+    if batched:
+        dims[0] = 'batch' if shape[0] == batch_size else None
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+
+def _model(net, graph, tensors, batched):
+    batch_size = net.blobs[net.inputs[0]].shape[0] if net.inputs else None
+
+    def info(tensor, blob):
+        return _value_info(tensor, net.blobs[blob].shape, batched.get(blob, False), batch_size)
+
+    inputs = [info(name, name) for name in net.inputs]
+    outputs = []
+    for name in net.outputs:
+        tensor = tensors[name]
+        if tensor != name:              # an alias of another tensor: name it
+            final = graph.claim(name)
+            graph.nodes.append(helper.make_node('Identity', [tensor], [final],
+                                                name=graph.node_name(name + '/output')))
+            tensor = final
+        outputs.append(info(tensor, name))
+    model = graph.model
+    model.graph.name = net.name or 'caffe_net'
+    model.graph.node.extend(graph.nodes)
+    model.graph.input.extend(inputs)
+    model.graph.output.extend(outputs)
+    model.opset_import.add(domain='', version=graph.opset)
+    model.ir_version = helper.find_min_ir_version_for(list(model.opset_import))
+    model.producer_name = 'caffe_syncbn'
+    model.doc_string = 'Caffe net %r exported by caffe_syncbn' % (net.name,)
+    return model
