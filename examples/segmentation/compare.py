@@ -89,21 +89,6 @@ def write_initial_weights(net_path, path, seed):
     return path
 
 
-def syncbn_initial_weights(net_path, weights, path):
-    """WORKAROUND, to go when `train_net.py --weights` converts BatchNorm+Scale weights under
-    --sync-bn (today that run builds SyncBN layers and refuses the 3-blob BatchNorm weights).
-    Until then the SyncBN run gets the same initial weights, converted by the same
-    ``to_syncbn`` that converts its net, in a file of their own."""
-    from caffe_syncbn.convert import to_syncbn
-    param, arrays = to_syncbn(net_path, weights)
-    net = caffe.Net(param, caffe.TRAIN)
-    for name, blobs in net.params.items():
-        for blob, array in zip(blobs, arrays[name]):
-            blob.data[...] = array
-    net.save(path)
-    return path
-
-
 def say(line):
     print(line, flush=True)
 
@@ -161,15 +146,11 @@ def run_pair(out, data, seed, devices=None, solver_overrides=None, progress=say)
     results = {}
     for folder, label, flags in MODES:
         run_dir = os.path.join(out, folder)
-        weights = init
-        if '--sync-bn' in flags:       # WORKAROUND, see syncbn_initial_weights
-            weights = syncbn_initial_weights(net_path, init,
-                                             os.path.join(out, 'init_syncbn.caffemodel'))
-        command, seconds = train(run_dir, solver_path, weights, flags, devices, label, progress)
+        command, seconds = train(run_dir, solver_path, init, flags, devices, label, progress)
         snapshot = final_snapshot(run_dir, solver_path)
         accuracy, miou, iou = evaluate(snapshot, net_path, held_out)
         run = results[folder] = {
-            'label': label, 'command': command, 'weights': weights,
+            'label': label, 'command': command, 'weights': init,
             'log': os.path.join(run_dir, 'train.log'), 'snapshot': snapshot, 'seconds': seconds,
             'pixel_accuracy': float(accuracy), 'mean_iou': float(miou),
             'class_iou': [float(v) for v in iou]}

@@ -4,9 +4,9 @@
     python examples/segmentation/evaluate.py WEIGHTS [--model fcn_bn.prototxt] [--images 128]
 
 Run it from examples/segmentation (the net's list files are relative to that folder).
-The net runs in TEST phase, so batch norm uses its running statistics. Weights that hold
-SyncBN layers (snapshots of `train_net.py --sync-bn`) load into the net converted by the
-same to_syncbn; weights in the prototxt's own terms load into the net as written.
+The net runs in TEST phase, so batch norm uses its running statistics. Snapshots of
+`train_net.py --sync-bn` speak the prototxt's own terms (BatchNorm+Scale), so they load
+into the net as written, like those of a plain run.
 
 --own-statistics is a diagnostic: every BatchNorm normalizes each image with that image's
 own statistics (use_global_stats: false, one image per batch), as it did in training at
@@ -21,10 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 
 import caffe_syncbn as caffe  # noqa: E402
-from caffe_syncbn.convert import to_syncbn  # noqa: E402
-from caffe_syncbn.errors import CaffeError  # noqa: E402
 from caffe_syncbn.tools_common import run_main  # noqa: E402
-from caffe_syncbn.io.caffemodel import read_net_param  # noqa: E402
 
 IGNORE = 255
 
@@ -45,8 +42,8 @@ def scores(matrix):
 
 
 def load_test_net(model, weights, own_statistics=False):
-    """The TEST net of ``model`` with ``weights`` loaded, converted to SyncBN first when the
-    weights hold SyncBN layers; see the module doc for ``own_statistics``."""
+    """The TEST net of ``model`` with ``weights`` loaded; see the module doc for
+    ``own_statistics``."""
     param = caffe.net.load_net_param(model)
     if own_statistics:
         for layer in param.layer:
@@ -54,11 +51,6 @@ def load_test_net(model, weights, own_statistics=False):
                 layer.batch_norm_param.use_global_stats = False
             if layer.HasField('image_data_param'):
                 layer.image_data_param.batch_size = 1
-    if any(layer.type == 'SyncBN' for layer in read_net_param(weights).layer):
-        if own_statistics:     # a TEST SyncBN always uses its running statistics
-            raise CaffeError('%s holds SyncBN layers; --own-statistics needs BatchNorm weights'
-                             % weights)
-        param = to_syncbn(param)[0]
     return caffe.Net(param, caffe.TEST, weights=weights)
 
 
