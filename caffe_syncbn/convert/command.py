@@ -86,12 +86,7 @@ def write_net(prefix, net_param, weights, hdf5=False):
 
 def write_onnx(path, model, weights=None, input_shape=None, opset=17, dynamic_batch=False):
     """OUT.onnx of a deploy net; ``input_shape`` sizes its first input."""
-    try:
-        from ..export import to_onnx
-    except ImportError as exc:
-        raise CaffeError('to-onnx needs the onnx package (pip install "caffe-syncbn[onnx]"): %s'
-                         % exc) from None
-    from ..io.caffemodel import arrays_of, read_weights
+    from ..export import to_onnx
     from ..net import load_net_param
     net_param = load_net_param(model)
     shapes = None
@@ -101,8 +96,8 @@ def write_onnx(path, model, weights=None, input_shape=None, opset=17, dynamic_ba
             raise CaffeError('%s: --input-shape: the net has no Input layer (make it a deploy '
                              'net first: to-deploy)' % model)
         shapes = {inputs[0]: input_shape}
-    onnx_model = to_onnx(net_param, arrays_of(read_weights(weights)) if weights else None,
-                         input_shapes=shapes, opset=opset, dynamic_batch=dynamic_batch)
+    onnx_model = to_onnx(net_param, weights, input_shapes=shapes, opset=opset,
+                         dynamic_batch=dynamic_batch)
     with atomic_write(path) as f:
         f.write(onnx_model.SerializeToString())
     return path

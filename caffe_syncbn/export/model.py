@@ -39,9 +39,10 @@ def to_onnx(net_param, weights=None, input_shapes=None, opset=MIN_OPSET, dynamic
 
     net_param:     NetParameter or prototxt path (V1 and legacy ``input:`` fields are
                    upgraded); its Input layers become the graph inputs
-    weights:       None or {layer name: [arrays]} in each layer's blob order (what
-                   ``io.caffemodel.layer_blobs`` and ``convert.to_syncbn`` give); layers
-                   without an entry keep their filler values
+    weights:       None, a caffemodel path (binary or HDF5), a NetParameter with blobs, or
+                   {layer name: [arrays]} as the converters give it; loaded as
+                   ``Net.copy_from`` loads (batch norms stored in another form are
+                   converted); layers without weights keep their filler values
     input_shapes:  {input blob: shape} overriding the prototxt's Input shapes
     opset:         ONNX opset, >= 17
     dynamic_batch: make the first axis of every input and output symbolic
@@ -53,8 +54,8 @@ def to_onnx(net_param, weights=None, input_shapes=None, opset=MIN_OPSET, dynamic
     param = _with_input_shapes(load_net_param(net_param), input_shapes or {})
     _refuse_types_without_rule(param)
     net = Net(param, TEST, context=LayerContext(phase=TEST, xp=np, dtype=np.float32))
-    if weights:
-        _load_weights(net, weights)
+    if weights is not None:
+        net.copy_from(weights)
     batch_axes = _batch_trace(net) if dynamic_batch else {}
     model = _export(net, opset, batch_axes)
     onnx.checker.check_model(model, full_check=True)
@@ -101,26 +102,6 @@ def _refusal(net_name, refused):
     listing = '; '.join("'%s' (%s): %s" % (lp.name, lp.type, why) for lp, why in refused)
     return CaffeError('cannot export %s to ONNX: %d layer(s) cannot be expressed: %s'
                       % ("net '%s'" % net_name if net_name else 'the net', len(refused), listing))
-
-
-def _load_weights(net, weights):
-    """Copy {layer name: [arrays]} into ``net``; legacy 4-D blobs fit as Caffe fits them."""
-    for name, arrays in weights.items():
-        layer = net.layer_by_name.get(name)
-        if layer is None:
-            log.info('Ignoring source layer %s', name)      # as Caffe does
-            continue
-        if len(arrays) != len(layer.blobs):
-            raise CaffeError("weights of layer '%s': %d blob(s) given, the net has %d"
-                             % (name, len(arrays), len(layer.blobs)))
-        for j, (array, blob) in enumerate(zip(arrays, layer.blobs)):
-            array = np.asarray(array)
-            legacy = array.ndim == 4 and len(blob.shape) <= 4 and \
-                (1,) * (4 - len(blob.shape)) + tuple(blob.shape) == array.shape
-            if array.shape != blob.shape and not legacy:
-                raise CaffeError("weights of layer '%s': blob %d has shape %s but the net's has "
-                                 'shape %s' % (name, j, list(array.shape), list(blob.shape)))
-            blob.data[...] = array.reshape(blob.shape)
 
 
 def _batch_trace(net):
