@@ -1,96 +1,133 @@
-"""Random weights that keep a deep net's activations in range, for comparing implementations.
+"""Corpus deploy nets with random weights that keep a deep net's activations in range, and
+the tolerance their exports are held to.
 
 Plain random weights make a 50-layer net's activations blow up or vanish, and a softmax
 saturate to one-hot, so two implementations "agree" whatever they compute. Here weights are
-scaled by fan-in, and every batch norm's statistics are calibrated on the net's own input:
-the mean and variance of what reaches it, then perturbed, so that normalization does real,
-non-trivial work (BatchNorm also gets a scale factor other than 1). The variance is kept at
-least a quarter of the squared mean: a channel that is constant on one image (a 1x1 pyramid
-pooling bin at batch 1) would otherwise get a tiny variance, and y = a*x + c would cancel
-catastrophically in any float32 implementation, which trained statistics never ask of it.
-The last normalization of each residual branch (whose output an Eltwise reads) gets a small
-slope, U(0.1, 0.4), as in trained residual nets: with every branch as large as the trunk,
-float32 rounding grows block after block, and PSPNet-50's output lands 1e-4 away from the
-float64 one in any float32 implementation, ours included.
+fan-in scaled, and every batch norm gets statistics from its actual input (``calibrate``).
 """
 import numpy as np
 
-NORMS = ('BatchNorm', 'BN', 'SyncBN')
-BATCHNORM_FACTOR = 2.5
+import caffe_syncbn as caffe
+from caffe_syncbn.net import load_net_param
+from conftest import CORPUS, require
+
+BATCH_NORMS = ('BatchNorm', 'BN', 'SyncBN')
 
 
-def _fan_in(shape, layer_type):
-    if layer_type == 'Deconvolution':
-        return max(1, shape[0] * int(np.prod(shape[2:])))
-    return max(1, int(np.prod(shape[1:])))
+def fan_in(layer):
+    shape = layer.blobs[0].shape
+    if layer.type == 'InnerProduct':
+        return layer.inputs
+    if layer.type == 'Deconvolution':     # each output sees C_in/group * (k/stride)^d inputs
+        return shape[0] // layer.group * np.prod(layer.kernel) / np.prod(layer.stride)
+    return np.prod(shape[1:])
 
 
-def _slope(shape, rs, ends_branch):
-    return rs.uniform(0.1, 0.4, shape) if ends_branch else rs.uniform(0.5, 1.5, shape)
-
-
-def _fill(layer, rs, ends_branch):
-    for j, blob in enumerate(layer.blobs):
-        if layer.type in ('Convolution', 'Deconvolution', 'InnerProduct') and j == 0:
-            std = 1.0 / np.sqrt(_fan_in(blob.shape, layer.type))
-            if layer.type == 'InnerProduct' and layer.param.inner_product_param.transpose:
-                std = 1.0 / np.sqrt(blob.shape[0])
-            blob.data[...] = rs.standard_normal(blob.shape) * std
-        elif layer.type == 'Scale' and j == 0:
-            blob.data[...] = _slope(blob.shape, rs, ends_branch)
+def random_weights(net, rng):
+    """Fan-in scaled weights, small biases, Scale gammas near 1; written into ``net`` and
+    returned as {layer: arrays}. Batch norms are left to calibrate()."""
+    weights = {}
+    for name, layer in zip(net._layer_names, net.layers):
+        shapes = [b.shape for b in layer.blobs]
+        if not shapes or layer.type in BATCH_NORMS:
+            continue
+        if layer.type == 'Scale':
+            values = [rng.uniform(0.8, 1.2, shapes[0])] + \
+                [rng.normal(0, 0.1, s) for s in shapes[1:]]
         else:
-            blob.data[...] = rs.standard_normal(blob.shape) * 0.1
+            # uniform with He's variance 2 / fan-in (uniform draws are the cheaper ones)
+            bound = np.float32(np.sqrt(6.0 / fan_in(layer)))
+            weight = rng.random(shapes[0], np.float32)
+            weight -= np.float32(0.5)
+            weight *= 2 * bound
+            values = [weight] + [rng.normal(0, 0.05, s) for s in shapes[1:]]
+        weights[name] = [np.asarray(v, np.float32) for v in values]
+        for blob, value in zip(layer.blobs, weights[name]):
+            blob.data[...] = value
+    return weights
 
 
-def _calibrate(layer, x, rs, ends_branch):
-    axes = (0,) + tuple(range(2, x.ndim))
-    mean = x.mean(axis=axes).astype(np.float64)
-    var = x.var(axis=axes).astype(np.float64)
-    var = var * rs.uniform(0.5, 2.0, var.shape) + (0.5 * mean) ** 2 + 1e-2
-    mean = mean + rs.standard_normal(mean.shape) * 0.2 * np.sqrt(var)
-    if layer.type == 'BatchNorm':
-        values = [mean * BATCHNORM_FACTOR, var * BATCHNORM_FACTOR, [BATCHNORM_FACTOR]]
-    else:
-        values = [_slope(mean.shape, rs, ends_branch), rs.standard_normal(mean.shape) * 0.2,
-                  mean, var]
-    for blob, value in zip(layer.blobs, values):
-        blob.data[...] = np.reshape(value, blob.shape)
-
-
-def realistic_weights(net, inputs, seed=0):
-    """Fill ``net`` (a TEST Net) and return {layer name: [arrays]}; ``inputs`` is
-    {input blob: array}, on which the batch norms are calibrated."""
-    rs = np.random.RandomState(seed)
-    for name, value in inputs.items():
-        net.blobs[name].reshape(value.shape)
-        net.blobs[name].data[...] = value
-    summed = {b for lp in net.net_param.layer if lp.type == 'Eltwise' for b in lp.bottom}
-    for i, layer in enumerate(net.layers):
-        ends_branch = layer.param.top[0] in summed if layer.param.top else False
-        if layer.type in NORMS:
-            _calibrate(layer, np.asarray(net._bottoms[i][0].data, np.float64), rs, ends_branch)
-        else:
-            _fill(layer, rs, ends_branch)
+def calibrate(net, weights, rng):
+    """Run ``net`` layer by layer, giving each batch norm statistics from its actual input,
+    so that 100+ of them keep activations in range, yet unlike them: variances scaled by
+    0.8..1.25 (plus a floor), BatchNorm scale factors in 0.5..2 (not 1), and means that
+    remove only up to a tenth of the input's mean, plus 0.2 std of noise. Removing all of
+    it would cancel the large positive mean that ReLU leaves at every layer, and that
+    cancellation amplifies float32 rounding (about 1.2x per layer): after PSPNet's 100
+    layers two float32 implementations would differ by 1e-4 of the output's range, ours
+    from float64 too. Returns the net's outputs."""
+    for i, (name, layer) in enumerate(zip(net._layer_names, net.layers)):
+        if layer.type in BATCH_NORMS:
+            x = np.asarray(net.blobs[net.bottom_names[name][0]].data)
+            axes = (0,) + tuple(range(2, x.ndim))
+            mean, var = x.mean(axis=axes), x.var(axis=axes)
+            std = np.sqrt(var)
+            mean = mean * rng.uniform(0, 0.1, mean.shape) + std * rng.normal(0, 0.2, mean.shape)
+            # the floor: one value per channel (PSPNet's 1x1 pyramid bin) has no variance
+            var = var * rng.uniform(0.8, 1.25, var.shape) + 0.1 * np.mean(x * x)
+            if layer.type == 'BatchNorm':       # mean sum, variance sum, scale factor
+                s = rng.uniform(0.5, 2.0)
+                values = [s * mean, s * var, [s]]
+            else:                               # slope, bias, running mean, running var
+                values = [rng.uniform(0.8, 1.2, mean.shape), rng.normal(0, 0.1, mean.shape),
+                          mean, var]
+            weights[name] = [np.asarray(v, np.float32).reshape(b.shape)
+                             for v, b in zip(values, layer.blobs)]
+            for blob, value in zip(layer.blobs, weights[name]):
+                blob.data[...] = value
         net.forward_prefilled(i, i)
-    return {name: [b.data.copy() for b in layer.blobs]
-            for name, layer in zip(net._layer_names, net.layers) if layer.blobs}
+    return {k: np.array(net.blobs[k].data) for k in net.outputs}
 
 
-def assert_close(actual, expected, what='', floor=0.0):
-    """The tolerance the exports are held to: 1e-4 relative plus 1e-5 x max|expected|
-    absolute, or ``floor`` absolute where that is larger. Against a float64 reference the
-    floor is a few times our own float32 forward's error: on a 100-layer net float32
-    rounding alone can exceed 1e-5 x max|expected|, and no float32 implementation does
-    better than that."""
-    expected = np.asarray(expected, np.float64)
-    actual = np.asarray(actual, np.float64)
-    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-    scale = float(np.abs(expected).max()) if expected.size else 0.0
-    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=max(1e-5 * scale, floor),
-                               err_msg=what)
+def assert_export_close(actual, expected, what):
+    """The tolerance exports are held to: 1e-4 relative plus 1e-5 x max|expected| absolute.
+    The outputs must not be constant, or the comparison would prove nothing."""
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, '%s: shape %s, expected %s' % (
+        what, actual.shape, expected.shape)
+    scale = float(np.abs(expected).max())
+    assert np.ptp(expected) > 1e-6 * scale > 0, '%s is constant: weights too large or small' % what
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5 * scale, err_msg=what)
 
 
 def worst_error(actual, expected):
     """(max absolute error, that error relative to max|expected|), for reports."""
     diff = float(np.abs(np.asarray(actual, np.float64) - expected).max())
     return diff, diff / max(float(np.abs(expected).max()), 1e-30)
+
+
+class Deployed:
+    """A corpus deploy net with random weights, an input, and our forward: the reference.
+
+    ``input_shape`` replaces the prototxt's input shape (``input_shapes`` says so to
+    to_onnx)."""
+
+    def __init__(self, name, input_shape=None, seed=0):
+        require(CORPUS / name)
+        self.param = load_net_param(CORPUS / name)
+        source = next(lp for lp in self.param.layer if lp.type == 'Input')
+        self.input = source.top[0]
+        self.input_shapes = None
+        if input_shape is not None:
+            self.input_shapes = {self.input: input_shape}
+            del source.input_param.shape[0].dim[:]
+            source.input_param.shape[0].dim.extend(input_shape)
+        net = caffe.Net(self.param, caffe.TEST)
+        rng = np.random.default_rng(seed)
+        self.weights = random_weights(net, rng)
+        self.x = rng.uniform(-1, 1, net.blobs[self.input].shape).astype(np.float32)
+        net.blobs[self.input].data[...] = self.x
+        self.expected = calibrate(net, self.weights, rng)
+        self.net = net
+
+    def forward(self, param, weights):
+        """Our outputs of another net (a conversion of this one) on the same input."""
+        net = caffe.Net(param, caffe.TEST, weights=weights)
+        net.forward(**{self.input: self.x})
+        return {name: net.blobs[name].data.copy() for name in self.expected}
+
+    def check(self, outputs, what):
+        assert sorted(outputs) == sorted(self.expected), what
+        for blob, value in outputs.items():
+            assert_export_close(value, self.expected[blob], '%s: %s' % (what, blob))
+

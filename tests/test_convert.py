@@ -10,8 +10,8 @@ from caffe_syncbn.convert.norm import statistics_factor
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.io.caffemodel import read_weights
 from caffe_syncbn.net import load_net_param
-from conftest import CORPUS, GOLDEN, require
-from model_weights import assert_close, realistic_weights
+from conftest import GOLDEN, require
+from model_weights import Deployed
 from net_helpers import build
 
 RESNET = 'KaimingHe_deep-residual-networks__prototxt_ResNet-50-deploy.prototxt'
@@ -33,13 +33,6 @@ def forward(param, weights, x, dtype=np.float32):
     return {k: v.copy() for k, v in net.forward(**{net.inputs[0]: x}).items()}
 
 
-def corpus_case(name, shape):
-    path = str(require(CORPUS / name))
-    x = np.random.RandomState(1).uniform(-1, 1, shape).astype(np.float32)
-    weights = realistic_weights(caffe.Net(path, caffe.TEST), {'data': x})
-    return path, weights, x
-
-
 def same_weights(a, b):
     assert list(a) == list(b)
     for name in a:
@@ -49,17 +42,14 @@ def same_weights(a, b):
 
 
 def test_resnet50_batchnorm_scale_to_syncbn_and_back():
-    path, weights, x = corpus_case(RESNET, (1, 3, 224, 224))
-    reference = forward(path, weights, x, np.float64)
-    param, synced = to_syncbn(path, weights)
+    resnet = Deployed(RESNET)
+    param, synced = to_syncbn(resnet.param, resnet.weights)
     types = [layer.type for layer in param.layer]
     assert types.count('SyncBN') == 53 and 'Scale' not in types and 'BatchNorm' not in types
-    for name, value in forward(param, synced, x).items():
-        assert_close(value, reference[name], name)
+    resnet.check(resnet.forward(param, synced), 'to-syncbn')
     back, back_weights = to_batchnorm(param, synced)
     assert [layer.type for layer in back.layer].count('BatchNorm') == 53
-    for name, value in forward(back, back_weights, x, np.float64).items():
-        assert_close(value, reference[name], name)
+    resnet.check(resnet.forward(back, back_weights), 'to-syncbn, then to-batchnorm')
     again, again_weights = to_syncbn(back, back_weights)     # SyncBN -> BatchNorm -> SyncBN
     assert again == param
     same_weights(again_weights, synced)
@@ -67,15 +57,13 @@ def test_resnet50_batchnorm_scale_to_syncbn_and_back():
 
 @pytest.mark.slow
 def test_pspnet_bn_to_syncbn_and_batchnorm():
-    path, weights, x = corpus_case(PSPNET, (1, 3, 473, 473))
-    expected = forward(path, weights, x)
-    param, synced = to_syncbn(path, weights)
+    pspnet = Deployed(PSPNET)
+    param, synced = to_syncbn(pspnet.param, pspnet.weights)
     assert [layer.type for layer in param.layer].count('SyncBN') == 60
-    for name, value in forward(param, synced, x).items():
-        np.testing.assert_array_equal(value, expected[name])    # BN and SyncBN: same blobs
-    back, back_weights = to_batchnorm(path, weights)
-    for name, value in forward(back, back_weights, x).items():
-        assert_close(value, expected[name], name)
+    for name, value in pspnet.forward(param, synced).items():
+        np.testing.assert_array_equal(value, pspnet.expected[name])   # the same blobs as BN
+    back, back_weights = to_batchnorm(pspnet.param, pspnet.weights)
+    pspnet.check(pspnet.forward(back, back_weights), 'to-batchnorm')
 
 
 def test_batchnorm_statistics_are_written_with_a_power_of_two_factor():

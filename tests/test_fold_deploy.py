@@ -1,20 +1,18 @@
-"""fold_bn and to_deploy (convert/fold.py, convert/deploy.py), and the exports OpenCV 4 runs.
+"""fold_bn and to_deploy (convert/fold.py, convert/deploy.py).
 
-Small nets check the folding rules exactly, in float64. The corpus deploy nets, with
-realistic random weights (model_weights.py), check that fold-bn and to-batchnorm give, in
-our forward and in OpenCV's independent Caffe importer, what the original net gives.
+Small nets check the folding rules exactly, in float64; test_corpus_exports.py runs the
+corpus deploy nets through fold-bn in ours and in OpenCV. to_deploy builds and runs every
+train_val net of the corpus.
 """
 import numpy as np
 import pytest
 
 import caffe_syncbn as caffe
-from caffe_syncbn.convert import fold_bn, to_batchnorm, to_deploy, to_syncbn
-from caffe_syncbn.convert.command import write_net
+from caffe_syncbn.convert import fold_bn, to_deploy
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.net import load_net_param
 from caffe_syncbn.upgrade import is_data_layer
 from conftest import CORPUS, require
-from model_weights import assert_close, realistic_weights, worst_error
 from net_helpers import build
 
 # ---- the folding rules, exactly ---------------------------------------------------------
@@ -122,72 +120,6 @@ def test_fold_bn_needs_the_statistics():
     del weights['bn']
     with pytest.raises(CaffeError, match="nothing for batch norm 'bn'"):
         fold_bn(net.net_param, weights)
-
-
-# ---- the corpus deploy nets, against OpenCV ---------------------------------------------
-cv2 = pytest.importorskip('cv2', reason='OpenCV is absent: pip install "opencv-python-headless<5"')
-
-RESNET = 'KaimingHe_deep-residual-networks__prototxt_ResNet-50-deploy.prototxt'
-PSPNET = 'hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt'
-NETS = {
-    'resnet50': (RESNET, (1, 3, 224, 224), ['fc1000']),
-    'alexnet': ('BVLC_caffe__models_bvlc_alexnet_deploy.prototxt', (1, 3, 227, 227), ['fc8']),
-    'caffenet': ('BVLC_caffe__models_bvlc_reference_caffenet_deploy.prototxt', (1, 3, 227, 227),
-                 ['fc8']),
-    'fcn8s': ('shelhamer_fcn.berkeleyvision.org__voc-fcn8s_deploy.prototxt', (1, 3, 96, 96),
-              ['score']),
-    'pspnet50': (PSPNET, (1, 3, 473, 473), ['conv6_interp']),
-}
-SLOW = {'pspnet50'}
-
-
-class Reference:
-    """A corpus net with realistic weights: our float64 outputs, and the float32 rounding
-    error of our own forward, below which no float32 implementation can be held."""
-
-    def __init__(self, key):
-        name, shape, self.blobs = NETS[key]
-        self.path = str(require(CORPUS / name))
-        self.x = np.random.RandomState(1).uniform(-1, 1, shape).astype(np.float32)
-        net = caffe.Net(self.path, caffe.TEST)
-        self.weights = realistic_weights(net, {'data': self.x})
-        ours32 = self.forward(self.path, self.weights)
-        self.expected = self.forward(self.path, self.weights, np.float64)
-        self.floor = {b: 4 * worst_error(ours32[b], self.expected[b])[0] for b in self.blobs}
-
-    def forward(self, param, weights, dtype=np.float32):
-        net = caffe.Net(param, caffe.TEST, weights=weights, dtype=dtype)
-        net.forward(data=self.x)
-        return {b: net.blobs[b].data.astype(np.float64) for b in self.blobs}
-
-    def opencv(self, tmp_path, param, weights):
-        paths = write_net(str(tmp_path / 'export'), param, weights)
-        net = cv2.dnn.readNetFromCaffe(*paths)
-        net.enableWinograd(False)      # 3-10x the float32 error of a direct convolution
-        net.setInput(self.x)
-        return dict(zip(self.blobs, net.forward(self.blobs)))
-
-    def check(self, got, what):
-        for blob in self.blobs:
-            assert_close(got[blob], self.expected[blob], '%s %s' % (what, blob),
-                         floor=self.floor[blob])
-
-
-def corpus_params():
-    return [pytest.param(k, marks=pytest.mark.slow) if k in SLOW else k for k in NETS]
-
-
-@pytest.mark.parametrize('key', corpus_params())
-def test_corpus_exports_in_ours_and_opencv(key, tmp_path):
-    """fold-bn, run by us and by OpenCV, and to-batchnorm of the SyncBN net, run by OpenCV,
-    give the original net's outputs (one reference per net: its float64 forward is costly)."""
-    ref = Reference(key)
-    param, weights = fold_bn(ref.path, ref.weights)
-    assert not {'BatchNorm', 'BN', 'SyncBN', 'Scale'} & {layer.type for layer in param.layer}
-    ref.check(ref.forward(param, weights), 'fold-bn, ours')
-    ref.check(ref.opencv(tmp_path, param, weights), 'fold-bn, OpenCV')
-    param, weights = to_batchnorm(*to_syncbn(ref.path, ref.weights))
-    ref.check(ref.opencv(tmp_path, param, weights), 'to-batchnorm, OpenCV')
 
 
 # ---- to_deploy ----------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def _without_dependents(layers, labels):
 
 def to_deploy(net_param, weights=None, input_shape=None, stages=()):
     """``(net_param, weights)`` of the deploy net (module docstring). ``input_shape``
-    (N, C, H, W) sizes every data layer's first top."""
+    (N, C, H, W) sizes the first top of every data and Input layer."""
     from ..io.caffemodel import arrays_of, read_weights
     from ..net import load_net_param
     param = load_net_param(net_param)
@@ -55,7 +55,8 @@ def to_deploy(net_param, weights=None, input_shape=None, stages=()):
     param = filter_net(param, state)
     param.ClearField('state')
     data_layers = [layer for layer in param.layer if is_data_layer(layer)]
-    images = [layer.top[0] for layer in data_layers if layer.top]
+    images = [layer.top[0] for layer in param.layer
+              if layer.top and (layer.type == 'Input' or is_data_layer(layer))]
     labels = {top for layer in data_layers for top in layer.top[1:]}
     shapes = {top: tuple(input_shape) for top in images} if input_shape else None
     param = swap_data_layers_for_inputs(param, shapes=shapes)
