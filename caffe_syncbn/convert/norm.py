@@ -236,8 +236,9 @@ def to_syncbn(net_param, weights=None):
     from ..net import load_net_param
     param = load_net_param(net_param)
     layers = list(param.layer)
-    absorbed = {u.scale_index for u in norm_units(layers) if u.scale_index is not None}
-    scales = {u.index: layers[u.scale_index] for u in norm_units(layers) if u.scale_index is not None}
+    paired = [u for u in norm_units(layers) if u.scale_index is not None]
+    absorbed = {u.scale_index for u in paired}
+    scales = {u.index: layers[u.scale_index] for u in paired}
     out = caffe_pb2.NetParameter()
     out.CopyFrom(param)
     del out.layer[:]
