@@ -26,8 +26,12 @@ class NcclError(RuntimeError):
     pass
 
 
+UNIQUE_ID_BYTES = 128
+
+
 def get_unique_id():
-    return tuple(np.random.randint(-128, 128, 128).tolist())
+    """128 random bytes, as CuPy 14 returns them."""
+    return np.random.bytes(UNIQUE_ID_BYTES)
 
 
 def groupStart():
@@ -53,8 +57,11 @@ class _Clique:
 
 class NcclCommunicator:
     def __init__(self, ndev, commId, rank):
+        if not isinstance(commId, bytes) or len(commId) != UNIQUE_ID_BYTES:
+            raise TypeError('commId must be the %d bytes of get_unique_id(), got %s'
+                            % (UNIQUE_ID_BYTES, type(commId).__name__))
         with _lock:
-            clique = _groups.setdefault(tuple(commId), _Clique(ndev))
+            clique = _groups.setdefault(commId, _Clique(ndev))
         self._clique, self._rank, self._aborted = clique, rank, False
 
     @staticmethod

@@ -81,11 +81,13 @@ class NcclComm(Communicator):
 
     @classmethod
     def from_unique_id(cls, nranks, uid, rank, device=None, nccl=None, streams_for=None):
-        """Rank ``rank`` of ``nranks`` processes that share ``uid`` (from unique_id())."""
+        """Rank ``rank`` of ``nranks`` processes that share ``uid`` (from unique_id()), as
+        unique_id() gave it: CuPy 14 takes the bytes its get_unique_id returns, and refuses
+        anything else."""
         nccl = nccl or _nccl_module()
         streams = _streams(streams_for, device)
         with _device_scope(streams):
-            raw = nccl.NcclCommunicator(int(nranks), tuple(uid), int(rank))
+            raw = nccl.NcclCommunicator(int(nranks), uid, int(rank))
         return cls(raw, int(rank), int(nranks), streams, nccl, None, _Members([raw]))
 
     @staticmethod
