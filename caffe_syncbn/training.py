@@ -18,7 +18,7 @@ import numpy as np
 
 from . import caffe_pb2
 from .backend import activate_gpu, to_numpy
-from .comm import ThreadComm
+from .comm import SoloComm, ThreadComm
 from .convert import norm_units, to_syncbn
 from .errors import CaffeError
 from .gradients import DEFAULT_BUCKET_BYTES, GradientBuckets
@@ -31,9 +31,12 @@ log = logging.getLogger('caffe_syncbn')
 
 
 def make_comms(devices):
-    """One communicator member per device: threads on the CPU, NCCL across distinct GPUs,
-    the same-GPU communicator when GPUs repeat (NCCL refuses two ranks on one GPU)."""
+    """One communicator member per device: none to speak of for one device, threads on
+    the CPU, NCCL across distinct GPUs, the same-GPU communicator when GPUs repeat (NCCL
+    refuses two ranks on one GPU)."""
     kinds = {kind for kind, _ in devices}
+    if len(devices) == 1:
+        return SoloComm.create()
     if kinds == {'cpu'}:
         return ThreadComm.create(len(devices))
     if kinds != {'gpu'}:
