@@ -12,6 +12,7 @@ keys on the source text and would not notice a change in an included header.
 import functools
 import re
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -63,18 +64,28 @@ def dtype_suffix(dtype):
                         % np.dtype(dtype)) from None
 
 
-@functools.lru_cache(maxsize=None)
-def _module(stem, device_id):
-    import cupy
-    with cupy.cuda.Device(device_id):
-        return cupy.RawModule(code=source(stem), options=COMPILE_OPTIONS)
+_compiled = {}
+_compiling = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
 def _function(stem, name, device_id):
-    import cupy
-    with cupy.cuda.Device(device_id):
-        return _module(stem, device_id).get_function(name)
+    """The kernel, compiled once per process and device. The replicas' threads ask at the
+    same moment on a cold cache: the lock makes one of them compile while the others wait,
+    instead of each compiling the same module."""
+    key = (stem, name, device_id)
+    function = _compiled.get(key)
+    if function is None:
+        import cupy
+        with _compiling:
+            function = _compiled.get(key)
+            if function is None:
+                with cupy.cuda.Device(device_id):
+                    module = _compiled.get((stem, device_id))
+                    if module is None:
+                        module = _compiled[(stem, device_id)] = cupy.RawModule(
+                            code=source(stem), options=COMPILE_OPTIONS)
+                    function = _compiled[key] = module.get_function(name)
+    return function
 
 
 def kernel(stem, name):
