@@ -161,6 +161,10 @@ __device__ __forceinline__ int channel_of(I e, I HW, I C) {
     return (int)((e / HW) % C);
 }
 
+// The 32-bit index paths step v += stride past total / width: below 2^31 values that
+// sum stays under 2^32 for any grid, where just below 2^32 it would wrap.
+constexpr i64 INDEX32_LIMIT = (i64)1 << 31;
+
 template <class T, class I>
 __device__ void normalize_loop(const T* x, T* y, T* xhat, const acc_t<T>* params, I C, I HW,
                                I total) {
@@ -293,7 +297,7 @@ __device__ void backward_dx_loop(const T* x, const T* dy, T* dx, const acc_t<T>*
     extern "C" __global__ void syncbn_normalize_##SUFFIX(const T* x, T* y, T* xhat,                \
                                                          const acc_t<T>* params, i64 C, i64 HW,    \
                                                          i64 total) {                              \
-        if (total < (i64)0xffffffffll)                                                             \
+        if (total < INDEX32_LIMIT)                                                             \
             normalize_loop<T, unsigned>(x, y, xhat, params, (unsigned)C, (unsigned)HW,             \
                                         (unsigned)total);                                          \
         else                                                                                       \
@@ -312,7 +316,7 @@ __device__ void backward_dx_loop(const T* x, const T* dy, T* dx, const acc_t<T>*
     extern "C" __global__ void syncbn_backward_dx_##SUFFIX(                                        \
         const T* x, const T* dy, T* dx, const acc_t<T>* params, int x_is_xhat,                     \
         const double* sums, const double* count, i64 C, i64 HW, i64 total) {                       \
-        if (total < (i64)0xffffffffll)                                                             \
+        if (total < INDEX32_LIMIT)                                                             \
             backward_dx_loop<T, unsigned>(x, dy, dx, params, x_is_xhat, sums, count, (unsigned)C,  \
                                           (unsigned)HW, (unsigned)total);                          \
         else                                                                                       \

@@ -34,8 +34,8 @@ def _splits(x3):
     n, c, hw = x3.shape
     if c > MAX_CHANNELS:
         raise ValueError('the SyncBN kernels take at most %d channels, got %d' % (MAX_CHANNELS, c))
-    if n * hw >= 2 ** 32:
-        raise ValueError('the SyncBN kernels take < 2^32 values per channel, got %d' % (n * hw))
+    if n * hw >= 2 ** 31:       # their unsigned loops step past the end: keep clear of 2^32
+        raise ValueError('the SyncBN kernels take < 2^31 values per channel, got %d' % (n * hw))
     width = vector_width(x3.dtype) if hw % vector_width(x3.dtype) == 0 else 1
     vectors = n * hw // width
     target = cuda_kernels.multiprocessor_count() * BLOCKS_PER_SM
