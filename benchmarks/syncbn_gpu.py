@@ -36,6 +36,23 @@ def require_gpu():
         sys.exit('syncbn_gpu benchmark needs an NVIDIA GPU with CuPy: %s' % exc)
 
 
+_SPIN = r'''
+extern "C" __global__ void spin(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {}
+}'''
+HOLD_MS = 50
+
+
+def hold(cupy, stream, ms=HOLD_MS):
+    """Keep ``stream`` busy for about ``ms`` (one thread spinning on the clock): the work the
+    threads enqueue behind it meanwhile then runs back to back, and the events around it
+    time the GPU, not Python launching threads and kernels."""
+    clock_khz = cupy.cuda.Device().attributes['ClockRate']
+    with stream:
+        cupy.RawKernel(_SPIN, 'spin')((1,), (1,), (np.int64(ms * clock_khz),))
+
+
 def elapsed_ms(cupy, start, end):
     end.synchronize()
     return cupy.cuda.get_elapsed_time(start, end)
@@ -77,6 +94,7 @@ def time_replicas(cupy, replicas, step, iters, repeats):
     samples = []
     for sample in range(repeats + 2):             # the first two are warm-up
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        hold(cupy, coordinator)
         start.record(coordinator)
         ends = [None] * len(replicas)
 
@@ -107,6 +125,7 @@ def copy_ms(cupy, x, iters, repeats):
     samples = []
     for sample in range(repeats + 2):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        hold(cupy, stream)
         start.record(stream)
         for _ in range(iters):
             cupy.cuda.runtime.memcpyAsync(dst.data.ptr, x.data.ptr, x.nbytes,
