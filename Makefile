@@ -18,8 +18,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=600 -n auto tests
 
+# the goldens must run there, not skip: point CAFFE_SYNCBN_SHARED at a copy of ../shared
 gpu-test:
-	PYTHONPATH=. python3 -m pytest -q -m gpu --timeout=900 tests
+	CAFFE_SYNCBN_REQUIRE_DATA=1 PYTHONPATH=. python3 -m pytest -q -m gpu --timeout=900 tests
 
 proto-check: $(STAMP)
 	$(PY) tools/gen_proto.py --check

@@ -2,28 +2,19 @@
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 
 from caffe_syncbn import caffe_pb2
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / 'shared'
-CORPUS = SHARED / 'corpus'
-GOLDEN = SHARED / 'golden'
+from conftest import CORPUS, GOLDEN, ROOT, require
 
 
 def _files(folder, pattern):
     if not folder.is_dir():
         return []
     return sorted(folder.glob(pattern))
-
-
-def _skip_unless_dir(folder):
-    if not folder.is_dir():
-        pytest.skip('%s is absent (shared test data not checked out)' % folder)
 
 
 # --- the generated descriptor is in sync with the .proto ---------------------
@@ -123,7 +114,7 @@ def test_corpus_prototxt_parses(path):
 
 
 def test_corpus_present():
-    _skip_unless_dir(CORPUS)
+    require(CORPUS)
     assert CORPUS_FILES
 
 
