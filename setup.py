@@ -13,7 +13,9 @@ setup(
     python_requires='>=3.10',
     install_requires=['numpy>=1.23', 'protobuf>=4.21', 'h5py>=3.7', 'lmdb>=1.3', 'tqdm>=4.60', 'threadpoolctl>=3'],
     extras_require={
-        'gpu': ['cupy-cuda13x>=13'],
+        # CuPy with its CUDA libraries (NVRTC, cuBLAS: the [ctk] extra) and NCCL, which the
+        # cupy-cuda13x wheel alone does not bring
+        'gpu': ['cupy-cuda13x[ctk]>=14', 'nvidia-nccl-cu13>=2.20'],
         'mpi': ['mpi4py>=3.1'],
         'plot': ['matplotlib>=3.5'],
         'images': ['opencv-python-headless<5'],
