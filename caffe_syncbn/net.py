@@ -290,6 +290,7 @@ class Net:
     def forward_backward_all(self, blobs=None, diffs=None, **arrays):
         """pycaffe's forward_backward_all: input arrays (by input name) and output diffs (by
         output name) in batches; returns ({output: array}, {input: diff array})."""
+        _check_lengths(arrays)
         forward = self._batches({k: v for k, v in arrays.items() if k in self.inputs})
         backward = self._batches({k: v for k, v in arrays.items() if k in self.outputs})
         outs, grads = {}, {}
@@ -304,11 +305,7 @@ class Net:
         """Yield ({name: batch array}, number of real rows) in the net's batch size."""
         if not arrays:
             return
-        lengths = {name: len(values) for name, values in arrays.items()}
-        if len(set(lengths.values())) > 1:
-            raise CaffeError('forward_all/forward_backward_all: the arrays differ in length: %s'
-                             % ', '.join('%s %d' % item for item in lengths.items()))
-        count = next(iter(lengths.values()))
+        count = _check_lengths(arrays)
         size = self.blobs[next(iter(arrays))].shape[0] or count
         for start in range(0, count, size):
             real = min(size, count - start)
@@ -408,6 +405,15 @@ class Net:
     def __repr__(self):
         return "Net('%s', %s, %d layers)" % (self.name, 'TRAIN' if self.phase == TRAIN else 'TEST',
                                               len(self.layers))
+
+
+def _check_lengths(arrays):
+    """The common length of the arrays given to forward_all/forward_backward_all."""
+    lengths = {name: len(values) for name, values in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise CaffeError('forward_all/forward_backward_all: the arrays differ in length: %s'
+                         % ', '.join('%s %d' % item for item in lengths.items()))
+    return next(iter(lengths.values()), 0)
 
 
 def _collect(collected, arrays, real):

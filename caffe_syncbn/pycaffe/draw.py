@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 from .. import caffe_pb2
 from ..errors import CaffeError
@@ -150,8 +151,10 @@ def get_pydot_graph(caffe_net, rankdir, label_edges=True, phase=None, display_lr
         import pydot
     except ImportError:
         raise CaffeError("get_pydot_graph needs pydot: pip install 'caffe-syncbn[draw]'") from None
-    return pydot.graph_from_dot_data(get_dot_source(caffe_net, rankdir, label_edges, phase,
-                                                    display_lrm))[0]
+    source = get_dot_source(caffe_net, rankdir, label_edges, phase, display_lrm)
+    with warnings.catch_warnings():      # pydot's parser still calls pyparsing's deprecated names
+        warnings.simplefilter('ignore', DeprecationWarning)
+        return pydot.graph_from_dot_data(source)[0]
 
 
 def dot_program():
