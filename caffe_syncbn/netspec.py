@@ -59,7 +59,7 @@ class Function:
 
     def __init__(self, type_name, inputs, params):
         for i, item in enumerate(inputs):
-            if not isinstance(item, Top):      # pycaffe's error, word for word
+            if not isinstance(item, Top):      # pycaffe's message, which scripts match
                 raise TypeError('%s input %d is not a Top (type is %s)' % (type_name, i, type(item)))
         self.type_name, self.inputs = type_name, inputs
         self.ntop = params.pop('ntop', 1)

@@ -11,7 +11,7 @@ import time
 from ..backend import mode
 from ..errors import CaffeError
 
-log_ = logging.getLogger('caffe_syncbn')
+logger = logging.getLogger('caffe_syncbn')
 _solvers = {'count': 1, 'rank': 0, 'multiprocess': False}
 
 # glog's severities: INFO, WARNING, ERROR, FATAL
@@ -29,7 +29,7 @@ def init_log(level=0, stderr=True):
 
 def log(message):
     """One INFO line in the package's log, as pycaffe's caffe.log writes to glog."""
-    log_.info('%s', message)
+    logger.info('%s', message)
 
 
 def solver_count():

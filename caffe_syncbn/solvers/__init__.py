@@ -4,6 +4,7 @@
 ``caffe.get_solver`` does; ``AdamSolver('solver.prototxt')`` forces a type. These are the
 single-device solvers of pycaffe, in the mode set_mode_cpu/set_mode_gpu chose.
 """
+from ..errors import CaffeError
 from .lr_policy import POLICIES, LearningRatePolicy
 from .rules import RULES
 from .params import load_solver_param, upgrade_solver_param
@@ -22,8 +23,8 @@ class PycaffeSolver(Solver):
         """``on_start()`` runs before each iteration's forward/backward passes and
         ``on_gradients_ready()`` after them, before the update; or one object with those
         two methods (pycaffe's ``add_callback(nccl)``)."""
+        # the data-parallel solver runs its replicas' passes itself, without these hooks
         if type(self).forward_backward_all is not PycaffeSolver.forward_backward_all:
-            from ..errors import CaffeError        # the data-parallel solver runs its own passes
             raise CaffeError('add_callback works with the single-device solvers (caffe.SGDSolver, '
                              'caffe.get_solver), not with %s' % type(self).__name__)
         if on_gradients_ready is None:
@@ -69,7 +70,6 @@ _CLASSES = {'SGD': SGDSolver, 'Nesterov': NesterovSolver, 'AdaGrad': AdaGradSolv
 
 def get_solver_class(type_name):
     """The solver class for a SolverParameter ``type`` ('SGD', 'Adam', ...)."""
-    from ..errors import CaffeError
     try:
         return _CLASSES[type_name]
     except KeyError:
