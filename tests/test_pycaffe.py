@@ -234,7 +234,7 @@ def test_netspec_errors_and_topless_layers():
             n.missing
     assert not hasattr(n, 'missing')
     with pytest.raises(AttributeError):
-        L.Convolution(n.data, no_such_option=1).fn._to_proto({}, {}, __import__('collections').Counter())
+        L.Convolution(n.data, no_such_option=1).to_proto()
 
 
 def conv_pool_deconv(ks=3, stride=1, pad=0, pool=2, dstride=2, dpad=0):

@@ -184,7 +184,7 @@ def test_detector_context_crop(tmp_path):
     crop = detector.crop(image, window)
     # 20 pixels of window plus 2 * 2 of context on each axis of a 20-pixel input: scale 20/16
     # enlarges the box to 25 x 25 around the same centre, which lies inside the image
-    np.testing.assert_allclose(crop, __import__('caffe_syncbn').io.resize_image(image[8:32, 10:34], (20, 20)),
+    np.testing.assert_allclose(crop, caffe.io.resize_image(image[8:32, 10:34], (20, 20)),
                                atol=1e-6)
     corner = detector.crop(image, np.array([0, 0, 19, 19]))
     np.testing.assert_allclose(corner[0, 0], detector.crop_mean[0, 0])  # outside the image: the mean
