@@ -20,7 +20,10 @@ setup(
         'plot': ['matplotlib>=3.5'],
         'images': ['opencv-python-headless<5'],
         'onnx': ['onnx>=1.14'],
+        # caffe.draw: pydot for get_pydot_graph, graphviz-pure (a self-contained `dot`) for images
+        'draw': ['pydot>=1.4', 'graphviz-pure>=0.2'],
         'test': ['pytest>=7', 'pytest-timeout>=2', 'pytest-xdist>=3', 'grpcio-tools>=1.60', 'opencv-python-headless<5',
-                 'matplotlib>=3.5', 'scipy>=1.9', 'onnx>=1.14', 'onnxruntime>=1.16'],
+                 'matplotlib>=3.5', 'scipy>=1.9', 'onnx>=1.14', 'onnxruntime>=1.16', 'pydot>=1.4',
+                 'graphviz-pure>=0.2'],
     },
 )

@@ -12,24 +12,34 @@ from .net import Net
 __version__ = '0.1.0'
 
 
+# Heavier parts load on first use, so `import caffe_syncbn` stays quick: {name: (module,
+# attribute, or None for the module itself)}. pycaffe's `caffe.layers` is netspec.layers
+# (`layers` here is the package of layer implementations); install_as_caffe() gives a
+# `caffe` module with every pycaffe name.
+_LAZY = {
+    'NetSpec': ('.netspec', 'NetSpec'), 'to_proto': ('.netspec', 'to_proto'),
+    'params': ('.netspec', 'params'), 'net_spec': ('.netspec', None),
+    'get_solver': ('.training', 'get_solver'),
+    'get_solver_from_string': ('.solvers', 'get_solver_from_string'),
+    'io': ('.io', None), 'proto': ('.pycaffe.proto', None), 'draw': ('.pycaffe.draw', None),
+    'coord_map': ('.pycaffe.coord_map', None),
+    'Classifier': ('.pycaffe.classifier', 'Classifier'), 'Detector': ('.pycaffe.detector', 'Detector'),
+    'install_as_caffe': ('.pycaffe.install', 'install_as_caffe'),
+}
+_LAZY.update({name: ('.solvers', name) for name in (
+    'SGDSolver', 'NesterovSolver', 'AdaGradSolver', 'RMSPropSolver', 'AdaDeltaSolver', 'AdamSolver')})
+_LAZY.update({name: ('.pycaffe.runtime', name) for name in (
+    'NCCL', 'Timer', 'has_nccl', 'init_log', 'log', 'set_multiprocess', 'set_solver_count',
+    'set_solver_rank', 'solver_count', 'solver_rank')})
+
+
 def __getattr__(name):
-    # Heavier parts load on first use, so `import caffe_syncbn` stays quick.
-    # pycaffe's `caffe.layers`/`caffe.params` live in caffe_syncbn.netspec (`layers` here is
-    # the package of layer implementations).
-    if name in ('NetSpec', 'to_proto'):
-        from . import netspec
-        return getattr(netspec, name)
-    if name == 'get_solver':
-        from . import training
-        return training.get_solver
-    if name in ('SGDSolver', 'NesterovSolver', 'AdaGradSolver', 'RMSPropSolver', 'AdaDeltaSolver',
-                'AdamSolver'):
-        from . import solvers
-        return getattr(solvers, name)
-    if name == 'io':
-        import importlib
-        return importlib.import_module('.io', __name__)
-    raise AttributeError("module 'caffe_syncbn' has no attribute %r" % name)
+    if name not in _LAZY:
+        raise AttributeError("module 'caffe_syncbn' has no attribute %r" % name)
+    import importlib
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name, __name__)
+    return module if attribute is None else getattr(module, attribute)
 
 
 __all__ = ['Blob', 'CaffeError', 'Layer', 'LayerContext', 'Net', 'TEST', 'TRAIN', 'layer_type_list',

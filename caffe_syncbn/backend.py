@@ -5,6 +5,8 @@ imported only when a GPU is asked for, so the CPU package never needs it.
 """
 import numpy as np
 
+from .errors import CaffeError
+
 _state = {'mode': 'cpu', 'device': 0}
 
 
@@ -13,7 +15,19 @@ def set_mode_cpu():
 
 
 def set_mode_gpu():
-    import cupy  # noqa: F401  (fails early and clearly without CuPy)
+    """Nets built from now on live on the GPU (``set_device`` picks which); one CaffeError
+    when CuPy or a CUDA device is missing, here rather than at the first Net."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise CaffeError("set_mode_gpu() needs CuPy (pip install 'caffe-syncbn[gpu]'): %s" % exc) \
+            from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:        # CuPy raises its own types for a missing driver or device
+        raise CaffeError('set_mode_gpu(): CuPy finds no usable CUDA device (%s)' % exc) from None
+    if count == 0:
+        raise CaffeError('set_mode_gpu(): CuPy finds no CUDA device')
     _state['mode'] = 'gpu'
 
 

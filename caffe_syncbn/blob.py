@@ -1,6 +1,8 @@
 """Blob: an N-d array with its gradient, as in Caffe."""
 import numpy as np
 
+from .errors import CaffeError
+
 
 class Blob:
     """Holds ``data`` and ``diff`` of one shape on one backend (``xp``).
@@ -26,6 +28,29 @@ class Blob:
     @property
     def num_axes(self):
         return self.data.ndim
+
+    # Caffe's legacy 4-D accessors: a missing axis counts as 1.
+    @property
+    def num(self):
+        return self.legacy_shape(0)
+
+    @property
+    def channels(self):
+        return self.legacy_shape(1)
+
+    @property
+    def height(self):
+        return self.legacy_shape(2)
+
+    @property
+    def width(self):
+        return self.legacy_shape(3)
+
+    def legacy_shape(self, index):
+        if self.num_axes > 4:
+            raise CaffeError('blob of shape %s has %d axes; num/channels/height/width need at '
+                             'most 4 (use .shape)' % (self.shape, self.num_axes))
+        return self.shape[index] if index < self.num_axes else 1
 
     def reshape(self, *shape):
         """Give the blob a new shape; keeps the values when the count is unchanged."""

@@ -14,6 +14,7 @@ import difflib
 
 import numpy as np
 
+from .blob import Blob
 from .errors import CaffeError, layer_error
 
 TRAIN, TEST = 0, 1
@@ -100,6 +101,20 @@ class LayerContext:
         return max(1.0, total) / self.comm.size
 
 
+class BlobVec(list):
+    """A layer's learnable blobs: a list, plus pycaffe's ``add_blob(*shape)``, with which a
+    Python layer's ``setup`` creates its params (zero-filled, in the layer's dtype and backend)."""
+
+    def __init__(self, xp, dtype):
+        super().__init__()
+        self.xp, self.dtype = xp, dtype
+
+    def add_blob(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        self.append(Blob(shape, self.dtype, self.xp))
+
+
 class Layer:
     """Base class of every layer, the built-in ones and user ``Python`` layers alike."""
 
@@ -110,7 +125,7 @@ class Layer:
         self.param = param
         self.ctx = ctx if ctx is not None else LayerContext()
         self.phase = self.ctx.phase
-        self.blobs = []
+        self.blobs = BlobVec(self.xp, self.dtype)
         #: set by the Net: whether each learnable blob wants a gradient (lr_mult != 0)
         self.param_propagate_down = []
 
@@ -182,7 +197,6 @@ class Layer:
 
     def make_blob(self, shape, filler=None):
         """A new learnable blob of this layer's dtype and backend, filled by ``filler``."""
-        from .blob import Blob
         from .fillers import fill
         blob = Blob(shape, self.dtype, self.xp)
         if filler is not None:

@@ -3,13 +3,14 @@
 The Net knows the Layer contract and the registry, never a concrete layer type.
 """
 import collections
+import itertools
 import logging
 import os
 
 import numpy as np
 
 from . import caffe_pb2
-from .backend import mode_array_module
+from .backend import mode_array_module, to_numpy
 from .blob import Blob
 from .errors import CaffeError, layer_error
 from .layer import TEST, TRAIN, LayerContext, create_layer
@@ -275,6 +276,63 @@ class Net:
         names = self.inputs if end is None else self.bottom_names[self._layer_names[end_i]]
         return {name: self.blobs[name].diff for name in list(names) + list(diffs or [])}
 
+    def forward_all(self, blobs=None, **inputs):
+        """pycaffe's forward_all: arrays of any length, run in batches of the net's batch
+        size (the last one padded with zeros); returns {output name: numpy array} with the
+        padding dropped. An output without a batch axis (a loss) gives one value per batch."""
+        if not inputs:
+            return {name: to_numpy(value).copy() for name, value in self.forward(blobs).items()}
+        collected = {}
+        for batch, real in self._batches(inputs):
+            _collect(collected, self.forward(blobs, **batch), real)
+        return {name: np.concatenate(parts) for name, parts in collected.items()}
+
+    def forward_backward_all(self, blobs=None, diffs=None, **arrays):
+        """pycaffe's forward_backward_all: input arrays (by input name) and output diffs (by
+        output name) in batches; returns ({output: array}, {input: diff array})."""
+        _check_lengths(arrays)
+        forward = self._batches({k: v for k, v in arrays.items() if k in self.inputs})
+        backward = self._batches({k: v for k, v in arrays.items() if k in self.outputs})
+        outs, grads = {}, {}
+        for (fb, real), (bb, real_b) in itertools.zip_longest(forward, backward, fillvalue=({}, None)):
+            real = real if fb else real_b
+            _collect(outs, self.forward(blobs, **fb), real)
+            _collect(grads, self.backward(diffs, **bb), real)
+        return ({name: np.concatenate(parts) for name, parts in outs.items()},
+                {name: np.concatenate(parts) for name, parts in grads.items()})
+
+    def _batches(self, arrays):
+        """Yield ({name: batch array}, number of real rows) in the net's batch size."""
+        if not arrays:
+            return
+        count = _check_lengths(arrays)
+        size = self.blobs[next(iter(arrays))].shape[0] or count
+        for start in range(0, count, size):
+            real = min(size, count - start)
+            batch = {}
+            for name, values in arrays.items():
+                part = np.asarray(values[start:start + real])
+                if real < size:
+                    part = np.concatenate([part, np.zeros((size - real,) + part.shape[1:], part.dtype)])
+                batch[name] = part
+            yield batch, real
+
+    def share_with(self, other):
+        """Caffe's ShareTrainedLayersWith: every layer here named as one of ``other``'s uses
+        that layer's param data (not diffs), which must match in number and shape."""
+        for name, source in zip(other._layer_names, other.layers):
+            target = self.layer_by_name.get(name)
+            if target is None:
+                continue
+            if len(target.blobs) != len(source.blobs):
+                raise CaffeError("share_with: layer '%s' has %d param blobs here but %d in net '%s'"
+                                 % (name, len(target.blobs), len(source.blobs), other.name))
+            for j, (mine, theirs) in enumerate(zip(target.blobs, source.blobs)):
+                if mine.shape != theirs.shape:
+                    raise CaffeError("share_with: layer '%s' param %d has shape %s here but %s in "
+                                     "net '%s'" % (name, j, mine.shape, theirs.shape, other.name))
+                mine.share_data(theirs)
+
     def forward_backward(self, after_layer=None):
         loss = self.forward_prefilled()
         self.backward_from(after_layer=after_layer)
@@ -336,6 +394,10 @@ class Net:
         return collections.OrderedDict(zip(self._layer_names, self.layers))
 
     @property
+    def _blob_names(self):
+        return list(self.blobs)
+
+    @property
     def blob_loss_weights(self):
         return collections.OrderedDict((name, self.output_blob_loss_weights.get(name, 0.0))
                                        for name in self.blobs)
@@ -343,6 +405,23 @@ class Net:
     def __repr__(self):
         return "Net('%s', %s, %d layers)" % (self.name, 'TRAIN' if self.phase == TRAIN else 'TEST',
                                               len(self.layers))
+
+
+def _check_lengths(arrays):
+    """The common length of the arrays given to forward_all/forward_backward_all."""
+    lengths = {name: len(values) for name, values in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise CaffeError('forward_all/forward_backward_all: the arrays differ in length: %s'
+                         % ', '.join('%s %d' % item for item in lengths.items()))
+    return next(iter(lengths.values()), 0)
+
+
+def _collect(collected, arrays, real):
+    """Append the first ``real`` rows of each array (host copies) to collected[name]."""
+    for name, value in arrays.items():
+        value = to_numpy(value)
+        part = value[:real] if value.ndim else value.reshape(1)
+        collected.setdefault(name, []).append(part.copy())
 
 
 def _reshaped_view(owner, shape):

@@ -44,10 +44,11 @@ def _assign(message, name, value):
 
 
 class Top:
-    """One output of a layer function: what NetSpec attributes hold."""
+    """One output of a layer function: what NetSpec attributes hold (``fn`` made it, as
+    its output ``n``)."""
 
-    def __init__(self, fn, index):
-        self.fn, self.index = fn, index
+    def __init__(self, fn, n):
+        self.fn, self.n = fn, n
 
     def to_proto(self):
         return to_proto(self)
@@ -57,6 +58,9 @@ class Function:
     """A layer call: its type, its input Tops and its keyword params."""
 
     def __init__(self, type_name, inputs, params):
+        for i, item in enumerate(inputs):
+            if not isinstance(item, Top):      # pycaffe's message, which scripts match
+                raise TypeError('%s input %d is not a Top (type is %s)' % (type_name, i, type(item)))
         self.type_name, self.inputs = type_name, inputs
         self.ntop = params.pop('ntop', 1)
         self.in_place = params.pop('in_place', False)
@@ -76,7 +80,7 @@ class Function:
         bottoms = []
         for top in self.inputs:
             top.fn._to_proto(layers, names, autonames)
-            bottoms.append(layers[top.fn].top[top.index])
+            bottoms.append(layers[top.fn].top[top.n])
         layer = caffe_pb2.LayerParameter(type=self.type_name)
         layer.bottom.extend(bottoms)
         if self.in_place:
@@ -108,8 +112,14 @@ def to_proto(*tops):
     return net
 
 
+class MissingTop(KeyError, AttributeError):
+    """A NetSpec has no top of that name: a KeyError as in pycaffe, and an AttributeError so
+    that hasattr() and copy work."""
+
+
 class NetSpec:
-    """Assign Tops to attributes; ``to_proto()`` names layers and blobs after them."""
+    """Assign Tops (or a layer of ``ntop=0``) to attributes; ``to_proto()`` names layers and
+    blobs after them."""
 
     def __init__(self):
         super().__setattr__('tops', collections.OrderedDict())
@@ -121,20 +131,21 @@ class NetSpec:
         try:
             return self.tops[name]
         except KeyError:
-            raise AttributeError(name) from None
+            raise MissingTop(name) from None
 
     __setitem__ = __setattr__
     __getitem__ = __getattr__
 
     def to_proto(self):
         names = {top: name for name, top in self.tops.items()}
-        for top in self.tops.values():               # a layer is named after its first top
-            if top.fn.tops and top.fn.tops[0] in names:
-                names.setdefault(top.fn, names[top.fn.tops[0]])
+        functions = [top if isinstance(top, Function) else top.fn for top in self.tops.values()]
+        for fn in functions:                         # a layer is named after its first top
+            if fn.tops and fn.tops[0] in names:
+                names.setdefault(fn, names[fn.tops[0]])
         layers = collections.OrderedDict()
         autonames = collections.Counter()
-        for top in self.tops.values():
-            top.fn._to_proto(layers, names, autonames)
+        for fn in functions:
+            fn._to_proto(layers, names, autonames)
         net = caffe_pb2.NetParameter()
         net.layer.extend(layers.values())
         return net
