@@ -72,6 +72,10 @@ class Solver:
         self.is_root = True
         #: called after every iteration and test batch: returns None, 'stop' or 'snapshot'
         self.action_request = None
+        #: what the first non-finite loss or gradient does besides a warning: 'none' (train
+        #: on, as Caffe), 'snapshot' (the weights before that update), 'stop' (end before it)
+        self.nan_effect = 'none'
+        self._warned_non_finite = False
         self.requested_early_exit = False
         self.smoothed_loss = 0.0
         #: the learning rate of the last update
@@ -217,6 +221,12 @@ class Solver:
             if displaying and self.is_root:
                 log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
                 self.log_outputs(self.net, 'Train')
+            effect = self._non_finite_effect(loss)
+            if effect == 'snapshot':
+                self.snapshot()
+            elif effect == 'stop':
+                self.requested_early_exit = True
+                break
             self.apply_update()
             self.iter += 1
             request = self._requested_action()
@@ -260,6 +270,24 @@ class Solver:
             slot = (self.iter - start_iter) % average
             self.smoothed_loss = float(d(self.smoothed_loss) + (loss - self._losses[slot]) / d(average))
             self._losses[slot] = loss
+
+    def _non_finite_effect(self, loss):
+        """At the first non-finite loss or gradient: a warning, and ``nan_effect``."""
+        if self._warned_non_finite or not self.is_root:
+            return None
+        what = _non_finite(loss, self.net)
+        if what is None:
+            return None
+        self._warned_non_finite = True
+        if self.nan_effect not in ('none', 'snapshot', 'stop'):
+            raise CaffeError("nan_effect is %r; expected 'none', 'snapshot' or 'stop'"
+                             % self.nan_effect)
+        log.warning('Iteration %d: %s is not finite (first time); %s', self.iter, what, {
+            'none': 'training goes on, as in Caffe (-nan_effect snapshot or stop would save '
+                    'the weights before this update)',
+            'snapshot': 'snapshotting the weights before this update; training goes on',
+            'stop': 'training stops before this update, as on a stop signal'}[self.nan_effect])
+        return self.nan_effect
 
     def _requested_action(self):
         if self.action_request is None:
@@ -359,6 +387,22 @@ class Solver:
         for saved_array, mine in zip(saved, history):
             mine[...] = get_array_module(mine).asarray(saved_array, dtype=mine.dtype)
         log.info('%s: restored iteration %d from %s', type(self).__name__, self.iter, path)
+
+
+def _non_finite(loss, net):
+    """What is not finite, the loss or the gradient of a param (named), or None. The sum of
+    every gradient is one pass over them, and is finite exactly when they all are (short of
+    an overflow, which would itself be a blow-up)."""
+    if not np.isfinite(loss):
+        return 'the loss (%g)' % loss
+    blobs = net.learnable_params
+    if not blobs or np.isfinite(float(sum(b.xp.sum(b.diff, dtype=b.xp.float64) for b in blobs))):
+        return None
+    for name, params in net.params.items():
+        for j, blob in enumerate(params):
+            if not bool(blob.xp.isfinite(blob.diff).all()):
+                return "the gradient of layer '%s' (param %d)" % (name, j)
+    return 'a gradient'
 
 
 def _find_learned_net(name, state_path):
