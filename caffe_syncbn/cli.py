@@ -160,7 +160,7 @@ def train(args):
 
 def _advance(solver, requests, bar):
     """The solver asks between iterations (and test batches): move the bar, pass on signals."""
-    if bar is not None:
+    if bar is not None and solver.iter > bar.n:
         bar.set_postfix_str('loss %.4g' % solver.smoothed_loss, refresh=False)
         bar.update(solver.iter - bar.n)
     return requests.take()

@@ -205,6 +205,9 @@ class Solver:
     # ---- the loop -----------------------------------------------------------------------------
     def step(self, iters):
         """Run ``iters`` iterations (fewer when a stop is requested)."""
+        if self.nan_effect not in ('none', 'snapshot', 'stop'):
+            raise CaffeError("nan_effect is %r; expected 'none', 'snapshot' or 'stop'"
+                             % self.nan_effect)
         start_iter, stop_iter = self.iter, self.iter + int(iters)
         self._losses, self.smoothed_loss = [], 0.0
         p = self.param
@@ -216,12 +219,13 @@ class Solver:
                 if self.requested_early_exit:
                     break
             displaying = self._displaying()
+            unlearned = self._unlearned_copies()
             loss = self.forward_backward_all()
             self._update_smoothed_loss(loss, start_iter)
             if displaying and self.is_root:
                 log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
                 self.log_outputs(self.net, 'Train')
-            effect = self._non_finite_effect(loss)
+            effect = self._non_finite_effect(loss, unlearned)
             if effect == 'snapshot':
                 self.snapshot()
             elif effect == 'stop':
@@ -271,22 +275,30 @@ class Solver:
             self.smoothed_loss = float(d(self.smoothed_loss) + (loss - self._losses[slot]) / d(average))
             self._losses[slot] = loss
 
-    def _non_finite_effect(self, loss):
-        """At the first non-finite loss or gradient: a warning, and ``nan_effect``."""
+    def _unlearned_copies(self):
+        """While ``nan_effect`` wants a snapshot at the first non-finite: copies of the params
+        no update changes (running statistics, frozen layers), which forward may spoil."""
+        if self.nan_effect == 'none' or self._warned_non_finite or not self.is_root:
+            return []
+        return [(blob, blob.data.copy()) for blob, lr in
+                zip(self.net.learnable_params, self.net.params_lr) if lr == 0]
+
+    def _non_finite_effect(self, loss, unlearned):
+        """At the first non-finite loss or gradient: a warning, and ``nan_effect``, which
+        snapshots the params as they were before (``unlearned`` puts back the statistics)."""
         if self._warned_non_finite or not self.is_root:
             return None
         what = _non_finite(loss, self.net)
         if what is None:
             return None
         self._warned_non_finite = True
-        if self.nan_effect not in ('none', 'snapshot', 'stop'):
-            raise CaffeError("nan_effect is %r; expected 'none', 'snapshot' or 'stop'"
-                             % self.nan_effect)
         log.warning('Iteration %d: %s is not finite (first time); %s', self.iter, what, {
             'none': 'training goes on, as in Caffe (-nan_effect snapshot or stop would save '
                     'the weights before this update)',
             'snapshot': 'snapshotting the weights before this update; training goes on',
             'stop': 'training stops before this update, as on a stop signal'}[self.nan_effect])
+        for blob, before in unlearned:
+            blob.data[...] = before
         return self.nan_effect
 
     def _requested_action(self):
@@ -395,8 +407,9 @@ def _non_finite(loss, net):
     an overflow, which would itself be a blow-up)."""
     if not np.isfinite(loss):
         return 'the loss (%g)' % loss
-    blobs = net.learnable_params
-    if not blobs or np.isfinite(float(sum(b.xp.sum(b.diff, dtype=b.xp.float64) for b in blobs))):
+    sums = [blob.diff.sum(dtype=np.promote_types(blob.dtype, np.float32))
+            for blob in net.learnable_params]
+    if np.isfinite(float(sum(sums))):
         return None
     for name, params in net.params.items():
         for j, blob in enumerate(params):
