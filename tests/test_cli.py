@@ -121,6 +121,10 @@ def test_usage_device_query_and_the_console_script():
     assert result.returncode == 0, result.stderr
     assert 'CPU: %d cores' % os.cpu_count() in result.stderr
     assert 'GPUs: %d' % caffe.backend.gpu_count() in result.stderr
+    quiet = subprocess.run([sys.executable, '-m', 'caffe_syncbn', 'device_query'], text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_minloglevel='1'),
+                           capture_output=True, timeout=TIMEOUT)
+    assert quiet.returncode == 0 and quiet.stderr == '', quiet.stderr     # glog's variable
     # pip installs the command: setup.py declares it, and its target runs main
     from setuptools import distutils    # noqa: F401  (setuptools' own distutils)
     from distutils.core import run_setup

@@ -118,9 +118,11 @@ def test_training_log_reads_as_caffes(tmp_path):
     assert rates == [0.05, 0.05, 0.025, 0.025, 0.0125]
 
 
-def test_the_progress_bar_never_runs_into_a_log_line(tmp_path):
+@pytest.mark.parametrize('terminal', ['stderr', 'stdout'])
+def test_the_progress_bar_never_runs_into_a_log_line(tmp_path, terminal):
     """Run train on a pseudo-terminal, replay what it wrote as a terminal shows it ('\\r'
-    returns to the start of the line, characters overwrite): every log line stands alone."""
+    returns to the start of the line, characters overwrite): every log line stands alone.
+    With stderr sent to a file, the bar shows on stdout, and the file gets the log alone."""
     import fcntl
     import pty
     import struct
@@ -129,10 +131,13 @@ def test_the_progress_bar_never_runs_into_a_log_line(tmp_path):
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack('HHHH', 40, 100, 0, 0))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    log = open(tmp_path / 'stderr.log', 'w')
     proc = subprocess.Popen([sys.executable, '-m', 'caffe_syncbn', 'train', '-solver',
                              str(tmp_path / 'solver.prototxt'), '-cpu_devices', '2'],
-                            stdin=slave, stdout=slave, stderr=slave, env=env, cwd=tmp_path)
+                            stdin=slave, stdout=slave, stderr=slave if terminal == 'stderr' else log,
+                            env=env, cwd=tmp_path)
     os.close(slave)
+    log.close()
     written = b''
     while True:
         try:
@@ -144,9 +149,12 @@ def test_the_progress_bar_never_runs_into_a_log_line(tmp_path):
         written += chunk
     os.close(master)
     assert proc.wait(timeout=120) == 0, written.decode(errors='replace')[-3000:]
-    screen = terminal_lines(written.decode('utf-8', errors='replace'))
     assert any(re.search(r'\d+/30 \[', line) for line in written.decode().split('\r')), \
         'no progress bar was drawn'
+    if terminal == 'stdout':
+        written = (tmp_path / 'stderr.log').read_bytes()
+        assert b'\r' not in written and b'/30 [' not in written
+    screen = terminal_lines(written.decode('utf-8', errors='replace'))
     logged = [line for line in screen if re.search(r'[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6}', line)]
     assert len(logged) > 30
     for line in logged:
