@@ -1,5 +1,6 @@
 """The caffe-syncbn command: Caffe's subcommands, its flags in every gflags spelling, errors
 in this command's spelling, and the upgrade, convert and draw subcommands."""
+import logging
 import os
 import subprocess
 import sys
@@ -93,9 +94,28 @@ def test_a_bad_flag_is_one_error_naming_it(command, argv, words):
         assert word in message, (word, message)
 
 
-def test_flags_may_come_before_the_command(tmp_path):
+@pytest.fixture
+def logger_kept():
+    """main() sets up the package's logger as a command does; give the next tests theirs."""
+    logger = logging.getLogger('caffe_syncbn')
+    state = logger.handlers[:], logger.propagate, logger.level
+    yield
+    logger.handlers[:], logger.propagate, logger.level = state
+
+
+def test_flags_may_come_before_the_command(tmp_path, logger_kept):
     with pytest.raises(CaffeError, match=r'^-solver .*nope\.prototxt: no such file'):
         main(['-solver', str(tmp_path / 'nope.prototxt'), 'train'])
+
+
+def test_solver_mode_gpu_without_a_gpu_trains_on_the_cpu(tmp_path, logger_kept):
+    from caffe_syncbn.cli import _train_devices
+    args = parse('train', ['-solver', 'solver.prototxt'])
+    param = caffe_pb2.SolverParameter(solver_mode=caffe_pb2.SolverParameter.GPU, device_id=1)
+    if caffe.backend.gpu_count() == 0:
+        assert _train_devices(args, param) == 'cpu:1'
+    assert _train_devices(args, caffe_pb2.SolverParameter(solver_mode=0)) == 'cpu:1'
+    assert _train_devices(parse('train', ['-solver', 's', '-cpu_devices', '3']), param) == 'cpu:3'
 
 
 def test_cli_errors_speak_the_cli(tmp_path):
