@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 
+from .cli_devices import device_query, select_device, train_devices
 from .errors import CaffeError
 from .flags import FlagParser, gpu_ids, normalize, positive_int, stage_list
 from .tools_common import progress_bar, run_main, setup_logging
@@ -39,60 +40,61 @@ COMMANDS = {
 
 # ---- flags ---------------------------------------------------------------------------------
 def _parser(command):
+    """The flags of ``command``, named as caffe names them (see the README's flag table)."""
     p = FlagParser('%s %s' % (PROG, command), COMMANDS[command])
     if command in ('train', 'test', 'time', 'device_query'):
         where = p.add_mutually_exclusive_group()
         where.add_argument('-gpu', dest='gpu', type=gpu_ids, metavar='IDS',
-                           help="GPU ids separated by ',' or 'all' (an id may repeat: 0,0 runs "
-                                'two replicas on GPU 0)' if command == 'train' else
-                                'run on this GPU')
+                           help="GPU ids separated by ',', or 'all'" + (
+                               ' (a repeated id runs replicas on one GPU)' if command == 'train'
+                               else ' (the first runs the net)'))
         if command == 'train':
             where.add_argument('-cpu_devices', dest='cpu_devices', metavar='N',
                                type=positive_int('devices'),
-                               help='virtual CPU devices (threads); 1 when no GPU is asked for')
+                               help='virtual CPU devices, threads (1 when no GPU is asked for)')
         else:
             where.add_argument('-cpu', dest='cpu', action='store_true', help='run on the CPU '
-                               '(the default)')
+                                                                              '(the default)')
     if command == 'train':
-        p.flag('solver', required=True, metavar='FILE', help='the solver definition protocol buffer text file')
-        p.flag('weights', metavar='FILES', help="caffemodel(s) to finetune from, separated by ','; they replace "
-                               "the solver's weights")
-        p.flag('snapshot', metavar='FILE', help='the solver state to resume training from')
-        p.flag('sync_bn', action='store_true', help='turn every BatchNorm(+Scale) and BN layer '
-                                                    'into SyncBN')
-        for name, default in (('sigint_effect', 'stop'), ('sighup_effect', 'snapshot')):
-            p.flag(name, choices=EFFECTS, default=default, help='what a %s does (default %s)'
-                   % (name.split('_')[0].upper(), default))
-        p.flag('nan_effect', choices=EFFECTS, default='none',
-               help='what the first non-finite loss or gradient does besides a warning '
-                    '(default none: training goes on, as in Caffe)')
+        p.flag('solver', required=True, metavar='FILE', help='the solver prototxt')
+        p.flag('weights', metavar='FILES', help="caffemodels to finetune from, separated by ',' "
+                                                "(they replace the solver's weights)")
+        p.flag('snapshot', metavar='FILE', help='the solverstate to resume from')
+        p.flag('sync_bn', action='store_true', help='run every BatchNorm(+Scale) and BN as SyncBN')
+        for name, default in (('sigint_effect', 'stop'), ('sighup_effect', 'snapshot'),
+                              ('nan_effect', 'none')):
+            p.flag(name, choices=EFFECTS, default=default, help='what %s does (default %s)' % (
+                'the first non-finite loss or gradient' if name == 'nan_effect' else
+                'a ' + name.split('_')[0].upper(), default))
         p.flag('log_file', metavar='FILE', help='also append the log to this file')
     if command in ('test', 'time'):
-        p.flag('model', required=True, metavar='FILE', help='the model definition protocol buffer text file')
+        default_phase = 'TEST' if command == 'test' else 'TRAIN'
+        p.flag('model', required=True, metavar='FILE', help='the net prototxt')
         p.flag('iterations', type=positive_int('iterations'), default=50, metavar='N',
                help='the number of iterations to run (default 50)')
-        p.flag('phase', choices=('TRAIN', 'TEST'), default='TEST' if command == 'test' else 'TRAIN',
-               help='the network phase (default %s)' % ('TEST' if command == 'test' else 'TRAIN'))
+        p.flag('phase', choices=('TRAIN', 'TEST'), default=default_phase,
+               help='the net phase (default %s)' % default_phase)
     if command == 'test':
-        p.flag('weights', required=True, metavar='FILES', help="the caffemodel(s) to score, separated by ','")
+        p.flag('weights', required=True, metavar='FILES', help="the caffemodels to score, "
+                                                               "separated by ','")
     if command == 'time':
-        p.flag('batch', type=positive_int('rows'), metavar='N', help="the batch size (default: the prototxt's)")
+        p.flag('batch', type=positive_int('rows'), metavar='N',
+               help="the batch size (default: the prototxt's)")
     if command in ('train', 'test', 'time'):
-        p.flag('level', type=int, metavar='N', help='the network level (NetState)')
+        p.flag('level', type=int, metavar='N', help='the NetState level')
         p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
-               help="network stages separated by ',' (the flag may repeat)")
+               help="NetState stages separated by ',' (the flag may repeat)")
     if command == 'draw':
         p.add_argument('model', help='the net prototxt')
-        p.add_argument('output', help='the image to write; its extension (png, svg, pdf) says '
-                                      'the format')
+        p.add_argument('output', help='the file to write: its extension (png, svg, pdf, dot) '
+                                      'names the format')
         p.flag('rankdir', default='LR', choices=('LR', 'RL', 'TB', 'BT'),
-               help='the direction of the graph (default LR: left to right)')
+               help='the direction of the diagram (default LR: left to right)')
         p.flag('phase', choices=('TRAIN', 'TEST', 'ALL'), default='ALL',
-               help='draw the layers of this phase (default ALL)')
+               help="draw this phase's layers (default ALL)")
     if command == 'upgrade':
         p.add_argument('source', help='a net prototxt, a binary caffemodel or a solver prototxt')
-        p.add_argument('target', help='where the upgraded file goes (the same form: text or '
-                                      'binary)')
+        p.add_argument('target', help='the upgraded file, in the same form (text or binary)')
     return p
 
 
@@ -127,7 +129,6 @@ class SignalRequests:
 
 
 def train(args):
-    setup_logging(args.log_file)
     if args.weights and args.snapshot:
         raise CaffeError('%s train: give -weights (to finetune) or -snapshot (to resume), not '
                          'both' % PROG)
@@ -136,10 +137,11 @@ def train(args):
                    [('-weights', path) for path in weights])
     from .solvers import load_solver_param
     from .training import get_solver
-    devices = _train_devices(args, load_solver_param(args.solver))
+    devices = train_devices(args, load_solver_param(args.solver))
+    # as caffe train: -weights replace the solver's weights, and -snapshot drops them
     solver = get_solver(args.solver, devices=devices, sync_bn=args.sync_bn, level=args.level,
-                        stages=args.stage,
-                        weights=weights if (args.weights or args.snapshot) else None)
+                        stages=args.stage, weights=weights if args.weights or args.snapshot
+                        else None)
     solver.nan_effect = args.nan_effect
     requests = None
     try:
@@ -166,68 +168,7 @@ def _advance(solver, requests, bar):
     return requests.take()
 
 
-def _train_devices(args, solver_param):
-    """The devices argument of get_solver: -gpu, -cpu_devices, or the solver's solver_mode
-    and device_id, which caffe train follows when -gpu is not given."""
-    if args.gpu is not None:
-        return 'gpu:' + _gpu_spec(args.gpu)
-    if args.cpu_devices is not None:
-        return 'cpu:%d' % args.cpu_devices
-    from . import caffe_pb2
-    from .backend import gpu_count
-    if solver_param.HasField('solver_mode') and \
-            solver_param.solver_mode == caffe_pb2.SolverParameter.GPU:
-        if gpu_count():
-            return 'gpu:%d' % solver_param.device_id
-        log.warning('%s says solver_mode: GPU, but no GPU is available here (%s); training on '
-                    'the CPU', args.solver, _no_gpu_reason())
-    return 'cpu:1'
-
-
-def _gpu_spec(gpu):
-    """'0,1' or 'all' for a -gpu value, once a GPU is known to be there."""
-    from .backend import gpu_count
-    shown = 'all' if gpu == 'all' else ','.join(map(str, gpu))
-    count = gpu_count()
-    if not count:
-        raise CaffeError('-gpu %s: no GPU is available here (%s); for virtual CPU devices use '
-                         '-cpu_devices N' % (shown, _no_gpu_reason()))
-    missing = [] if gpu == 'all' else sorted({i for i in gpu if i >= count})
-    if missing:
-        raise CaffeError('-gpu %s: GPU %d does not exist (%d visible: 0 to %d)'
-                         % (shown, missing[0], count, count - 1))
-    return shown
-
-
-def _no_gpu_reason():
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return "CuPy is not installed: pip install 'caffe-syncbn[gpu]'"
-    return 'CuPy sees no CUDA device'
-
-
 # ---- test and time ---------------------------------------------------------------------------
-def _select_device(args):
-    """pycaffe's set_mode_cpu/set_mode_gpu + set_device for the one net of test and time;
-    returns caffe's lines that say which device, to log once the net is built (so that a
-    bad net file stays a one-line error)."""
-    import caffe_syncbn
-    if args.gpu is None:
-        caffe_syncbn.set_mode_cpu()
-        return ['Use CPU.']
-    from .backend import gpu_count
-    from .parallel import gpu_name
-    _gpu_spec(args.gpu)
-    ids = list(range(gpu_count())) if args.gpu == 'all' else args.gpu
-    caffe_syncbn.set_mode_gpu()
-    caffe_syncbn.set_device(ids[0])
-    lines = ['Use GPU with device ID %d' % ids[0], 'GPU device name: %s' % gpu_name(ids[0])]
-    if len(ids) > 1:
-        lines.append('-gpu %s: one net runs on one device, GPU %d' % (','.join(map(str, ids)), ids[0]))
-    return lines
-
-
 def _build_on(devices, build, weights=()):
     """``build()``, loading ``weights`` into the net, then caffe's device lines and the time
     taken: logged once all went well, so that a bad file stays a one-line error."""
@@ -244,10 +185,9 @@ def _build_on(devices, build, weights=()):
 
 
 def test(args):
-    setup_logging()
     weights = _paths(args.weights)
     _require_files([('-model', args.model)] + [('-weights', path) for path in weights])
-    devices = _select_device(args)
+    devices = select_device(args)
     import numpy as np
 
     from . import TEST, TRAIN, Net
@@ -278,9 +218,8 @@ def test(args):
 
 def time_command(args):
     """caffe time's lines: an initial pass, then per-iteration, per-layer and average times."""
-    setup_logging()
     _require_files([('-model', args.model)])
-    devices = _select_device(args)
+    devices = select_device(args)
     from .timing import time_net
     from .tools_common import build_timing_net
     net = _build_on(devices, lambda: build_timing_net(args.model, args.batch, args.phase,
@@ -306,60 +245,15 @@ def time_command(args):
     return 0
 
 
-# ---- device_query, convert, draw, upgrade ------------------------------------------------------
-#: Caffe's DeviceQuery lines: (label, key of CUDA's device properties)
-_GPU_PROPERTIES = [('Major revision number', 'major'), ('Minor revision number', 'minor'),
-                   ('Name', 'name'), ('Total global memory', 'totalGlobalMem'),
-                   ('Total shared memory per block', 'sharedMemPerBlock'),
-                   ('Total registers per block', 'regsPerBlock'), ('Warp size', 'warpSize'),
-                   ('Maximum memory pitch', 'memPitch'),
-                   ('Maximum threads per block', 'maxThreadsPerBlock'),
-                   ('Maximum dimension of block', 'maxThreadsDim'),
-                   ('Maximum dimension of grid', 'maxGridSize'), ('Clock rate', 'clockRate'),
-                   ('Total constant memory', 'totalConstMem'),
-                   ('Texture alignment', 'textureAlignment'),
-                   ('Concurrent copy and execution', 'deviceOverlap'),
-                   ('Number of multiprocessors', 'multiProcessorCount'),
-                   ('Kernel execution timeout', 'kernelExecTimeoutEnabled')]
-
-
-def device_query(args):
-    setup_logging()
-    from .backend import gpu_count
-    if args.gpu is None:
-        count = gpu_count()
-        log.info('CPU: %d cores; -cpu_devices N trains on N virtual devices (threads)',
-                 os.cpu_count() or 1)
-        log.info('GPUs: %d%s', count, ' (-gpu all, or -gpu 0,1,..., for their details)' if count
-                 else ' (%s)' % _no_gpu_reason())
-        return 0
-    log.info('Querying GPUs %s', _gpu_spec(args.gpu))
-    import cupy
-    for index in (range(gpu_count()) if args.gpu == 'all' else args.gpu):
-        properties = cupy.cuda.runtime.getDeviceProperties(index)
-        log.info('Device id:                     %d', index)
-        for label, key in _GPU_PROPERTIES:
-            value = properties.get(key, '?')
-            if isinstance(value, bytes):
-                value = value.decode(errors='replace')
-            if key in ('deviceOverlap', 'kernelExecTimeoutEnabled'):
-                value = 'Yes' if value else 'No'
-            if isinstance(value, (list, tuple)):
-                value = ', '.join(map(str, value))
-            log.info('%-31s%s', label + ':', value)
-    return 0
-
-
+# ---- convert, draw, upgrade ------------------------------------------------------------------
 def convert(argv):
     """The model converter (convert/command.py), with gflags spellings of its flags."""
     from .convert import command
-    setup_logging()
     prog = '%s convert' % PROG
     return command.main(normalize(argv, command.build_parser(prog)), prog=prog)
 
 
 def draw(args):
-    setup_logging()
     _require_files([('model', args.model)])
     try:
         from .pycaffe.draw import draw_net_to_file
@@ -375,7 +269,6 @@ def draw(args):
 
 
 def upgrade(args):
-    setup_logging()
     _require_files([('source', args.source)])
     from .upgrade import upgrade_file
     upgrade_file(args.source, args.target)
@@ -398,8 +291,11 @@ def main(argv=None):
         return 0 if argv else 1
     argv.remove(command)                 # gflags reads flags before the command too
     if command == 'convert':
+        setup_logging()
         return convert(argv)
-    return _RUN[command](parse(command, argv))
+    args = parse(command, argv)
+    setup_logging(getattr(args, 'log_file', None))
+    return _RUN[command](args)
 
 
 def usage():

@@ -109,13 +109,13 @@ def test_flags_may_come_before_the_command(tmp_path, logger_kept):
 
 
 def test_solver_mode_gpu_without_a_gpu_trains_on_the_cpu(tmp_path, logger_kept):
-    from caffe_syncbn.cli import _train_devices
+    from caffe_syncbn.cli_devices import train_devices
     args = parse('train', ['-solver', 'solver.prototxt'])
     param = caffe_pb2.SolverParameter(solver_mode=caffe_pb2.SolverParameter.GPU, device_id=1)
     if caffe.backend.gpu_count() == 0:
-        assert _train_devices(args, param) == 'cpu:1'
-    assert _train_devices(args, caffe_pb2.SolverParameter(solver_mode=0)) == 'cpu:1'
-    assert _train_devices(parse('train', ['-solver', 's', '-cpu_devices', '3']), param) == 'cpu:3'
+        assert train_devices(args, param) == 'cpu:1'
+    assert train_devices(args, caffe_pb2.SolverParameter(solver_mode=0)) == 'cpu:1'
+    assert train_devices(parse('train', ['-solver', 's', '-cpu_devices', '3']), param) == 'cpu:3'
 
 
 def test_cli_errors_speak_the_cli(tmp_path):
