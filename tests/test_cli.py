@@ -146,7 +146,7 @@ def test_usage_device_query_and_the_console_script():
                            capture_output=True, timeout=TIMEOUT)
     assert quiet.returncode == 0 and quiet.stderr == '', quiet.stderr     # glog's variable
     # pip installs the command: setup.py declares it, and its target runs main
-    from setuptools import distutils    # noqa: F401  (setuptools' own distutils)
+    import setuptools  # noqa: F401  (first, so that distutils is setuptools' own)
     from distutils.core import run_setup
     cwd = os.getcwd()
     try:
