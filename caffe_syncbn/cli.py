@@ -223,7 +223,7 @@ def time_command(args):
     from .timing import time_net
     from .tools_common import build_timing_net
     net = _build_on(devices, lambda: build_timing_net(args.model, args.batch, args.phase,
-                                              args.level or 0, args.stage))
+                                                      args.level or 0, args.stage))
     log.info('Performing Forward')
     log.info('Initial loss: %g', net.forward_prefilled())
     log.info('Performing Backward')
