@@ -11,7 +11,8 @@ setup(
     # the kernels' CUDA sources, where caffe_syncbn.cuda_kernels looks outside a source tree
     data_files=[('share/caffe_syncbn/cuda', sorted(glob('cuda/*.cu') + glob('cuda/*.cuh')))],
     python_requires='>=3.10',
-    install_requires=['numpy>=1.23', 'protobuf>=4.21', 'h5py>=3.7', 'lmdb>=1.3', 'tqdm>=4.60', 'threadpoolctl>=3'],
+    install_requires=['numpy>=1.23', 'protobuf>=4.21', 'h5py>=3.7', 'lmdb>=1.3', 'tqdm>=4.61', 'threadpoolctl>=3'],
+    entry_points={'console_scripts': ['caffe-syncbn = caffe_syncbn.cli:console_main']},
     extras_require={
         # CuPy with its CUDA libraries (NVRTC, cuBLAS: the [ctk] extra) and NCCL, which the
         # cupy-cuda13x wheel alone does not bring

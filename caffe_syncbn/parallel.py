@@ -5,6 +5,7 @@ aborts the communicator, so replicas blocked in a collective raise promptly, and
 caller gets the ORIGINAL exception with its traceback.
 """
 import concurrent.futures as futures
+import os
 import threading
 
 import numpy as np
@@ -44,6 +45,24 @@ def parse_devices(devices):
     if not parsed:
         _bad(devices)
     return parsed
+
+
+def describe_devices(devices):
+    """Lines that name the devices of a run, in Caffe's words where Caffe has some."""
+    ids = [index for kind, index in devices if kind == 'gpu']
+    if not ids:
+        if len(devices) == 1:
+            return ['Use CPU.']
+        return ['Using %d virtual CPU devices (threads) on %d CPU cores'
+                % (len(devices), os.cpu_count() or 1)]
+    return ['Using GPUs %s' % ', '.join(map(str, ids))] + \
+        ['GPU %d: %s' % (i, gpu_name(i)) for i in sorted(set(ids))]
+
+
+def gpu_name(index):
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(index)['name']
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def _index(text, devices):
@@ -112,9 +131,19 @@ def split_batch(arrays, parts):
         if arrays else [[] for _ in range(parts)]
 
 
+def read_parts(reader, sizes):
+    """The next ``sum(sizes)`` samples of ``reader`` as one batch per replica, replica k's
+    of ``sizes[k]`` rows. A reader with ``next_batches(sizes)`` assembles each replica's
+    batch itself, so shapes may differ between replicas (whole images of any size, one
+    per device); otherwise one batch is read and split along axis 0."""
+    if hasattr(reader, 'next_batches'):
+        return reader.next_batches(sizes)
+    return split_batch(reader.next_batch(sum(sizes)), len(sizes))
+
+
 class InputPipeline:
     """ONE reader per data layer, drawing the GLOBAL batch (replicas x batch_size) in a
-    prefetch thread; each forward the global batch is split over the replicas."""
+    prefetch thread, as one batch per replica."""
 
     def __init__(self, data_layers, replicas, prefetch=2):
         import queue
@@ -126,17 +155,17 @@ class InputPipeline:
         for layer in data_layers:
             q = queue.Queue(maxsize=prefetch)
             reader = layer.make_reader()
-            size = layer.batch_size * replicas
-            thread = threading.Thread(target=self._produce, args=(reader, size, q),
+            sizes = [layer.batch_size] * replicas
+            thread = threading.Thread(target=self._produce, args=(reader, sizes, q),
                                       name='prefetch-%s' % layer.name, daemon=True)
             thread.start()
             self._queues[layer.name] = q
             self._threads.append(thread)
 
-    def _produce(self, reader, size, q):
+    def _produce(self, reader, sizes, q):
         while not self._stop.is_set():
             try:
-                item = reader.next_batch(size)
+                item = read_parts(reader, sizes)
             except Exception as exc:            # handed to the consumer, raised there
                 item = exc
             while not self._stop.is_set():
@@ -155,7 +184,7 @@ class InputPipeline:
             item = q.get()
             if isinstance(item, Exception):
                 raise item
-            for rank, piece in enumerate(split_batch(item, self.replicas)):
+            for rank, piece in enumerate(item):
                 parts[rank][name] = piece
         return parts
 

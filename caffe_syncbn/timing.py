@@ -14,11 +14,13 @@ def time_net(net, iterations=10, warmup=1):
     """Run forward+backward ``iterations`` times; return mean seconds per layer and in total.
 
     Returns {'forward': [(layer name, s)], 'backward': [(layer name, s)],
-             'forward_total': s, 'backward_total': s, 'total': s}.
+             'forward_total': s, 'backward_total': s, 'total': s,
+             'iterations': [s of each timed forward+backward]}.
     """
     n = len(net.layers)
     fwd, bwd = np.zeros(n), np.zeros(n)
     totals = np.zeros(2)
+    iteration_times = []
     for it in range(warmup + iterations):
         counted = it >= warmup
         start = time.perf_counter()
@@ -37,10 +39,12 @@ def time_net(net, iterations=10, warmup=1):
                 bwd[i] += time.perf_counter() - t0
         if counted:
             totals += (middle - start, time.perf_counter() - middle)
+            iteration_times.append(time.perf_counter() - start)
     names = net._layer_names
     totals /= iterations
     return {'forward': list(zip(names, fwd / iterations)), 'backward': list(zip(names, bwd / iterations)),
-            'forward_total': totals[0], 'backward_total': totals[1], 'total': totals.sum()}
+            'forward_total': totals[0], 'backward_total': totals[1], 'total': totals.sum(),
+            'iterations': iteration_times}
 
 
 def format_timings(result, types=None):

@@ -1,27 +1,94 @@
 """What the command-line tools share: one clear error line instead of a traceback,
-logging in Caffe's format, and nets built for timing."""
+logging in glog's format, a progress bar that log lines do not break, and nets built
+for timing."""
+import contextlib
+import datetime
 import logging
+import os
 import sys
+import threading
 
 from .errors import CaffeError
 
-LOG_FORMAT = '%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(module)s] %(message)s'
+#: glog's severity letters; DEBUG has none in glog and reads as INFO there
+_SEVERITY = {logging.DEBUG: 'I', logging.INFO: 'I', logging.WARNING: 'W', logging.ERROR: 'E',
+             logging.CRITICAL: 'F'}
+#: GLOG_minloglevel, as glog reads it: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL
+_MIN_LEVELS = [logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL]
 
 
-def setup_logging(log_file=None, level=logging.INFO):
-    """Caffe/glog-style lines on stderr (and in ``log_file``), so log parsers keep working."""
-    formatter = logging.Formatter(LOG_FORMAT, datefmt='%m%d %H:%M:%S')
+class GlogFormatter(logging.Formatter):
+    """glog's line, ``I1122 21:51:57.033123  4388 solver.py:218] message``: severity, month and
+    day, local time to the microsecond, the OS thread id right-aligned in 5, the Python file
+    and line that logged. Caffe's tools (parse_log.py, extract_seconds.py) read these
+    fields; every line of a multi-line message gets the prefix, so that none trips them."""
+
+    def __init__(self):
+        super().__init__('%(message)s')
+
+    def format(self, record):
+        when = datetime.datetime.fromtimestamp(record.created)
+        prefix = '%s%s %5d %s:%d] ' % (_SEVERITY.get(record.levelno, 'I'),
+                                        when.strftime('%m%d %H:%M:%S.%f'),
+                                        threading.get_native_id(), record.filename, record.lineno)
+        return '\n'.join(prefix + line for line in super().format(record).split('\n'))
+
+
+def setup_logging(log_file=None, level=None):
+    """glog-format lines on stderr (and appended to ``log_file``). The level defaults to
+    INFO, or to what GLOG_minloglevel says, as for Caffe."""
+    if level is None:
+        level = _MIN_LEVELS[min(max(_int_env('GLOG_minloglevel'), 0), 3)]
     logger = logging.getLogger('caffe_syncbn')
     logger.setLevel(level)
+    for handler in logger.handlers:
+        handler.close()
     logger.handlers[:] = []
     handlers = [logging.StreamHandler(sys.stderr)]
     if log_file:
         handlers.append(logging.FileHandler(log_file, mode='a'))
     for handler in handlers:
-        handler.setFormatter(formatter)
+        handler.setFormatter(GlogFormatter())
         logger.addHandler(handler)
     logger.propagate = False
     return logger
+
+
+def _int_env(name):
+    try:
+        return int(os.environ.get(name, 0))
+    except ValueError:
+        return 0
+
+
+@contextlib.contextmanager
+def progress_bar(total, initial=0):
+    """A tqdm bar on the terminal, stderr or else stdout (None when neither is one). While
+    it shows on stderr, the log's stderr lines go through tqdm.write, which lifts the bar,
+    writes the line and draws the bar again below it: a line never runs into the bar."""
+    stream = next((s for s in (sys.stderr, sys.stdout) if _is_terminal(s)), None)
+    if stream is None:
+        yield None
+        return
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+    bar = tqdm(total=total, initial=initial, file=stream, unit='it', dynamic_ncols=True,
+               leave=False)
+    try:
+        if stream is sys.stderr:
+            with logging_redirect_tqdm([logging.getLogger('caffe_syncbn')], tqdm_class=tqdm):
+                yield bar
+        else:
+            yield bar
+    finally:
+        bar.close()
+
+
+def _is_terminal(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):       # replaced or closed streams
+        return False
 
 
 def run_main(main):
@@ -36,11 +103,11 @@ def run_main(main):
         sys.exit(130)
 
 
-def build_timing_net(model, batch=None, phase='TRAIN'):
+def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=()):
     """A Net for timing: data layers become Input layers (batch ``batch``), backward forced."""
     from . import TEST, TRAIN, Net
     from .net import load_net_param
     from .upgrade import swap_data_layers_for_inputs
     param = swap_data_layers_for_inputs(load_net_param(model), batch=batch)
     param.force_backward = True
-    return Net(param, TRAIN if phase == 'TRAIN' else TEST)
+    return Net(param, TRAIN if phase == 'TRAIN' else TEST, level=level, stages=stages)

@@ -13,6 +13,8 @@ Rules (the README states them for users):
 """
 import functools
 import logging
+import os
+import time
 
 import numpy as np
 
@@ -24,7 +26,7 @@ from .errors import CaffeError
 from .gradients import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .layer import TRAIN, LayerContext
 from .net import Net
-from .parallel import DevicePool, InputPipeline, parse_devices, split_batch
+from .parallel import DevicePool, InputPipeline, describe_devices, parse_devices, split_batch
 from .solvers import get_solver_class, load_solver_param, upgrade_solver_param
 
 log = logging.getLogger('caffe_syncbn')
@@ -75,9 +77,16 @@ class DataParallelMixin:
     #: about how many bytes of gradients go into one allreduce (gradients.py)
     gradient_bucket_bytes = DEFAULT_BUCKET_BYTES
 
-    def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None):
+    def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None,
+                 level=None, stages=(), weights=None):
         self.devices = parse_devices(devices)
+        for line in describe_devices(self.devices):
+            log.info('%s', line)
         self.sync_bn = sync_bn
+        self._train_state = caffe_pb2.NetState(stage=stages)
+        if level is not None:
+            self._train_state.level = level
+        self._weights = weights
         self.comms = make_comms(self.devices)
         self._blas_limit = _share_cores(self.devices)
         self.pool = DevicePool(self.devices, self.comms)
@@ -102,15 +111,20 @@ class DataParallelMixin:
             activate_gpu(index)
 
     def create_net(self, net_param, phase):
+        if phase == TRAIN:                   # caffe train -level/-stage: the train net only
+            net_param.state.MergeFrom(self._train_state)
         if self.sync_bn:
             if phase == TRAIN:
                 self._user_train_param = net_param
                 _log_sync_bn(net_param)
             net_param = to_syncbn(net_param)[0]
+        start = time.perf_counter()
         if phase != TRAIN:                   # test nets run alone, on replica 0's device
             context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
-            return self._on_root(lambda: Net(net_param, phase, level=net_param.state.level,
-                                             context=context))
+            net = self._on_root(lambda: Net(net_param, phase, level=net_param.state.level,
+                                            context=context))
+            _log_built(net, 'test', 1, start)
+            return net
         if self.replicas:
             raise CaffeError('a data-parallel solver has exactly one train net')
         seed = self._seed if self._seed is not None else (self.param.random_seed
@@ -120,13 +134,28 @@ class DataParallelMixin:
         self.replicas = [self.pool.run_on(rank, functools.partial(
             self._build_net, net_param, phase, seed, rank)) for rank in range(len(self.devices))]
         root = self.replicas[0]
+        _log_built(root, 'train', len(self.replicas), start)
         self._input_layers = [(layer.name, root.top_names[layer.name])
                               for layer in root.layers if layer.type == 'Input']
         readers = [layer for layer in root.layers
                    if hasattr(layer, 'make_reader') and layer.type != 'Input']
+        _log_batches(readers, self._input_layers, len(self.replicas), self.param.iter_size)
         if readers:
             self.pipeline = InputPipeline(readers, len(self.replicas))
         return self.replicas[0]
+
+    def _load_weights(self, net):
+        """The solver's ``weights``, or those given to get_solver instead (as ``caffe train
+        -weights`` replaces them), each with the time it took: a VGG-sized file takes seconds."""
+        if self._weights is None:
+            paths = [p.strip() for entry in self.param.weights for p in entry.split(',')]
+        else:
+            paths = list(self._weights)
+        for path in filter(None, paths):
+            log.info('Finetuning from %s', path)
+            start = time.perf_counter()
+            self.file_terms.load_weights(net, path)
+            log.info('Loaded %s in %.2f s', path, time.perf_counter() - start)
 
     def _on_root(self, fn):
         return self.pool.run_on(0, fn)
@@ -234,6 +263,15 @@ class DataParallelMixin:
                 mine[...] = worker.xp.asarray(root) if worker.xp is not None else root
         self.broadcast_params()
 
+    def snapshot(self):
+        """Caffe's snapshot, with a line saying how long it took and how large it is."""
+        start = time.perf_counter()
+        paths = super().snapshot()
+        size = sum(os.path.getsize(p) for p in paths or () if os.path.isfile(p))
+        log.info('Snapshot of iteration %d written: %.3g MB in %.2f s', self.iter, size / 1e6,
+                 time.perf_counter() - start)
+        return paths
+
     def make_file_terms(self):
         """Under --sync-bn, files speak the user's prototxt (BatchNorm+Scale or BN)."""
         if self._user_train_param is None:
@@ -256,6 +294,26 @@ class DataParallelMixin:
         if self._blas_limit is not None:
             self._blas_limit.restore_original_limits()
             self._blas_limit = None
+
+
+def _log_built(net, which, copies, start):
+    params = sum(blob.count for layer in net.layers for blob in layer.blobs)
+    log.info("Network initialization done: %s net '%s', %d layers, %d parameters%s, in %.2f s",
+             which, net.name, len(net.layers), params,
+             ' (x %d replicas)' % copies if copies > 1 else '', time.perf_counter() - start)
+
+
+def _log_batches(readers, input_layers, replicas, iter_size):
+    """The batch per device and per iteration: batch_size is per device, as in Caffe."""
+    for layer in readers:
+        total = layer.batch_size * replicas
+        update = (' (x iter_size %d = %d per update)' % (iter_size, total * iter_size)
+                  if iter_size > 1 else '')
+        log.info("Batch of data layer '%s': %d per device x %d device(s) = %d per forward%s",
+                 layer.name, layer.batch_size, replicas, total, update)
+    for name, _ in input_layers:
+        log.info("Batch of Input layer '%s': what the data source gives, split over %d "
+                 'device(s)', name, replicas)
 
 
 def _log_sync_bn(net_param):
@@ -291,14 +349,18 @@ def data_parallel_class(base):
                 {'__module__': __name__, '__doc__': base.__doc__, 'solver_base': base})
 
 
-def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None):
+def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
+               weights=None):
     """The solver a solver prototxt (or SolverParameter) asks for, running on ``devices``:
     'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0' (replicas sharing a GPU).
-    ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN."""
+    ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN. ``level`` and
+    ``stages`` add to the train net's NetState, and ``weights`` (caffemodel paths) replace
+    the solver's own ``weights``, as caffe train's -level, -stage and -weights do."""
     if isinstance(solver, caffe_pb2.SolverParameter):
         solver_type = upgrade_solver_param(caffe_pb2.SolverParameter.FromString(
             solver.SerializeToString())).type
     else:
         solver_type = load_solver_param(solver).type
     cls = data_parallel_class(get_solver_class(solver_type))
-    return cls(solver, devices=devices, sync_bn=sync_bn, dtype=dtype)
+    return cls(solver, devices=devices, sync_bn=sync_bn, dtype=dtype, level=level, stages=stages,
+               weights=weights)

@@ -119,11 +119,15 @@ def test_test_net_bad_inputs(tiny, tmp_path):
 def test_time_net_on_lenet():
     model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet_train_test.prototxt')
     result = check_ok(run_tool('tools/time_net.py', '--model', model, '--batch', 2,
-                               '--iterations', 1))
-    out = result.stdout
+                               '--iterations', 2))
+    err = result.stderr             # caffe time's lines, in the log
     for layer in ('conv1', 'pool1', 'ip2', 'loss'):
-        assert re.search(r'\b%s \(\w+\)\tforward: +[\d.]+ ms\.\tbackward: +[\d.]+ ms\.' % layer, out), out
-    assert re.search(r'Average Forward-Backward: [\d.]+ ms\.', out), out
+        for way in ('forward', 'backward'):
+            assert re.search(r'\] +%s\t%s: [\d.e-]+ ms\.$' % (layer, way), err, re.M), err
+    assert len(re.findall(r'\] Iteration: [12] forward-backward time: [\d.e-]+ ms\.$', err, re.M)) == 2
+    for line in ('Average Forward pass', 'Average Backward pass', 'Average Forward-Backward',
+                 'Total Time'):
+        assert re.search(r'\] %s: [\d.e-]+ ms\.$' % line, err, re.M), err
 
 
 def test_time_net_bad_inputs(tmp_path):

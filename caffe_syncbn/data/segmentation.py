@@ -94,32 +94,48 @@ class SegTransformer:
         With ``balance`` (yjxiong's seg_data_param.balance) a pair is drawn again, up to 10
         times, while one label covers more than 80% of its window.
         """
+        return self.batches(pairs, [len(pairs)], dtype, balance)[0]
+
+    def batches(self, pairs, sizes, dtype=np.float32, balance=False):
+        """One (data, labels) per entry of ``sizes``, each from the next ``size`` pairs (None
+        for a size of 0): one device's batch each. Every pair is rescaled first and then
+        windowed in order, so the random draws are the same however the pairs are grouped.
+        Windows must agree within a group, not between groups."""
         dtype = np.dtype(dtype)
         pairs = [(image.reshape(image.shape[:2] + (-1,)), labels) for image, labels in pairs]
-        channels = pairs[0][0].shape[2]
+        scaled = [self._rescale(image, labels) for image, labels in pairs]
+        out, start = [], 0
+        for size in sizes:
+            group = list(range(start, start + size))
+            out.append(self._assemble(pairs, scaled, group, dtype, balance) if group else None)
+            start += size
+        return out
+
+    def _assemble(self, pairs, scaled, group, dtype, balance):
+        channels = pairs[group[0]][0].shape[2]
         if len(self.mean_values) not in (0, 1, channels):
             raise self.error('transform_param: give 1 mean_value or one per channel (%d), got %d'
                              % (channels, len(self.mean_values)))
         mean = np.zeros(channels, dtype)
         mean[...] = self.mean_values if len(self.mean_values) else 0
-        scaled = [self._rescale(image, labels) for image, labels in pairs]
-        sizes = {self.output_size(*image.shape[:2]) for image, _ in scaled}
+        sizes = {self.output_size(*scaled[i][0].shape[:2]) for i in group}
         if len(sizes) > 1:
-            raise self.error('images of different sizes in one batch need crop_size '
-                             '(window sizes %s)' % sorted(sizes))
+            raise self.error('images of different sizes in one batch need crop_size (window '
+                             'sizes %s): add transform_param { crop_size: N }, or give each '
+                             'device one image (batch_size: 1)' % sorted(sizes))
         h, w = sizes.pop()
-        data = np.zeros((len(pairs), channels, h, w), dtype)
-        labels = np.full((len(pairs), 1, h, w), self.ignore_label, dtype)
-        for i, (image, label_map) in enumerate(scaled):
-            window, window_labels = self._window(image, label_map, h, w)
+        data = np.zeros((len(group), channels, h, w), dtype)
+        labels = np.full((len(group), 1, h, w), self.ignore_label, dtype)
+        for row, i in enumerate(group):
+            window, window_labels = self._window(*scaled[i], h, w)
             for _ in range(10 if balance and self.train else 0):
                 if np.bincount(window_labels.ravel()).max() <= 0.8 * window_labels.size:
                     break
                 window, window_labels = self._window(*self._rescale(*pairs[i]), h, w)
             wh, ww = window_labels.shape
-            data[i, :, :wh, :ww] = (window.astype(dtype) - mean[:, None, None]) \
+            data[row, :, :wh, :ww] = (window.astype(dtype) - mean[:, None, None]) \
                 * dtype.type(self.scale)
-            labels[i, 0, :wh, :ww] = window_labels
+            labels[row, 0, :wh, :ww] = window_labels
         return data, labels
 
     def _window(self, image, label_map, h, w):

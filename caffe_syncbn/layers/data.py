@@ -5,7 +5,9 @@ The DataLayer contract (Data, ImageData, SegData and the input pipeline build on
   ``batch_size``      rows of one batch of this net (set in setup)
   ``make_reader()``   a new reader whose ``next_batch(n)`` returns host numpy arrays, one per
                       top, each with first axis n; one reader can serve the global batch of
-                      all replicas of a data-parallel run
+                      all replicas of a data-parallel run; a reader may also have
+                      ``next_batches(sizes)``: one batch per replica, whose shapes may
+                      differ (parallel.read_parts)
   forward             with ``ctx.feeder`` set, the tops are ``ctx.feeder(self)``: this
                       replica's slice of the global batch (it may have 0 rows); otherwise the
                       next batch of the layer's own reader. Tops take each batch's shape.

@@ -70,6 +70,21 @@ class TransformedReader:
         self.with_labels = with_labels
         self.rng = self.transformer.rng
 
+    def next_batch(self, n):
+        return self.batch(*self.read(n))
+
+    def next_batches(self, sizes):
+        """One batch per entry of ``sizes`` (see parallel.read_parts). Images of one size, or
+        cropped to one, are transformed together: the crops and flips drawn are those of
+        one device reading them all. Whole images of several sizes are batched per device,
+        where they must agree."""
+        images, labels = self.read(sum(sizes))
+        bounds = np.cumsum([0] + list(sizes))
+        if self.transformer.crop_size or len({image.shape for image in images}) <= 1:
+            return [list(rows) for rows in zip(*(np.split(a, bounds[1:-1])
+                                                 for a in self.batch(images, labels)))]
+        return [self.batch(images[a:b], labels[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
     def batch(self, images, labels):
         if not images:
             data = np.zeros((0,) + self.out_shape, self.dtype)
@@ -86,14 +101,14 @@ class DatumReader(TransformedReader):
         if p.rand_skip:
             self.db.skip(self.rng.randint(p.rand_skip))
 
-    def next_batch(self, n):
+    def read(self, n):
         images, labels = [], []
         for key, value in self.db.next_records(n):
             where = 'record %r of %s' % (key.decode(errors='replace'), self.db.path)
             datum = parse_datum(value, where)
             images.append(datum_to_array(datum, self.transformer.color, where))
             labels.append(datum.label)
-        return self.batch(images, labels)
+        return images, labels
 
 
 @register('Data')
@@ -141,7 +156,7 @@ class ImageListReader(TransformedReader):
             self.rng.shuffle(self.order)
         self.position = self.rng.randint(p.rand_skip) % len(entries) if p.rand_skip else 0
 
-    def next_batch(self, n):
+    def read(self, n):
         images, labels = [], []
         for _ in range(n):
             path, label = self.entries[self.order[self.position]]
@@ -152,7 +167,7 @@ class ImageListReader(TransformedReader):
                 self.position = 0
                 if self.param.shuffle:
                     self.rng.shuffle(self.order)
-        return self.batch(images, labels)
+        return images, labels
 
 
 def load_list_image(path, p):
@@ -259,26 +274,37 @@ class SegReader:
         self.position = 0
 
     def next_batch(self, n):
+        return self.next_batches([n])[0]
+
+    def next_batches(self, sizes):
+        """One batch per entry of ``sizes`` (see parallel.read_parts): whole images may differ
+        in size from one batch to the next, not within one."""
         layer = self.layer
-        pairs, sizes = [], []
-        for _ in range(n):
-            image, labels = read_pair(*layer.pairs[self.order[self.position]], error=layer.error)
-            pairs.append((image, labels))
-            sizes.append(image.shape[:2])
-            self.position += 1
-            if self.position == len(self.order):
-                self.position = 0
-                if layer.shuffle:
-                    self.rng.shuffle(self.order)
-        if not pairs:
-            h, w = layer.window
-            empty = [np.zeros((0, layer.channels, h, w), layer.dtype),
-                     np.zeros((0, 1, h, w), layer.dtype), np.zeros((0, 1, 1, 2), layer.dtype)]
-            return empty[:len(layer.param.top)]
-        data, labels = self.transformer(pairs, layer.dtype, balance=layer.balance)
-        # DeepLab's data_dim: the part of each window the image covers (the rest is padding)
-        dims = np.minimum(np.asarray(sizes), data.shape[2:]).astype(layer.dtype)
-        return [data, labels, dims.reshape(n, 1, 1, 2)][:len(layer.param.top)]
+        pairs = [self._next_pair() for _ in range(sum(sizes))]
+        batches = self.transformer.batches(pairs, sizes, layer.dtype, balance=layer.balance)
+        out, start = [], 0
+        for size, batch in zip(sizes, batches):
+            if batch is None:
+                h, w = layer.window
+                batch = (np.zeros((0, layer.channels, h, w), layer.dtype),
+                         np.zeros((0, 1, h, w), layer.dtype))
+            data, labels = batch
+            # DeepLab's data_dim: the part of each window the image covers (the rest is padding)
+            covered = [pair[0].shape[:2] for pair in pairs[start:start + size]]
+            dims = np.minimum(np.reshape(covered, (size, 2)), data.shape[2:]).astype(layer.dtype)
+            out.append([data, labels, dims.reshape(size, 1, 1, 2)][:len(layer.param.top)])
+            start += size
+        return out
+
+    def _next_pair(self):
+        layer = self.layer
+        pair = read_pair(*layer.pairs[self.order[self.position]], error=layer.error)
+        self.position += 1
+        if self.position == len(self.order):
+            self.position = 0
+            if layer.shuffle:
+                self.rng.shuffle(self.order)
+        return pair
 
 
 @register('SegData', 'ImageSegData')

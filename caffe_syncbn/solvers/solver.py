@@ -72,6 +72,10 @@ class Solver:
         self.is_root = True
         #: called after every iteration and test batch: returns None, 'stop' or 'snapshot'
         self.action_request = None
+        #: what the first non-finite loss or gradient does besides a warning: 'none' (train
+        #: on, as Caffe), 'snapshot' (the weights before that update), 'stop' (end before it)
+        self.nan_effect = 'none'
+        self._warned_non_finite = False
         self.requested_early_exit = False
         self.smoothed_loss = 0.0
         #: the learning rate of the last update
@@ -201,6 +205,9 @@ class Solver:
     # ---- the loop -----------------------------------------------------------------------------
     def step(self, iters):
         """Run ``iters`` iterations (fewer when a stop is requested)."""
+        if self.nan_effect not in ('none', 'snapshot', 'stop'):
+            raise CaffeError("nan_effect is %r; expected 'none', 'snapshot' or 'stop'"
+                             % self.nan_effect)
         start_iter, stop_iter = self.iter, self.iter + int(iters)
         self._losses, self.smoothed_loss = [], 0.0
         p = self.param
@@ -212,11 +219,18 @@ class Solver:
                 if self.requested_early_exit:
                     break
             displaying = self._displaying()
+            unlearned = self._unlearned_copies()
             loss = self.forward_backward_all()
             self._update_smoothed_loss(loss, start_iter)
             if displaying and self.is_root:
                 log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
                 self.log_outputs(self.net, 'Train')
+            effect = self._non_finite_effect(loss, unlearned)
+            if effect == 'snapshot':
+                self.snapshot()
+            elif effect == 'stop':
+                self.requested_early_exit = True
+                break
             self.apply_update()
             self.iter += 1
             request = self._requested_action()
@@ -260,6 +274,32 @@ class Solver:
             slot = (self.iter - start_iter) % average
             self.smoothed_loss = float(d(self.smoothed_loss) + (loss - self._losses[slot]) / d(average))
             self._losses[slot] = loss
+
+    def _unlearned_copies(self):
+        """While ``nan_effect`` wants a snapshot at the first non-finite: copies of the params
+        no update changes (running statistics, frozen layers), which forward may spoil."""
+        if self.nan_effect == 'none' or self._warned_non_finite or not self.is_root:
+            return []
+        return [(blob, blob.data.copy()) for blob, lr in
+                zip(self.net.learnable_params, self.net.params_lr) if lr == 0]
+
+    def _non_finite_effect(self, loss, unlearned):
+        """At the first non-finite loss or gradient: a warning, and ``nan_effect``, which
+        snapshots the params as they were before (``unlearned`` puts back the statistics)."""
+        if self._warned_non_finite or not self.is_root:
+            return None
+        what = _non_finite(loss, self.net)
+        if what is None:
+            return None
+        self._warned_non_finite = True
+        log.warning('Iteration %d: %s is not finite (first time); %s', self.iter, what, {
+            'none': 'training goes on, as in Caffe (-nan_effect snapshot or stop would save '
+                    'the weights before this update)',
+            'snapshot': 'snapshotting the weights before this update; training goes on',
+            'stop': 'training stops before this update, as on a stop signal'}[self.nan_effect])
+        for blob, before in unlearned:
+            blob.data[...] = before
+        return self.nan_effect
 
     def _requested_action(self):
         if self.action_request is None:
@@ -359,6 +399,23 @@ class Solver:
         for saved_array, mine in zip(saved, history):
             mine[...] = get_array_module(mine).asarray(saved_array, dtype=mine.dtype)
         log.info('%s: restored iteration %d from %s', type(self).__name__, self.iter, path)
+
+
+def _non_finite(loss, net):
+    """What is not finite, the loss or the gradient of a param (named), or None. The sum of
+    every gradient is one pass over them, and is finite exactly when they all are (short of
+    an overflow, which would itself be a blow-up)."""
+    if not np.isfinite(loss):
+        return 'the loss (%g)' % loss
+    sums = [blob.diff.sum(dtype=np.promote_types(blob.dtype, np.float32))
+            for blob in net.learnable_params]
+    if np.isfinite(float(sum(sums))):
+        return None
+    for name, params in net.params.items():
+        for j, blob in enumerate(params):
+            if not bool(blob.xp.isfinite(blob.diff).all()):
+                return "the gradient of layer '%s' (param %d)" % (name, j)
+    return 'a gradient'
 
 
 def _find_learned_net(name, state_path):
