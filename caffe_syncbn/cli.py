@@ -255,11 +255,7 @@ def convert(argv):
 
 def draw(args):
     _require_files([('model', args.model)])
-    try:
-        from .pycaffe.draw import draw_net_to_file
-    except ImportError as exc:
-        raise CaffeError('draw needs caffe_syncbn.pycaffe.draw, which this installation '
-                         'lacks (%s)' % exc) from None
+    from .pycaffe.draw import draw_net_to_file
     from . import caffe_pb2
     from .net import load_net_param
     phase = {'TRAIN': caffe_pb2.TRAIN, 'TEST': caffe_pb2.TEST, 'ALL': None}[args.phase]

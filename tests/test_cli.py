@@ -225,7 +225,6 @@ def test_convert_takes_gflags_spellings(tmp_path):
 
 
 def test_draw_writes_the_diagram(tmp_path):
-    pytest.importorskip('caffe_syncbn.pycaffe.draw')
     net = tmp_path / 'net.prototxt'
     net.write_text('name: "n"\nlayer { name: "in" type: "Input" top: "x" input_param { shape '
                    '{ dim: 1 dim: 2 } } }\nlayer { name: "ip" type: "InnerProduct" bottom: "x" '
@@ -239,3 +238,6 @@ def test_draw_writes_the_diagram(tmp_path):
     result = run_cli('draw', net, tmp_path / 'all.dot')
     assert 'train_only' in (tmp_path / 'all.dot').read_text() and 'LR' in (
         tmp_path / 'all.dot').read_text()
+    result = run_cli('draw', net, tmp_path / 'net.png')      # rendered by graphviz-pure
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / 'net.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
