@@ -10,7 +10,8 @@ import concurrent.futures as futures
 
 import numpy as np
 
-from ..data.datum import LMDBReader, datum_to_array, hwc_to_chw, parse_datum, read_image
+from ..data.datum import (LMDBReader, datum_to_array, hwc_to_chw, parse_datum, read_image,
+                          record_name)
 from ..data.imageset import read_image_list
 from ..data.segmentation import SegTransformer, read_pair, read_pair_list
 from ..data.transform import DataTransformer
@@ -89,7 +90,7 @@ class DatumReader(TransformedReader):
     def next_batch(self, n):
         images, labels = [], []
         for key, value in self.db.next_records(n):
-            where = 'record %r of %s' % (key.decode(errors='replace'), self.db.path)
+            where = record_name(key, self.db.path)
             datum = parse_datum(value, where)
             images.append(datum_to_array(datum, self.transformer.color, where))
             labels.append(datum.label)
@@ -111,7 +112,7 @@ class LMDBDataLayer(ImageDataLayer):
         self.batch_size = self.check_batch_size(p.batch_size, 'data_param.batch_size')
         db = self._open()
         key, value = db.first()
-        where = 'record %r of %s' % (key.decode(errors='replace'), p.source)
+        where = record_name(key, p.source)
         transformer = DataTransformer(self.param.transform_param, self.phase, None, self.error)
         self.sample_shape = datum_to_array(parse_datum(value, where), transformer.color,
                                            where).shape

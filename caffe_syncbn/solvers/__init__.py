@@ -31,12 +31,12 @@ _CLASSES = {'SGD': SGDSolver, 'Nesterov': NesterovSolver, 'AdaGrad': AdaGradSolv
 
 def get_solver_class(type_name):
     """The solver class for a SolverParameter ``type`` ('SGD', 'Adam', ...)."""
-    from ..errors import CaffeError
+    from ..errors import CaffeError, quote
     try:
         return _CLASSES[type_name]
     except KeyError:
-        raise CaffeError('unknown solver type %r; expected one of %s'
-                         % (type_name, ', '.join(_CLASSES))) from None
+        raise CaffeError('unknown solver type %s; expected one of %s'
+                         % (quote(type_name), ', '.join(_CLASSES))) from None
 
 
 def get_solver(solver, **kwargs):

@@ -4,7 +4,7 @@ import logging
 import os
 
 from .. import caffe_pb2
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 from ..layer import TEST, TRAIN
 from ..prototxt import read_prototxt
 
@@ -51,8 +51,8 @@ def check_solver_param(p, source):
     if p.iter_size < 1:
         raise CaffeError('%s: iter_size must be >= 1, got %d' % (source, p.iter_size))
     if p.regularization_type not in ('L1', 'L2'):
-        raise CaffeError("%s: unknown regularization_type %r; expected 'L1' or 'L2'"
-                         % (source, p.regularization_type))
+        raise CaffeError("%s: unknown regularization_type %s; expected 'L1' or 'L2'"
+                         % (source, quote(p.regularization_type)))
     if p.snapshot_diff:
         log.warning('%s: snapshot_diff is not supported; snapshots hold the weights only', source)
     if p.snapshot > 0:

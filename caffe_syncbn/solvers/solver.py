@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..backend import get_array_module, to_numpy
-from ..errors import CaffeError
+from ..errors import CaffeError, naming, quote
+from ..io.atomic import remove_stale_temporaries
 from .lr_policy import LearningRatePolicy
 from .params import (check_solver_param, copy_message, load_solver_param, test_net_params,
                      train_net_param, upgrade_solver_param)
@@ -66,8 +67,10 @@ class Solver:
         for test_net in self.test_nets:
             self._load_weights(test_net)
             test_net.share_weights_with(self.net)
-        self.lr_policy = LearningRatePolicy(p, self.dtype)
-        self.rule = self.rule_class(p, self.net.learnable_params, self.net.params_lr, self.dtype)
+        self.lr_policy = LearningRatePolicy(p, self.dtype, self.source)
+        with naming(self.source):
+            self.rule = self.rule_class(p, self.net.learnable_params, self.net.params_lr,
+                                        self.dtype)
         #: Caffe's root_solver(): only the root logs, tests and snapshots
         self.is_root = True
         #: called after every iteration and test batch: returns None, 'stop' or 'snapshot'
@@ -86,7 +89,9 @@ class Solver:
         context = None
         if self.xp is not None:
             context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
-        return Net(net_param, phase, level=net_param.state.level, context=context, dtype=self.dtype)
+        with naming(self.source):
+            return Net(net_param, phase, level=net_param.state.level, context=context,
+                       dtype=self.dtype)
 
     def make_file_terms(self):
         from ..convert.terms import NetTerms
@@ -232,6 +237,8 @@ class Solver:
         log.info('Solving %s', self.net.name)
         log.info('Learning Rate Policy: %s', p.lr_policy)
         self.requested_early_exit = False
+        if self.is_root:
+            self.remove_stale_snapshot_files()
         if resume_file:
             log.info('Restoring previous solver status from %s', resume_file)
             self.restore(resume_file)
@@ -326,18 +333,22 @@ class Solver:
         return '%s_iter_%d%s' % (self.param.snapshot_prefix, self.iter, extension)
 
     def snapshot(self):
-        """Write the weights and the solver state; returns their two file names."""
+        """Write the weights and the solver state; returns their two file names. A failed
+        write is a CaffeError naming the file that failed."""
         hdf5 = self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
         model = self.snapshot_filename('.caffemodel.h5' if hdf5 else '.caffemodel')
         state = self.snapshot_filename('.solverstate.h5' if hdf5 else '.solverstate')
-        try:
-            log.info('Snapshotting to %s file %s', 'HDF5' if hdf5 else 'binary proto', model)
-            self.file_terms.save(model, hdf5)
-            log.info('Snapshotting solver state to %s file %s', 'HDF5' if hdf5 else 'binary proto', state)
-            write_solver_state(state, self.solver_state(model))
-        except OSError as exc:
-            raise CaffeError('cannot write snapshot %s: %s' % (exc.filename or model, exc.strerror)) from None
+        self.remove_stale_snapshot_files()
+        log.info('Snapshotting to %s file %s', 'HDF5' if hdf5 else 'binary proto', model)
+        self.file_terms.save(model, hdf5)
+        log.info('Snapshotting solver state to %s file %s', 'HDF5' if hdf5 else 'binary proto', state)
+        write_solver_state(state, self.solver_state(model))
         return model, state
+
+    def remove_stale_snapshot_files(self):
+        """Remove the temporary files that snapshots of a killed run with this prefix left."""
+        for path in remove_stale_temporaries(self.param.snapshot_prefix + '_iter_'):
+            log.info('Removed %s, left by an interrupted snapshot', path)
 
     def solver_state(self, learned_net=''):
         """The SolverState a snapshot writes: the history in the terms of ``file_terms``."""
@@ -352,9 +363,14 @@ class Solver:
         saved = self.file_terms.history_in(
             state.history, path, self.rule.history_per_param,
             "a %s solver on net '%s'" % (self.param.type, self.net.name))
-        self.iter = state.iter
+        self.lr_policy.check_resume(state.iter, state.current_step, path)
         if state.learned_net:
-            self.file_terms.load_weights(self.net, _find_learned_net(state.learned_net, path))
+            weights = _find_learned_net(state.learned_net, path)
+            try:                          # a snapshot of this net holds all of its weights
+                self.file_terms.load_weights(self.net, weights, complete=True)
+            except CaffeError as exc:
+                raise CaffeError('solver state %s: %s' % (path, exc)) from None
+        self.iter = state.iter
         self.lr_policy.current_step = state.current_step
         for saved_array, mine in zip(saved, history):
             mine[...] = get_array_module(mine).asarray(saved_array, dtype=mine.dtype)
@@ -376,5 +392,5 @@ def _rule_class(type_name):
     try:
         return RULES[type_name]
     except KeyError:
-        raise CaffeError('unknown solver type %r; expected one of %s'
-                         % (type_name, ', '.join(RULES))) from None
+        raise CaffeError('unknown solver type %s; expected one of %s'
+                         % (quote(type_name), ', '.join(RULES))) from None
