@@ -104,9 +104,9 @@ class Blob:
         """Give the blob a new shape; keeps the values when the count is unchanged."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
-        shape = checked_shape(shape, self.dtype)
-        if shape == self.shape:
+        if tuple(shape) == self.shape:
             return
+        shape = checked_shape(shape, self.dtype)
         if data_bytes(shape, self.dtype) == self.data.nbytes:
             self.data = self.data.reshape(shape)
             self.diff = self.diff.reshape(shape)

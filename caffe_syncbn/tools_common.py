@@ -2,6 +2,7 @@
 logging in Caffe's format, and nets built for timing."""
 import logging
 import sys
+import traceback
 
 from .errors import CaffeError
 
@@ -25,10 +26,19 @@ def setup_logging(log_file=None, level=logging.INFO):
 
 
 def run_main(main):
-    """Run a tool's main(); a CaffeError or a missing file is one line on stderr and exit 1."""
+    """Run a tool's main(); a CaffeError or a missing file is one line on stderr and exit 1.
+
+    Every tool takes ``--debug`` (taken out of sys.argv before main() parses it): the error
+    then comes with its traceback.
+    """
+    debug = '--debug' in sys.argv[1:]
+    if debug:
+        sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != '--debug']
     try:
         sys.exit(main())
     except (CaffeError, FileNotFoundError) as exc:
+        if debug:
+            traceback.print_exc()
         print('error: %s' % exc, file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

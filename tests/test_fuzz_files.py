@@ -4,9 +4,7 @@ Each test draws its mutants with fixed seeds from files of ../shared (BVLC Caffe
 outputs) and runs them through tests/fuzz_harness.py: nothing but a CaffeError (one line,
 naming the file), no signal, no hang, and no weights file cut short accepted in silence.
 """
-import pathlib
 import shutil
-import tempfile
 
 import h5py
 import numpy as np
@@ -14,7 +12,7 @@ import pytest
 
 from caffe_syncbn import caffe_pb2
 from conftest import GOLDEN, require
-from fuzz_harness import Tally, Worker, huge_length, mutants, top_level_cuts
+from fuzz_harness import Tally, Worker, huge_length, mutants, short_folder, top_level_cuts
 
 pytestmark = pytest.mark.fuzz
 
@@ -28,10 +26,8 @@ def worker():
 
 @pytest.fixture
 def tmp_path():
-    """A folder with a path as short as a user's: messages name files whole, and pytest's
-    own temporary paths run to 90 characters."""
-    with tempfile.TemporaryDirectory(prefix='fz') as folder:
-        yield pathlib.Path(folder)
+    with short_folder() as folder:
+        yield folder
 
 
 def write(path, data):
@@ -60,7 +56,7 @@ def test_fuzz_binary_caffemodel(worker, tmp_path):
                   GOLDEN / 'format_v1_caffemodel.v1.caffemodel'))
     for seed, (case, model, weights) in enumerate(cases):
         data = require(weights).read_bytes()
-        for name, mutant in mutants(data, seed, 40, extra=[huge_length]):
+        for name, mutant in mutants(data, seed, 80, extra=[huge_length]):
             path = write(tmp_path / ('%s_%s.caffemodel' % (case, name)), mutant)
             answer = worker.run('net', {'model': str(model), 'weights': path})
             tally.add(path, answer, names=[path])
@@ -113,7 +109,7 @@ def test_fuzz_hdf5_caffemodel(worker, tmp_path):
         model = str(GOLDEN / (case + '.prototxt'))
         source = require(GOLDEN / ('%s.caffemodel.h5' % case
                                    if case.startswith('format') else '%s_iter_6.caffemodel.h5' % case))
-        for name, mutant in mutants(source.read_bytes(), 100 + seed, 150):
+        for name, mutant in mutants(source.read_bytes(), 100 + seed, 250):
             path = write(tmp_path / ('%s_%s.caffemodel.h5' % (case, name)), mutant)
             tally.add(path, worker.run('net', {'model': model, 'weights': path}), names=[path])
         folder = tmp_path / case
@@ -168,7 +164,7 @@ def test_fuzz_solverstate(worker, tmp_path):
     (folder / 'other_net.caffemodel').write_bytes(other.SerializeToString())
     solver = str(folder / 'solver_snapshot_binaryproto.solver.prototxt')
     data = (folder / 'solver_snapshot_binaryproto_iter_6.solverstate').read_bytes()
-    cases = list(mutants(data, 200, 200, extra=[huge_length])) + list(state_edits(data))
+    cases = list(mutants(data, 200, 300, extra=[huge_length])) + list(state_edits(data))
     for name, mutant in cases:
         path = write(folder / ('%s.solverstate' % name), mutant)
         answer = worker.run('solver', {'solver': solver, 'state': path}, cwd=folder)
@@ -176,7 +172,7 @@ def test_fuzz_solverstate(worker, tmp_path):
     folder = solver_folder(tmp_path / 'hdf5', 'solver_snapshot_hdf5')
     solver = str(folder / 'solver_snapshot_hdf5.solver.prototxt')
     data = (folder / 'solver_snapshot_hdf5_iter_6.solverstate.h5').read_bytes()
-    for name, mutant in mutants(data, 201, 150):
+    for name, mutant in mutants(data, 201, 250):
         path = write(folder / ('%s.solverstate.h5' % name), mutant)
         answer = worker.run('solver', {'solver': solver, 'state': path}, cwd=folder)
         tally.add(path, answer, names=[path])
@@ -192,7 +188,7 @@ def test_fuzz_binaryproto(worker, tmp_path):
     sources = [require(GOLDEN / 'infogain_source.infogain.binaryproto'),
                tmp_path / 'mean.binaryproto']
     for seed, source in enumerate(sources):
-        for name, mutant in mutants(source.read_bytes(), 300 + seed, 150, extra=[huge_length]):
+        for name, mutant in mutants(source.read_bytes(), 300 + seed, 200, extra=[huge_length]):
             path = write(tmp_path / ('%d_%s.binaryproto' % (seed, name)), mutant)
             tally.add(path, worker.run('mean_file', {'path': path}), names=[path])
     tally.check()
@@ -248,7 +244,7 @@ def test_fuzz_lmdb(worker, tmp_path):
                (big_lmdb(tmp_path / 'big'), 16, 5)]
     for seed, (source, batch, forwards) in enumerate(sources):
         data = source.read_bytes()
-        cases = list(mutants(data, 400 + seed, 120)) + list(lmdb_edits(data))
+        cases = list(mutants(data, 400 + seed, 200)) + list(lmdb_edits(data))
         for name, mutant in cases:
             folder = tmp_path / ('%d_%s' % (seed, name))
             folder.mkdir()
@@ -285,8 +281,105 @@ def test_fuzz_datum(worker, tmp_path):
     tally = Tally('Datum')
     for seed, (name, datum) in enumerate(datum_edits()):
         data = datum.SerializeToString()
-        cases = [(name, data)] + list(mutants(data, 500 + seed, 40, extra=[huge_length]))
+        cases = [(name, data)] + list(mutants(data, 500 + seed, 60, extra=[huge_length]))
         for mutant_name, mutant in cases:
             path = write(tmp_path / ('%s_%s.datum' % (name, mutant_name)), mutant)
             tally.add(path, worker.run('datum', {'path': path}), names=[path])
+    tally.check()
+
+
+# ---- image lists, segmentation lists, HDF5 data ---------------------------------------------
+IMAGE_NET = '''layer { name: "data" type: "ImageData" top: "data" top: "label"
+  image_data_param { source: "%s" root_folder: "%s/" batch_size: 3 }
+  transform_param { crop_size: 4 } }
+'''
+SEG_NET = '''layer { name: "data" type: "SegData" top: "data" top: "label"
+  seg_data_param { source: "%s" root_dir: "%s/" } transform_param { crop_size: 4 } }
+'''
+HDF5_NET = '''layer { name: "data" type: "HDF5Data" top: "data" top: "label"
+  hdf5_data_param { source: "%s" batch_size: 3 } }
+'''
+
+
+def list_edits(data, rs):
+    """A line doubled, dropped or emptied, a label made odd, or a non-UTF-8 byte."""
+    lines = data.split(b'\n')
+    k = rs.randint(len(lines))
+    kind = rs.randint(5)
+    if kind == 0:
+        lines[k] = lines[k].rsplit(b' ', 1)[0] + b' ' + [b'-1', b'x', b'99999999999999999999',
+                                                         b''][rs.randint(4)]
+    elif kind == 1:
+        lines.insert(k, lines[k])
+    elif kind == 2:
+        lines[k] = b''
+    elif kind == 3:
+        lines[k] = b'caf\xe9_' + lines[k]
+    else:
+        lines[k] = b'nowhere.png ' + lines[k]
+    return b'\n'.join(lines)
+
+
+def image_folder(folder):
+    """Images of two sizes (PNG and JPEG) and their label maps, with list files."""
+    import cv2
+    rs = np.random.RandomState(7)
+    folder.mkdir()
+    images, pairs = [], []
+    for i in range(4):
+        kind = '.png' if i % 2 else '.jpg'
+        shape = (6 + i, 7, 3)
+        cv2.imwrite(str(folder / ('img%d%s' % (i, kind))), rs.randint(0, 256, shape).astype(np.uint8))
+        cv2.imwrite(str(folder / ('lab%d.png' % i)), rs.randint(0, 4, shape[:2]).astype(np.uint8))
+        images.append('img%d%s %d' % (i, kind, i))
+        pairs.append('img%d%s lab%d.png' % (i, kind, i))
+    (folder / 'images.txt').write_text('\n'.join(images) + '\n')
+    (folder / 'pairs.txt').write_text('\n'.join(pairs) + '\n')
+    return folder
+
+
+def test_fuzz_image_and_segmentation_lists(worker, tmp_path):
+    tally = Tally('image and segmentation lists')
+    for seed, (name, net) in enumerate([('images.txt', IMAGE_NET), ('pairs.txt', SEG_NET)]):
+        source = image_folder(tmp_path / ('set%d' % seed))
+        data = (source / name).read_bytes()
+        for mutant_name, mutant in mutants(data, 900 + seed, 100, extra=[list_edits] * 4):
+            path = write(source / ('%s_%s' % (mutant_name, name)), mutant)
+            model = write(source / 'net.prototxt', net % (path, source))
+            answer = worker.run('net', {'model': model, 'forwards': 2, 'phase': 'TRAIN'})
+            tally.add(path, answer, names=[path])
+    folder = image_folder(tmp_path / 'images')
+    model = write(folder / 'net.prototxt', IMAGE_NET % (folder / 'images.txt', folder))
+    for i, image in enumerate(sorted(folder.glob('img*'))):
+        data = image.read_bytes()
+        for mutant_name, mutant in mutants(data, 950 + i, 40):
+            write(image, mutant)
+            answer = worker.run('net', {'model': model, 'forwards': 2})
+            tally.add('%s %s' % (image, mutant_name), answer, names=[str(image)])
+        write(image, data)
+    tally.check()
+
+
+def test_fuzz_hdf5_data(worker, tmp_path):
+    tally = Tally('HDF5 data')
+    parts = [require(GOLDEN / ('data_hdf5.part%d.h5' % i)) for i in range(2)]
+    for k, part in enumerate(parts):
+        for name, mutant in mutants(part.read_bytes(), 1000 + k, 120):
+            folder = tmp_path / ('%d_%s' % (k, name))
+            folder.mkdir()
+            files = [str(folder / p.name) for p in parts]
+            for p in parts:
+                shutil.copy(p, folder / p.name)
+            write(folder / parts[k].name, mutant)
+            source = write(folder / 'list.txt', '\n'.join(files) + '\n')
+            model = write(folder / 'net.prototxt', HDF5_NET % source)
+            answer = worker.run('net', {'model': model, 'forwards': 4})
+            tally.add(files[k], answer, names=[files[k]])
+    folder = tmp_path / 'lists'
+    folder.mkdir()
+    data = ('\n'.join(str(p) for p in parts) + '\n').encode()
+    for name, mutant in mutants(data, 1010, 80, extra=[list_edits] * 2):
+        source = write(folder / ('%s.txt' % name), mutant)
+        model = write(folder / 'net.prototxt', HDF5_NET % source)
+        tally.add(source, worker.run('net', {'model': model, 'forwards': 4}), names=[source])
     tally.check()

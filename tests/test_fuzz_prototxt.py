@@ -5,9 +5,7 @@ limit (tests/fuzz_harness.py); the only outcomes allowed are a net or a CaffeErr
 one line that names the file.
 """
 import math
-import pathlib
 import re
-import tempfile
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ from hypothesis import strategies as st
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.layer import layer_type_list
 from conftest import CORPUS, GOLDEN, require
-from fuzz_harness import Tally, Worker, mutants
+from fuzz_harness import Tally, Worker, mutants, short_folder
 
 pytestmark = pytest.mark.fuzz
 FieldDescriptor = descriptor.FieldDescriptor
@@ -26,16 +24,15 @@ FieldDescriptor = descriptor.FieldDescriptor
 
 @pytest.fixture(scope='module')
 def worker():
-    worker = Worker(memory_limit=1 << 30)
+    worker = Worker(memory_limit=512 << 20)
     yield worker
     worker.close()
 
 
 @pytest.fixture(scope='module')
 def folder():
-    """A folder with a path as short as a user's (messages name files whole)."""
-    with tempfile.TemporaryDirectory(prefix='fz') as name:
-        yield pathlib.Path(name)
+    with short_folder() as name:
+        yield name
 
 
 INPUT = 'layer { name: "in" type: "Input" top: "a" top: "b" top: "c"\n' \
@@ -154,7 +151,7 @@ def generated():
     print(tally.summary())
 
 
-@settings(max_examples=1500, derandomize=True, deadline=None, database=None,
+@settings(max_examples=2500, derandomize=True, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(net=nets())
 def test_generated_nets(worker, folder, generated, net):
@@ -208,7 +205,7 @@ def test_mutated_prototxts(worker, folder):
     require(CORPUS)
     for seed, (source, reader) in enumerate(sources):
         data = source.read_bytes()
-        for name, mutant in mutants(data, 600 + seed, 30, extra=[token_edits] * 4):
+        for name, mutant in mutants(data, 600 + seed, 50, extra=[token_edits] * 4):
             path = folder / ('%d_%s.prototxt' % (seed, name))
             path.write_bytes(mutant)
             answer = worker.run(reader, {'model': str(path)}, cwd=GOLDEN)
@@ -225,7 +222,7 @@ def test_mutated_solvers(worker, folder):
         data = source.read_bytes()
         net = source.name.replace('.solver.prototxt', '.prototxt')
         (folder / net).write_bytes((GOLDEN / net).read_bytes())
-        for name, mutant in mutants(data, 700 + seed, 40, extra=[token_edits] * 4):
+        for name, mutant in mutants(data, 700 + seed, 60, extra=[token_edits] * 4):
             path = folder / ('%d_%s.solver.prototxt' % (seed, name))
             path.write_bytes(mutant)
             answer = worker.run('solver', {'solver': str(path), 'steps': 2}, cwd=folder)
@@ -240,7 +237,7 @@ def test_lr_policies_at_odd_settings(worker, folder, policy):
     net = folder / 'solver_sgd_fixed.prototxt'
     net.write_bytes(require(GOLDEN / net.name).read_bytes())
     rs = np.random.RandomState(800)
-    for case in range(40):
+    for case in range(50):
         fields = {'gamma': rs.choice([-1.0, 0.0, 0.5, 2.0, 1e30]),
                   'power': rs.choice([-1.0, 0.0, 0.75, 1e30]),
                   'stepsize': rs.choice([-1, 0, 1, 2 ** 31 - 1]),

@@ -39,12 +39,36 @@ def hwc_to_chw(image):
     return image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
 
 
+def imread(path, flag):
+    """cv2.imread, or None where it cannot read the file. A name that is not UTF-8 (a
+    file listed in another encoding) is read through Python and decoded: OpenCV's own
+    imread crashes on such a name."""
+    cv = cv2()
+    try:
+        path.encode('utf-8')
+    except UnicodeEncodeError:
+        try:
+            payload = np.fromfile(path, np.uint8)
+        except (OSError, ValueError):           # ValueError: a NUL in the name
+            return None
+        return cv.imdecode(payload, flag) if payload.size else None
+    return cv.imread(path, flag)
+
+
+def listed(path, source, error=CaffeError):
+    """``path``, a file that the list ``source`` names, if it exists; else an error that
+    names the list too."""
+    if not os.path.isfile(path):
+        raise error('%s, listed in %s, does not exist' % (quote(path), source))
+    return path
+
+
 def read_image(path, color=True, height=0, width=0, interpolation=None):
     """Caffe's ReadImageToCVMat: the image at ``path`` as an OpenCV H x W (x C) uint8 array,
     resized (bilinear) to height x width when both are > 0."""
-    image = cv2().imread(path, _read_flag(color))
+    image = imread(path, _read_flag(color))
     if image is None:
-        raise CaffeError('could not open or decode image file %s' % path)
+        raise CaffeError('could not open or decode image file %s' % quote(path))
     return resize(image, height, width, interpolation)
 
 

@@ -12,7 +12,7 @@ from ..errors import CaffeError, quote
 from ..io.atomic import atomic_write
 from ..io.caffemodel import array_to_blob
 from .datum import (LMDBReader, array_to_datum, cv2, datum_to_array, encode_image, encoded_datum,
-                    hwc_to_chw, parse_datum, record_name, write_lmdb)
+                    hwc_to_chw, imread, parse_datum, record_name, write_lmdb)
 
 COMMIT_EVERY = 1000
 
@@ -21,7 +21,7 @@ def read_image_list(path, error=CaffeError):
     """[(file name, int label)] from "name label" lines; the label follows the LAST space,
     so names may hold spaces (Caffe's rule)."""
     try:
-        with open(path) as f:
+        with open(path, errors='surrogateescape') as f:     # file names in any encoding
             lines = [line.rstrip('\r\n') for line in f]
     except OSError as exc:
         raise error('cannot read list file %s: %s' % (path, exc.strerror)) from None
@@ -47,7 +47,7 @@ def image_to_datum(path, label, color=True, height=0, width=0, encoding=''):
     """Caffe's ReadImageToDatum: raw C x H x W pixels, or with ``encoding`` the image as
     a PNG/JPEG file (the file's own bytes when it already is one and is not resized)."""
     cv = cv2()
-    image = cv.imread(path, cv.IMREAD_COLOR if color else cv.IMREAD_GRAYSCALE)
+    image = imread(path, cv.IMREAD_COLOR if color else cv.IMREAD_GRAYSCALE)
     if image is None:
         return None
     if height > 0 and width > 0:

@@ -21,50 +21,31 @@ os.umask(_UMASK)
 
 
 @contextlib.contextmanager
-def atomic_write(path, as_path=False):
-    """Write ``path`` atomically.
-
-    Yields a binary file object open for writing, or with ``as_path=True`` the name of
-    the temporary file (for writers such as h5py that open files themselves). On an
+def atomic_write(path):
+    """Write ``path`` atomically: yields a binary file object open for writing. On an
     exception the temporary file is removed and ``path`` is left untouched; an OSError
-    (and, from a writer given the path, a RuntimeError: h5py's) becomes a CaffeError.
+    (a full disk, a file size limit, a missing folder) becomes a CaffeError naming
+    ``path``. (HDF5 files are written with ``hdf5.writing``, which uses this.)
     """
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
-    failures = (OSError, RuntimeError) if as_path else OSError
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix='.%s.%d.' % (name, os.getpid()), suffix='.tmp',
                                    dir=folder)
-        if as_path:
-            os.close(fd)
-            yield tmp
-        else:
-            with os.fdopen(fd, 'wb') as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
+        with os.fdopen(fd, 'wb') as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException as exc:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
-        if isinstance(exc, failures):
-            raise CaffeError('cannot write %s: %s' % (path, _reason(exc))) from None
+        if isinstance(exc, OSError):
+            raise CaffeError('cannot write %s: %s' % (path, exc.strerror or exc)) from None
         raise
-
-
-def _reason(exc):
-    """The system's reason for a failed write, in one line: the errno's text, or the one
-    that libhdf5 quotes inside its report ("error message = '...'")."""
-    if getattr(exc, 'errno', None):
-        return os.strerror(exc.errno)
-    quoted = re.search(r"error message = '([^']*)'", str(exc))
-    if quoted:
-        return quoted.group(1)
-    first = str(exc).strip().split('\n')[0] or type(exc).__name__
-    return first if len(first) <= 150 else first[:147] + '...'
 
 
 def remove_stale_temporaries(prefix):

@@ -19,6 +19,7 @@ from ..errors import CaffeError, name_list, quote
 from .atomic import atomic_write
 from .blobs import (array_to_blob, blob_shape, blob_to_array, is_hdf5, is_legacy,  # noqa: F401
                     length_delimited, parse_binary_file, read_blob_proto, write_blob_proto)
+from .hdf5 import read_dataset, reading, writing
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -85,22 +86,15 @@ def read_weights(source):
                          list(net_param.layer) or None, False)
 
 
-#: what h5py raises on a damaged file, besides OSError: its C library's failures surface as
-#: any of these, depending on the structure the damage hit
-HDF5_FAILURES = (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError)
 _MAX_BLOBS = 1024
 
 
 def _read_hdf5(path):
     import h5py
-    try:
-        with h5py.File(path, 'r') as f:
-            if not isinstance(f.get('data'), h5py.Group):
-                raise CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)
-            return StoredWeights(path, _hdf5_layers(f['data'], path), None, True)
-    except HDF5_FAILURES as exc:
-        raise CaffeError('%s is not a readable HDF5 weights file: %s'
-                         % (path, hdf5_reason(exc))) from None
+    with reading(path, 'HDF5 weights file'), h5py.File(path, 'r') as f:
+        if not isinstance(f.get('data'), h5py.Group):
+            raise CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)
+        return StoredWeights(path, _hdf5_layers(f['data'], path), None, True)
 
 
 def _hdf5_layers(data, path):
@@ -116,37 +110,15 @@ def _hdf5_layers(data, path):
                   if isinstance(v, h5py.Dataset) and k.isascii() and k.isdigit()}
         if not stored:
             return
+        where = "%s: layer %s" % (path, quote(name, 60))
         if max(stored) >= _MAX_BLOBS:
-            raise CaffeError("%s: layer '%s' has a blob numbered %d" % (path, quote(name, 60, False),
-                                                                         max(stored)))
-        blobs[name] = [_hdf5_array(stored[j], path, name, j) if j in stored else None
+            raise CaffeError('%s has a blob numbered %d' % (where, max(stored)))
+        blobs[name] = [read_dataset(stored[j], '%s blob %d' % (where, j)) if j in stored else None
                        for j in range(max(stored) + 1)]
     data.visititems(visit)
     for name in data:                 # layers without params keep their name
         blobs.setdefault(name, [])
     return blobs
-
-
-def _hdf5_array(dataset, path, name, index):
-    """A blob's dataset as an array, checked before it is read: Caffe stores float or
-    double, and the declared size must fit in memory."""
-    from ..blob import data_bytes, format_bytes, memory_limit
-    where = "%s: layer '%s' blob %d" % (path, quote(name, 60, False), index)
-    if dataset.dtype.kind != 'f':
-        raise CaffeError('%s holds %s values, not float or double' % (where, dataset.dtype))
-    size = data_bytes(dataset.shape, dataset.dtype)
-    if size > memory_limit():
-        raise CaffeError('%s declares shape %s, %s: more than the memory limit'
-                         % (where, list(dataset.shape), format_bytes(size)))
-    return dataset[()]
-
-
-def hdf5_reason(exc):
-    """One line saying why h5py failed (its messages run over lines, with libhdf5's detail)."""
-    text = ' '.join(str(exc).split()) or type(exc).__name__
-    if isinstance(exc, (KeyError, TypeError, AttributeError)):
-        text = '%s: %s' % (type(exc).__name__, text)
-    return text if len(text) <= 120 else text[:117] + '...'
 
 
 # ---- copying into a net -------------------------------------------------------------------
@@ -267,7 +239,13 @@ def _report_missing(net, stored, blobs, written, complete):
     names = [name for _, name in missing]
     net_name = quote(net.name, 40, quotes=False)
     if not blobs:
-        raise CaffeError("%s holds no layers: no weights for net '%s'" % (stored.source, net_name))
+        raise CaffeError("%s holds no layers: no weights for net '%s' (was the file cut short?)"
+                         % (stored.source, net_name))
+    if len(missing) == len(with_params) and all(name in net.layer_by_name for name in blobs):
+        raise CaffeError("%s has no weights for net '%s': its layers (%s) have no params; "
+                         "the net's layers with params are %s (was the file cut short?)"
+                         % (stored.source, net_name, name_list(list(blobs), 50),
+                            name_list(names, 50)))
     if len(missing) == len(with_params):
         raise CaffeError("%s: no layer of it fits net '%s': it holds %s; the net's layers "
                          'with params are %s' % (stored.source, net_name,
@@ -335,16 +313,14 @@ def write_records_hdf5(path, records, shared=()):
     ((layer name, index) pairs) are stored only under the layer that owns them, as Caffe's
     Net.save_hdf5() does.
     """
-    import h5py
-    with atomic_write(path, as_path=True) as tmp:
-        with h5py.File(tmp, 'w') as f:
-            data = f.create_group('data')
-            for record in records:
-                layer_name = record.param.name
-                group = data.require_group(layer_name)   # 'a' may exist as the parent of 'a/b'
-                for j, array in enumerate(record.arrays):
-                    if (layer_name, j) not in shared:
-                        group.create_dataset(str(j), data=to_numpy(array))
+    with writing(path) as f:
+        data = f.create_group('data')
+        for record in records:
+            layer_name = record.param.name
+            group = data.require_group(layer_name)   # 'a' may exist as the parent of 'a/b'
+            for j, array in enumerate(record.arrays):
+                if (layer_name, j) not in shared:
+                    group.create_dataset(str(j), data=to_numpy(array))
 
 
 def write_caffemodel(net, path):

@@ -10,8 +10,8 @@ import concurrent.futures as futures
 
 import numpy as np
 
-from ..data.datum import (LMDBReader, datum_to_array, hwc_to_chw, parse_datum, read_image,
-                          record_name)
+from ..data.datum import (LMDBReader, datum_to_array, hwc_to_chw, listed, parse_datum,
+                          read_image, record_name)
 from ..data.imageset import read_image_list
 from ..data.segmentation import SegTransformer, read_pair, read_pair_list
 from ..data.transform import DataTransformer
@@ -157,7 +157,7 @@ class ImageListReader(TransformedReader):
 
 
 def load_list_image(path, p):
-    return hwc_to_chw(read_image(path, p.is_color, p.new_height, p.new_width))
+    return hwc_to_chw(read_image(listed(path, p.source), p.is_color, p.new_height, p.new_width))
 
 
 @register('ImageData')
@@ -263,7 +263,8 @@ class SegReader:
         layer = self.layer
         pairs, sizes = [], []
         for _ in range(n):
-            image, labels = read_pair(*layer.pairs[self.order[self.position]], error=layer.error)
+            image, labels = read_pair(*layer.pairs[self.order[self.position]], error=layer.error,
+                                      source=layer.source)
             pairs.append((image, labels))
             sizes.append(image.shape[:2])
             self.position += 1
@@ -309,8 +310,9 @@ class SegDataLayer(ImageDataLayer):
                 break
         else:
             self.batch_size = 1
+        self.source = source
         self.pairs = read_pair_list(source, prefix, self.error)
-        image, _ = read_pair(*self.pairs[0], error=self.error)
+        image, _ = read_pair(*self.pairs[0], error=self.error, source=source)
         transformer = SegTransformer(self.param.transform_param, self.phase, None, error=self.error)
         self.channels = image.shape[2] if image.ndim == 3 else 1
         self.window = transformer.output_size(*image.shape[:2])

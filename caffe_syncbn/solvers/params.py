@@ -34,13 +34,17 @@ def load_solver_param(path):
 
 
 def upgrade_solver_param(param, source='solver'):
-    """Turn the deprecated ``solver_type`` enum into the ``type`` string."""
+    """Turn the deprecated ``solver_type`` enum into the ``type`` string, and check it."""
+    from .rules import RULES
     if param.HasField('solver_type'):
         if param.HasField('type'):
             raise CaffeError('%s: the deprecated solver_type and type are both set; keep only type'
                              % source)
         param.type = _LEGACY_TYPES[param.solver_type]
         param.ClearField('solver_type')
+    if param.type not in RULES:
+        raise CaffeError('%s: unknown solver type %s; expected one of %s'
+                         % (source, quote(param.type), ', '.join(RULES)))
     return param
 
 
