@@ -18,7 +18,7 @@ MAX_AXES, MAX_AXIS = 32, 2 ** 31 - 1          # Caffe's kMaxBlobAxes and INT_MAX
 
 def memory_limit():
     """The most bytes one blob's data, or a net's, may take: ``set_memory_limit``'s value,
-    else the machine's physical memory or the process's address-space limit if lower."""
+    else the machine's physical memory, or the process's RLIMIT_AS or RLIMIT_DATA if lower."""
     if _limit['bytes'] is not None:
         return _limit['bytes']
     limits = [os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')]
@@ -50,10 +50,10 @@ def checked_shape(shape, dtype=np.float32):
     size, limit = data_bytes(shape, dtype), memory_limit()
     if size > limit:
         raise CaffeError('blob shape %s needs %s, more than the memory limit of %s'
-                            % (list(shape), format_bytes(size), format_bytes(limit)))
+                         % (list(shape), format_bytes(size), format_bytes(limit)))
     if len(shape) > MAX_AXES or any(s > MAX_AXIS for s in shape):
-        raise CaffeError('blob shape %s is beyond Caffe\'s limits (%d axes of at most %d)'
-                            % (list(shape), MAX_AXES, MAX_AXIS))
+        raise CaffeError("blob shape %s is beyond Caffe's limits (%d axes of at most %d)"
+                         % (list(shape), MAX_AXES, MAX_AXIS))
     return shape
 
 
@@ -71,7 +71,7 @@ def _zeros(xp, shape, dtype):
     except (MemoryError, ValueError) as exc:       # ValueError: numpy's "array is too big"
         reason = 'out of memory' if isinstance(exc, MemoryError) else str(exc).split(';')[0]
         raise CaffeError('cannot allocate %s for a blob of shape %s: %s'
-                            % (format_bytes(data_bytes(shape, dtype)), list(shape), reason)) from None
+                         % (format_bytes(data_bytes(shape, dtype)), list(shape), reason)) from None
 
 
 class Blob:

@@ -35,7 +35,8 @@ _META = struct.Struct('<16x II 16x I44x 32x Q Q Q Q')
 
 
 class LMDBFile:
-    """The records of an LMDB data file (``data.mdb``), in key order."""
+    """The records of an LMDB data file (``data.mdb``), in key order. The file stays open
+    while the object lives."""
 
     def __init__(self, path):
         self.path = path
@@ -46,9 +47,6 @@ class LMDBFile:
         except BaseException:
             self.file.close()
             raise
-
-    def close(self):
-        self.file.close()
 
     def _read(self, offset, length):
         data = os.pread(self.file.fileno(), length, offset)

@@ -256,9 +256,9 @@ def _report_missing(net, stored, blobs, written, complete):
     last = next(reversed(blobs), None)
     ends_at = net._layer_names.index(last) if last in net.layer_by_name else None
     if ends_at is not None and missing[0][0] > ends_at:
-        log.warning("%s ends at layer '%s': the %d layer(s) with params after it got no "
+        log.warning('%s ends at layer %s: the %d layer(s) with params after it got no '
                     'weights and keep their initial values (was the file cut short?): %s',
-                    stored.source, last, len(names), name_list(names, 600))
+                    stored.source, quote(last), len(names), name_list(names, 600))
     else:
         log.warning('%s has no weights for %d layer(s) with params, which keep their initial '
                     'values: %s', stored.source, len(names), name_list(names, 600))

@@ -13,6 +13,7 @@ import os
 import re
 
 from ..errors import CaffeError
+from .atomic import atomic_write
 
 #: what h5py raises on a damaged file
 FAILURES = (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError)
@@ -52,7 +53,6 @@ def writing(path):
     where Python's write fails with one clean error.
     """
     import h5py
-    from .atomic import atomic_write
     image = io.BytesIO()
     with h5py.File(image, 'w') as f:
         yield f

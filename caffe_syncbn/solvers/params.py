@@ -7,6 +7,7 @@ from .. import caffe_pb2
 from ..errors import CaffeError, quote
 from ..layer import TEST, TRAIN
 from ..prototxt import read_prototxt
+from .rules import RULES
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -35,7 +36,6 @@ def load_solver_param(path):
 
 def upgrade_solver_param(param, source='solver'):
     """Turn the deprecated ``solver_type`` enum into the ``type`` string, and check it."""
-    from .rules import RULES
     if param.HasField('solver_type'):
         if param.HasField('type'):
             raise CaffeError('%s: the deprecated solver_type and type are both set; keep only type'
