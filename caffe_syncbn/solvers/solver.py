@@ -53,13 +53,16 @@ class Solver:
             set_random_seed(p.random_seed)
         if net is None:
             train_param = train_net_param(p, self.source)
-            net = self.create_net(train_param, train_param.state.phase)
+            with naming(self.source):
+                net = self.create_net(train_param, train_param.state.phase)
         self.net = net
         #: the terms its files speak: the net's own, or the user's prototxt (convert.terms)
         self.file_terms = self.make_file_terms()
         self._load_weights(net)
         if test_nets is None:
-            test_nets = [self.create_net(n, n.state.phase) for n in test_net_params(p, self.source)]
+            with naming(self.source):
+                test_nets = [self.create_net(n, n.state.phase)
+                             for n in test_net_params(p, self.source)]
         elif len(p.test_iter) < len(test_nets):
             raise CaffeError('%s: test_iter must be given once per test net (%d test_iter for %d '
                              'test nets)' % (self.source, len(p.test_iter), len(test_nets)))
@@ -89,9 +92,7 @@ class Solver:
         context = None
         if self.xp is not None:
             context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
-        with naming(self.source):
-            return Net(net_param, phase, level=net_param.state.level, context=context,
-                       dtype=self.dtype)
+        return Net(net_param, phase, level=net_param.state.level, context=context, dtype=self.dtype)
 
     def make_file_terms(self):
         from ..convert.terms import NetTerms
