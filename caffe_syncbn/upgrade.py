@@ -151,6 +151,7 @@ def _batch_size(layer):
 
 def _hdf5_shapes(layer):
     """Dataset shapes (without the row axis) from the first listed file, if it is readable."""
+    from .io.hdf5 import FAILURES
     source = layer.hdf5_data_param.source
     try:
         import h5py
@@ -158,7 +159,7 @@ def _hdf5_shapes(layer):
             first = next(line.strip() for line in f if line.strip())
         with h5py.File(first, 'r') as h5:
             return {top: h5[top].shape[1:] for top in layer.top}
-    except (OSError, StopIteration, KeyError):
+    except (StopIteration,) + FAILURES:       # a damaged list or file: no shapes from it
         return None
 
 
