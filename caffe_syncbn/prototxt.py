@@ -93,5 +93,5 @@ def read_prototxt(path, message):
         with open(path, 'rb') as f:
             raw = f.read()
     except OSError as exc:
-        raise CaffeError('cannot read %s: %s' % (path, exc.strerror or exc)) from None
+        raise CaffeError('cannot read %s: %s' % (quote(path), exc.strerror or exc)) from None
     return parse_text(decode_prototxt(raw, str(path)), message, str(path))

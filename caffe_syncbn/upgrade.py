@@ -91,7 +91,8 @@ def _upgrade_input_fields(net):
     if not shapes:
         if len(dims) != 4 * len(names):
             raise CaffeError('net %s has %d inputs, so it needs %d input_dim values (N, C, H, W '
-                             'each), got %d' % (quote(net.name), len(names), 4 * len(names), len(dims)))
+                             'each), got %d'
+                             % (quote(net.name), len(names), 4 * len(names), len(dims)))
         shapes = [caffe_pb2.BlobShape(dim=dims[4 * i:4 * i + 4]) for i in range(len(names))]
     layer = caffe_pb2.LayerParameter(name='input', type='Input', top=names)
     layer.input_param.shape.extend(shapes)

@@ -107,8 +107,8 @@ def test_fuzz_hdf5_caffemodel(worker, tmp_path):
     tally = Tally('HDF5 caffemodel')
     for seed, case in enumerate(['format_hdf5_caffemodel', 'solver_snapshot_hdf5']):
         model = str(GOLDEN / (case + '.prototxt'))
-        source = require(GOLDEN / ('%s.caffemodel.h5' % case
-                                   if case.startswith('format') else '%s_iter_6.caffemodel.h5' % case))
+        name = case + ('.caffemodel.h5' if case.startswith('format') else '_iter_6.caffemodel.h5')
+        source = require(GOLDEN / name)
         for name, mutant in mutants(source.read_bytes(), 100 + seed, 250):
             path = write(tmp_path / ('%s_%s.caffemodel.h5' % (case, name)), mutant)
             tally.add(path, worker.run('net', {'model': model, 'weights': path}), names=[path])
@@ -329,7 +329,8 @@ def image_folder(folder):
     for i in range(4):
         kind = '.png' if i % 2 else '.jpg'
         shape = (6 + i, 7, 3)
-        cv2.imwrite(str(folder / ('img%d%s' % (i, kind))), rs.randint(0, 256, shape).astype(np.uint8))
+        image = rs.randint(0, 256, shape).astype(np.uint8)
+        cv2.imwrite(str(folder / ('img%d%s' % (i, kind))), image)
         cv2.imwrite(str(folder / ('lab%d.png' % i)), rs.randint(0, 4, shape[:2]).astype(np.uint8))
         images.append('img%d%s %d' % (i, kind, i))
         pairs.append('img%d%s lab%d.png' % (i, kind, i))

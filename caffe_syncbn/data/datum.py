@@ -171,11 +171,12 @@ class LMDBReader:
         self.path = path
         data_file = os.path.join(path, 'data.mdb')
         if not os.path.isdir(path) or not os.path.isfile(data_file):
-            raise CaffeError('%s %s not found (expected a folder holding data.mdb)' % (what, path))
+            raise CaffeError('%s %s not found (expected a folder holding data.mdb)'
+                             % (what, quote(path)))
         try:
             self.file = LMDBFile(data_file)
         except OSError as exc:
-            raise CaffeError('cannot read %s %s: %s' % (what, path, exc.strerror)) from None
+            raise CaffeError('cannot read %s %s: %s' % (what, quote(path), exc.strerror)) from None
         self.size = self.file.entries
         if self.size == 0:
             raise CaffeError('%s %s holds no records' % (what, path))

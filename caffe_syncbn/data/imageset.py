@@ -24,7 +24,7 @@ def read_image_list(path, error=CaffeError):
         with open(path, errors='surrogateescape') as f:     # file names in any encoding
             lines = [line.rstrip('\r\n') for line in f]
     except OSError as exc:
-        raise error('cannot read list file %s: %s' % (path, exc.strerror)) from None
+        raise error('cannot read list file %s: %s' % (quote(path), exc.strerror)) from None
     entries = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -39,7 +39,7 @@ def read_image_list(path, error=CaffeError):
             raise error('%s line %d: expected "<file> <integer label>", got %s'
                         % (path, number, quote(line)))
     if not entries:
-        raise error('list file %s names no images' % path)
+        raise error('list file %s names no images' % quote(path))
     return entries
 
 

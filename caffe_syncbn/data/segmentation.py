@@ -24,9 +24,9 @@ def read_pair_list(path, prefix='', error=CaffeError):
         with open(path, errors='surrogateescape') as f:     # file names in any encoding
             words = f.read().split()
     except OSError as exc:
-        raise error('cannot read list file %s: %s' % (path, exc.strerror)) from None
+        raise error('cannot read list file %s: %s' % (quote(path), exc.strerror)) from None
     if not words:
-        raise error('list file %s names no images' % path)
+        raise error('list file %s names no images' % quote(path))
     if len(words) % 2:
         raise error('list file %s: expected "image label" pairs, got an odd number (%d) of '
                     'names' % (path, len(words)))

@@ -134,9 +134,10 @@ class HDF5Reader:
             with open(source, errors='surrogateescape') as f:    # names in any encoding
                 self.files = f.read().split()
         except OSError as exc:
-            raise error('cannot read the HDF5 file list %s: %s' % (source, exc.strerror)) from None
+            raise error('cannot read the HDF5 file list %s: %s'
+                        % (quote(source), exc.strerror)) from None
         if not self.files:
-            raise error('the HDF5 file list %s names no files' % source)
+            raise error('the HDF5 file list %s names no files' % quote(source))
         self.datasets, self.dtype = list(datasets), dtype
         self.shuffle, self.rng = shuffle, rng if rng is not None else np.random.RandomState()
         self.file_order = np.arange(len(self.files))
@@ -239,7 +240,7 @@ class HDF5OutputLayer(Layer):
     def forward(self, bottom, top):
         folder = os.path.dirname(os.path.abspath(self.file_name))
         if not os.path.isdir(folder):
-            raise self.error('the folder of %s does not exist' % self.file_name)
+            raise self.error('the folder of %s does not exist' % quote(self.file_name))
         with writing(self.file_name) as f:
             for name, blob in zip(('data', 'label'), bottom):
                 shape = tuple(blob.shape) + (1,) * (4 - blob.num_axes)

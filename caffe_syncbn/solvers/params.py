@@ -85,8 +85,9 @@ def _read_net(path, field, source):
             beside = os.path.join(os.path.dirname(os.path.abspath(source)), path)
             if os.path.isfile(beside):
                 hint = '; it exists next to the solver file: run from %s' % os.path.dirname(beside)
-        raise CaffeError("%s: %s file '%s' not found (paths in a solver are relative to the "
-                         'current directory, %s)%s' % (source, field, path, os.getcwd(), hint))
+        raise CaffeError("%s: %s file %s not found (paths in a solver are relative to the "
+                         'current directory, %s)%s'
+                         % (source, field, quote(path), os.getcwd(), hint))
     return copy_message(load_net_param(path))
 
 

@@ -340,9 +340,10 @@ class Solver:
         model = self.snapshot_filename('.caffemodel.h5' if hdf5 else '.caffemodel')
         state = self.snapshot_filename('.solverstate.h5' if hdf5 else '.solverstate')
         self.remove_stale_snapshot_files()
-        log.info('Snapshotting to %s file %s', 'HDF5' if hdf5 else 'binary proto', model)
+        kind = 'HDF5' if hdf5 else 'binary proto'
+        log.info('Snapshotting to %s file %s', kind, model)
         self.file_terms.save(model, hdf5)
-        log.info('Snapshotting solver state to %s file %s', 'HDF5' if hdf5 else 'binary proto', state)
+        log.info('Snapshotting solver state to %s file %s', kind, state)
         write_solver_state(state, self.solver_state(model))
         return model, state
 
@@ -385,8 +386,8 @@ def _find_learned_net(name, state_path):
     beside = os.path.join(os.path.dirname(os.path.abspath(state_path)), name)
     if os.path.exists(beside):
         return beside
-    raise CaffeError("solver state %s names weights '%s', found neither in %s nor next to the state"
-                     % (state_path, name, os.getcwd()))
+    raise CaffeError('solver state %s names weights %s, found neither in %s nor next to the state'
+                     % (state_path, quote(name), os.getcwd()))
 
 
 def _rule_class(type_name):

@@ -75,7 +75,10 @@ def _read_binary(path):
             history.append(blob_to_array(blob))
         except CaffeError as exc:
             raise CaffeError('solver state %s: history blob %d: %s' % (path, i, exc)) from None
-    return SolverState(proto.iter, proto.learned_net, proto.current_step, history)
+    learned_net = proto.learned_net      # bytes where it is not UTF-8: a path all the same
+    if isinstance(learned_net, bytes):
+        learned_net = learned_net.decode('utf-8', 'surrogateescape')
+    return SolverState(proto.iter, learned_net, proto.current_step, history)
 
 
 # ---- HDF5 ----------------------------------------------------------------------------------
@@ -93,7 +96,7 @@ def _write_hdf5(f, state):
 def _write_c_string(f, name, text):
     """A scalar, NULL-terminated ASCII string, as HDF5's H5LTmake_dataset_string writes it."""
     import h5py
-    raw = text.encode('utf-8')
+    raw = text.encode('utf-8', 'surrogateescape')
     string_type = h5py.h5t.C_S1.copy()
     string_type.set_size(len(raw) + 1)
     string_type.set_strpad(h5py.h5t.STR_NULLTERM)
