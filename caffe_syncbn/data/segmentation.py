@@ -41,9 +41,9 @@ def read_pair(image_path, label_path, color=True, error=CaffeError, source='the 
     if labels is None:
         raise error('could not open or decode label map %s' % quote(label_path))
     if image.shape[:2] != labels.shape:
-        raise error('image %s is %d x %d but its label map %s is %d x %d'
+        raise error('image %s is %d x %d but its label map %s is %d x %d (paired in %s)'
                     % (quote(image_path), image.shape[0], image.shape[1], quote(label_path),
-                       labels.shape[0], labels.shape[1]))
+                       labels.shape[0], labels.shape[1], source))
     return image, labels
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..backend import get_array_module, to_numpy
-from ..errors import CaffeError, name_list, quote
+from ..errors import CaffeError, name_list, naming, quote
 from .atomic import atomic_write
 from .blobs import (array_to_blob, blob_shape, blob_to_array, is_hdf5, is_legacy,  # noqa: F401
                     length_delimited, parse_binary_file, read_blob_proto, write_blob_proto)
@@ -204,8 +204,9 @@ def copy_weights(net, source, source_layers=None, complete=False):
     """
     from ..convert import fit_norm_weights
     stored = read_weights(source)
-    blobs = fit_norm_weights([layer.param for layer in net.layers], stored.blobs,
-                             stored.layers or source_layers, stored.source)
+    with naming(stored.source):            # a damaged blob met while converting batch norms
+        blobs = fit_norm_weights([layer.param for layer in net.layers], stored.blobs,
+                                 stored.layers or source_layers, stored.source)
     absorbed = _absorbed_scales(net, stored.layers or source_layers)
     shared = _shared_params(net)
     written = set()
