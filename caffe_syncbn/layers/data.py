@@ -144,6 +144,7 @@ class HDF5Reader:
         if shuffle:
             self.rng.shuffle(self.file_order)
         self.position = 0
+        self.row_shapes = None         # of the first file; every file must have them
         self._load()
 
     def _load(self):
@@ -161,14 +162,16 @@ class HDF5Reader:
         if len(rows) != 1 or 0 in rows:
             raise self.error('%s: datasets %s must have the same number (> 0) of rows, got %s'
                              % (where, self.datasets, [a.shape for a in self.arrays]))
+        shapes = [a.shape[1:] for a in self.arrays]
+        if self.row_shapes is None:
+            self.row_shapes = shapes
+        elif shapes != self.row_shapes:
+            raise self.error('%s: datasets %s have rows of shapes %s, the first file\'s %s'
+                             % (where, self.datasets, shapes, self.row_shapes))
         self.row_order = np.arange(rows.pop())
         if self.shuffle:
             self.rng.shuffle(self.row_order)
         self.row = 0
-
-    @property
-    def row_shapes(self):
-        return [a.shape[1:] for a in self.arrays]
 
     def _advance(self):
         if len(self.files) > 1:
