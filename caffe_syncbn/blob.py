@@ -1,7 +1,77 @@
-"""Blob: an N-d array with its gradient, as in Caffe."""
+"""Blob: an N-d array with its gradient, as in Caffe.
+
+Shapes are checked before anything is allocated: no negative axis, and no blob whose data
+would exceed the memory limit (``memory_limit``: the machine's memory, or less where the
+process is limited), so that a wrong ``dim`` is an error naming the bytes, not a
+MemoryError or a process killed for memory.
+"""
+import os
+import resource
+
 import numpy as np
 
 from .errors import CaffeError
+
+_limit = {'bytes': None}
+MAX_AXES, MAX_AXIS = 32, 2 ** 31 - 1          # Caffe's kMaxBlobAxes and INT_MAX
+
+
+def memory_limit():
+    """The most bytes one blob's data, or a net's, may take: ``set_memory_limit``'s value,
+    else the machine's physical memory, or the process's RLIMIT_AS or RLIMIT_DATA if lower."""
+    if _limit['bytes'] is not None:
+        return _limit['bytes']
+    limits = [os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')]
+    for kind in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+        soft = resource.getrlimit(kind)[0]
+        if soft != resource.RLIM_INFINITY:
+            limits.append(soft)
+    return min(limits)
+
+
+def set_memory_limit(nbytes=None):
+    """Set the limit that ``memory_limit`` returns (None: back to the default)."""
+    _limit['bytes'] = None if nbytes is None else int(nbytes)
+
+
+def data_bytes(shape, dtype):
+    return int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+
+
+def checked_shape(shape, dtype=np.float32):
+    """``shape`` as a tuple of ints, or a CaffeError: a negative axis, or data larger
+    than ``memory_limit()``. (The Net adds the layer's name to the message.)"""
+    try:
+        shape = tuple(int(s) for s in shape)
+    except (TypeError, ValueError, OverflowError):
+        raise CaffeError('blob shape %s is not a list of integers' % (shape,)) from None
+    if any(s < 0 for s in shape):
+        raise CaffeError('blob shape %s has a negative axis' % (list(shape),))
+    size, limit = data_bytes(shape, dtype), memory_limit()
+    if size > limit:
+        raise CaffeError('blob shape %s needs %s, more than the memory limit of %s'
+                         % (list(shape), format_bytes(size), format_bytes(limit)))
+    if len(shape) > MAX_AXES or any(s > MAX_AXIS for s in shape):
+        raise CaffeError("blob shape %s is beyond Caffe's limits (%d axes of at most %d)"
+                         % (list(shape), MAX_AXES, MAX_AXIS))
+    return shape
+
+
+def format_bytes(count):
+    """'2.0 GiB (2147483648 bytes)'."""
+    for unit, size in (('TiB', 1 << 40), ('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):
+        if count >= size:
+            return '%.1f %s (%d bytes)' % (count / size, unit, count)
+    return '%d bytes' % count
+
+
+def _zeros(xp, shape, dtype):
+    try:
+        return xp.zeros(shape, dtype)
+    except (MemoryError, ValueError) as exc:       # ValueError: numpy's "array is too big"
+        reason = 'out of memory' if isinstance(exc, MemoryError) else str(exc).split(';')[0]
+        raise CaffeError('cannot allocate %s for a blob of shape %s: %s'
+                         % (format_bytes(data_bytes(shape, dtype)), list(shape), reason)) from None
 
 
 class Blob:
@@ -14,8 +84,9 @@ class Blob:
     def __init__(self, shape=(), dtype=np.float32, xp=np):
         self.xp = xp
         self.dtype = np.dtype(dtype)
-        self.data = xp.zeros(tuple(int(s) for s in shape), self.dtype)
-        self.diff = xp.zeros_like(self.data)
+        shape = checked_shape(shape, self.dtype)
+        self.data = _zeros(xp, shape, self.dtype)
+        self.diff = _zeros(xp, shape, self.dtype)
 
     @property
     def shape(self):
@@ -56,17 +127,15 @@ class Blob:
         """Give the blob a new shape; keeps the values when the count is unchanged."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
-        shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in shape):
-            raise ValueError('blob shape %s has a negative axis' % (shape,))
-        if shape == self.shape:
+        if tuple(shape) == self.shape:
             return
-        if int(np.prod(shape)) == self.count:
+        shape = checked_shape(shape, self.dtype)
+        if data_bytes(shape, self.dtype) == self.data.nbytes:
             self.data = self.data.reshape(shape)
             self.diff = self.diff.reshape(shape)
         else:
-            self.data = self.xp.zeros(shape, self.dtype)
-            self.diff = self.xp.zeros(shape, self.dtype)
+            self.data = _zeros(self.xp, shape, self.dtype)
+            self.diff = _zeros(self.xp, shape, self.dtype)
 
     def share_data(self, other):
         """Caffe's ShareData: this blob's data is the same memory as other's."""

@@ -1,7 +1,9 @@
 """Caffe's weight fillers (FillerParameter), drawn on the host from the seeded RNG."""
+import math
+
 import numpy as np
 
-from .errors import CaffeError
+from .errors import CaffeError, quote
 
 _rng = {'state': np.random.RandomState()}
 
@@ -42,9 +44,27 @@ def _bilinear(shape):
     return np.broadcast_to(np.outer(ramp, ramp), shape)
 
 
+def check_filler(param):
+    """Reject the FillerParameters that would draw NaN or infinite values, or none at all."""
+    kind = param.type
+    fields = {'constant': ('value',), 'uniform': ('min', 'max'), 'gaussian': ('mean', 'std')}
+    for field in fields.get(kind, ()):
+        if not math.isfinite(getattr(param, field)):
+            raise CaffeError("filler %s: %s must be finite, got %g"
+                             % (quote(kind), field, getattr(param, field)))
+    if kind == 'uniform' and not (param.min <= param.max and math.isfinite(param.max - param.min)):
+        raise CaffeError("filler 'uniform': needs min <= max, a finite range, got [%g, %g]"
+                         % (param.min, param.max))
+    if kind == 'gaussian' and param.std < 0:
+        raise CaffeError("filler 'gaussian': std must be >= 0, got %g" % param.std)
+
+
 def filled_array(param, shape):
     """A float64 host array of ``shape`` drawn as ``param`` (a FillerParameter) says."""
     shape = tuple(int(s) for s in shape)
+    check_filler(param)
+    if 0 in shape:
+        return np.zeros(shape)
     r = rng()
     kind = param.type
     if kind == 'constant':
@@ -69,8 +89,8 @@ def filled_array(param, shape):
         return r.normal(0.0, np.sqrt(2.0 / _variance_scale(param, shape)), shape)
     if kind == 'bilinear':
         return _bilinear(shape).copy()
-    raise CaffeError('unknown filler type %r (known: constant, uniform, gaussian, '
-                     'positive_unitball, xavier, msra, bilinear)' % kind)
+    raise CaffeError('unknown filler type %s (known: constant, uniform, gaussian, '
+                     'positive_unitball, xavier, msra, bilinear)' % quote(kind))
 
 
 def fill(param, blob):

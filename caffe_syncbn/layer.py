@@ -15,7 +15,7 @@ import difflib
 import numpy as np
 
 from .blob import Blob
-from .errors import CaffeError, layer_error
+from .errors import CaffeError, layer_error, quote
 
 TRAIN, TEST = 0, 1
 
@@ -45,9 +45,9 @@ def layer_class(type_name, param=None):
     except KeyError:
         close = difflib.get_close_matches(type_name, list(_REGISTRY), n=3, cutoff=0.5)
         hint = ('; did you mean %s?' % ', '.join(repr(c) for c in close)) if close else ''
-        where = ("layer '%s': " % param.name) if param is not None else ''
-        raise CaffeError('%sunknown layer type %r%s (known types: see layer_type_list())'
-                         % (where, type_name, hint)) from None
+        where = ('layer %s: ' % quote(param.name)) if param is not None else ''
+        raise CaffeError('%sunknown layer type %s%s (known types: see layer_type_list())'
+                         % (where, quote(type_name), hint)) from None
 
 
 def create_layer(param, ctx):

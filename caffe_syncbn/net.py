@@ -11,8 +11,8 @@ import numpy as np
 
 from . import caffe_pb2
 from .backend import mode_array_module, to_numpy
-from .blob import Blob
-from .errors import CaffeError, layer_error
+from .blob import Blob, format_bytes, memory_limit
+from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
 from .netgraph import filter_net, insert_splits
 from .prototxt import read_prototxt
@@ -24,10 +24,10 @@ def load_net_param(model):
     """A V2 NetParameter from a prototxt path or a NetParameter (upgraded when legacy)."""
     from .upgrade import upgrade_net_param
     if isinstance(model, caffe_pb2.NetParameter):
-        param = model
-    else:
-        param = read_prototxt(os.fspath(model), caffe_pb2.NetParameter())
-    return upgrade_net_param(param)
+        return upgrade_net_param(model)
+    path = os.fspath(model)
+    with naming(path):
+        return upgrade_net_param(read_prototxt(path, caffe_pb2.NetParameter()))
 
 
 class Net:
@@ -58,7 +58,11 @@ class Net:
         state.stage.extend(list(param.state.stage) + list(stages))
         self.net_param = insert_splits(filter_net(param, state))
         self.name = param.name
-        self._build()
+        if isinstance(model, caffe_pb2.NetParameter):
+            self._build()
+        else:
+            with naming(os.fspath(model)):
+                self._build()
         if weights:
             self.copy_from(weights)
 
@@ -74,6 +78,7 @@ class Net:
         blob_need_backward = {}
         layer_need_backward, bottom_need_backward = [], []
         available = set()             # Caffe's rule for outputs: produced and not consumed since
+        sized, total_bytes, limit = set(), 0, memory_limit()
         for lp in self.net_param.layer:
             # Caffe accepts repeated layer names (mnist_autoencoder has two 'loss' layers);
             # lookups by name then find the last one, as Caffe's layer_by_name does.
@@ -81,8 +86,8 @@ class Net:
             bottoms, need_backward, bottom_needs = [], False, []
             for j, name in enumerate(lp.bottom):
                 if name not in self.blobs:
-                    raise layer_error(lp, "unknown bottom blob '%s' (no earlier layer produces it; "
-                                      'known blobs: %s)' % (name, ', '.join(self.blobs) or 'none'))
+                    raise layer_error(lp, 'unknown bottom blob %s (no earlier layer produces it; '
+                                      'known blobs: %s)' % (quote(name), name_list(self.blobs)))
                 bottoms.append(self.blobs[name])
                 available.discard(name)
                 needs = blob_need_backward[name]
@@ -98,13 +103,27 @@ class Net:
                 if name in lp.bottom:
                     tops.append(self.blobs[name])             # in place
                 elif name in self.blobs:
-                    raise layer_error(lp, "top blob '%s' is produced by more than one layer" % name)
+                    raise layer_error(lp, 'top blob %s is produced by more than one layer'
+                                      % quote(name))
                 else:
                     self.blobs[name] = Blob((), ctx.dtype, ctx.xp)
                     tops.append(self.blobs[name])
                 available.add(name)
-            layer.setup(bottoms, tops)
-            layer.reshape(bottoms, tops)
+            try:
+                layer.setup(bottoms, tops)
+                layer.reshape(bottoms, tops)
+            except CaffeError as exc:
+                if exc.layer is not None:
+                    raise
+                raise layer_error(lp, str(exc)) from None
+            for blob in tops + layer.blobs:
+                if id(blob) not in sized:
+                    sized.add(id(blob))
+                    total_bytes += blob.data.nbytes
+            if total_bytes > limit:
+                raise layer_error(lp, "the net's blobs up to this layer need %s, more than the "
+                                  'memory limit of %s' % (format_bytes(total_bytes),
+                                                          format_bytes(limit)))
             if len(lp.param) > len(layer.blobs):
                 raise layer_error(lp, '%d param specs given for %d learnable blobs'
                                   % (len(lp.param), len(layer.blobs)))
@@ -187,7 +206,8 @@ class Net:
         """Caffe's rule: a layer runs backward only if it needs it and leads to a loss."""
         under_loss, skip = set(), set()
         for i in reversed(range(len(self.layers))):
-            tops = self.top_names[self._layer_names[i]]
+            lp = self.net_param.layer[i]         # by index: layer names may repeat
+            tops = lp.top
             contributes = any(w != 0 for w in self._loss_weights[i]) or any(t in under_loss for t in tops)
             skip_propagate = all(t in skip for t in tops) if tops else True
             if layer_need_backward[i] and skip_propagate:
@@ -195,7 +215,7 @@ class Net:
                 bottom_need_backward[i] = [False] * len(bottom_need_backward[i])
             if not contributes:
                 layer_need_backward[i] = False
-            for j, name in enumerate(self.bottom_names[self._layer_names[i]]):
+            for j, name in enumerate(lp.bottom):
                 if contributes:
                     under_loss.add(name)
                 else:
@@ -359,12 +379,14 @@ class Net:
             (name, layer.blobs) for name, layer in zip(self._layer_names, self.layers) if layer.blobs)
 
     # ---- weights ------------------------------------------------------------------------
-    def copy_from(self, weights):
+    def copy_from(self, weights, complete=False):
         """Load weights by layer name: a caffemodel path (binary V1 or V2, or HDF5), a
         NetParameter, or {layer name: [arrays]} as the converters give them. Batch norms
-        stored in another form (BatchNorm+Scale, BN, SyncBN) are converted on the way."""
+        stored in another form (BatchNorm+Scale, BN, SyncBN) are converted on the way.
+        Layers with params that get nothing are named in a warning; with ``complete``
+        (a snapshot of this net) they are an error."""
         from .io.caffemodel import copy_weights
-        copy_weights(self, weights)
+        copy_weights(self, weights, complete=complete)
 
     def to_proto(self):
         """The net's NetParameter with every layer's blobs filled in (what save() writes)."""

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import threading
+import traceback
 
 from .errors import CaffeError
 
@@ -92,10 +93,19 @@ def _is_terminal(stream):
 
 
 def run_main(main):
-    """Run a tool's main(); a CaffeError or a missing file is one line on stderr and exit 1."""
+    """Run a tool's main(); a CaffeError or a missing file is one line on stderr and exit 1.
+
+    Every tool takes ``--debug`` (taken out of sys.argv before main() parses it): the error
+    then comes with its traceback.
+    """
+    debug = '--debug' in sys.argv[1:]
+    if debug:
+        sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != '--debug']
     try:
         sys.exit(main())
     except (CaffeError, FileNotFoundError) as exc:
+        if debug:
+            traceback.print_exc()
         print('error: %s' % exc, file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

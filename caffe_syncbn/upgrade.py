@@ -15,7 +15,7 @@ import logging
 import os
 
 from . import caffe_pb2
-from .errors import CaffeError
+from .errors import CaffeError, quote
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -88,16 +88,17 @@ def _upgrade_input_fields(net):
     """Turn the deprecated net-level inputs into an Input layer named 'input', placed first."""
     names, shapes, dims = list(net.input), list(net.input_shape), list(net.input_dim)
     if not names and (shapes or dims):
-        raise CaffeError('net %r has input_shape/input_dim but no input names' % net.name)
+        raise CaffeError('net %s has input_shape/input_dim but no input names' % quote(net.name))
     if not names:
         return
     if shapes and len(shapes) != len(names):
-        raise CaffeError('net %r has %d inputs but %d input_shape entries'
-                         % (net.name, len(names), len(shapes)))
+        raise CaffeError('net %s has %d inputs but %d input_shape entries'
+                         % (quote(net.name), len(names), len(shapes)))
     if not shapes:
         if len(dims) != 4 * len(names):
-            raise CaffeError('net %r has %d inputs, so it needs %d input_dim values (N, C, H, W '
-                             'each), got %d' % (net.name, len(names), 4 * len(names), len(dims)))
+            raise CaffeError('net %s has %d inputs, so it needs %d input_dim values (N, C, H, W '
+                             'each), got %d'
+                             % (quote(net.name), len(names), 4 * len(names), len(dims)))
         shapes = [caffe_pb2.BlobShape(dim=dims[4 * i:4 * i + 4]) for i in range(len(names))]
     layer = caffe_pb2.LayerParameter(name='input', type='Input', top=names)
     layer.input_param.shape.extend(shapes)
@@ -120,8 +121,8 @@ def _upgrade_batch_norm(net):
 def upgrade_net_param(net_param):
     """A V2 copy of ``net_param`` (prototxt or caffemodel), upgraded as Caffe does on load."""
     if len(net_param.layer) and len(net_param.layers):
-        raise CaffeError("net %r mixes the 'layer' (V2) and 'layers' (V1) fields; use one"
-                         % net_param.name)
+        raise CaffeError("net %s mixes the 'layer' (V2) and 'layers' (V1) fields; use one"
+                         % quote(net_param.name))
     net = caffe_pb2.NetParameter()
     net.CopyFrom(net_param)
     if len(net.layers):
@@ -219,6 +220,7 @@ def _batch_size(layer):
 
 def _hdf5_shapes(layer):
     """Dataset shapes (without the row axis) from the first listed file, if it is readable."""
+    from .io.hdf5 import FAILURES
     source = layer.hdf5_data_param.source
     try:
         import h5py
@@ -226,7 +228,7 @@ def _hdf5_shapes(layer):
             first = next(line.strip() for line in f if line.strip())
         with h5py.File(first, 'r') as h5:
             return {top: h5[top].shape[1:] for top in layer.top}
-    except (OSError, StopIteration, KeyError):
+    except (StopIteration,) + FAILURES:       # a damaged list or file: no shapes from it
         return None
 
 

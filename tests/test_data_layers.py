@@ -138,21 +138,23 @@ def test_hdf5_shuffle_visits_every_row_once_per_epoch(tmp_path, monkeypatch):
 
 def test_hdf5_errors(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CaffeError, match="layer 'h5'.*cannot read the HDF5 file list missing.txt"):
+    with pytest.raises(CaffeError, match="layer 'h5'.*cannot read the HDF5 file list "
+                                         "'missing.txt'"):
         hdf5_layer('missing.txt', 2)
     (tmp_path / 'empty.txt').write_text('\n')
     with pytest.raises(CaffeError, match='names no files'):
         hdf5_layer('empty.txt', 2)
     write_h5(tmp_path / 'a.h5', data=np.zeros((3, 2)), other=np.zeros(3))
     (tmp_path / 'a.txt').write_text('a.h5')
-    with pytest.raises(CaffeError, match=r'a.h5 has no dataset label \(it has: data, other\)'):
+    with pytest.raises(CaffeError,
+                       match=r"'a.h5' has no dataset 'label' \(it has: 'data', 'other'\)"):
         hdf5_layer('a.txt', 2)
     write_h5(tmp_path / 'b.h5', data=np.zeros((3, 2)), label=np.zeros(4))
     (tmp_path / 'b.txt').write_text('b.h5')
     with pytest.raises(CaffeError, match='same number'):
         hdf5_layer('b.txt', 2)
     (tmp_path / 'c.txt').write_text('nothere.h5')
-    with pytest.raises(CaffeError, match='cannot read HDF5 data file nothere.h5'):
+    with pytest.raises(CaffeError, match="'nothere.h5', listed in c.txt, does not exist"):
         hdf5_layer('c.txt', 2)
     with pytest.raises(CaffeError, match='batch_size must be > 0'):
         hdf5_layer('a.txt', 0)

@@ -218,7 +218,7 @@ class QuadraticNet:
 
     save_hdf5 = save
 
-    def copy_from(self, path):
+    def copy_from(self, path, complete=False):
         with open(path, 'rb') as f:
             for blob, data in zip(self.learnable_params, pickle.load(f)):
                 blob.data[...] = data

@@ -55,8 +55,10 @@ class NetTerms:
     def __init__(self, net):
         self.net = net
 
-    def load_weights(self, net, path):
-        net.copy_from(path)
+    def load_weights(self, net, path, complete=False):
+        """Load a caffemodel into ``net``; with ``complete`` every layer with params must
+        be in it (a snapshot of this net)."""
+        net.copy_from(path, complete=complete)
 
     def save(self, path, hdf5):
         """Write the net's weights as a caffemodel (HDF5 if ``hdf5``)."""
@@ -133,8 +135,8 @@ class UserTerms(NetTerms):
         channels = self.net.layer_by_name[unit].blobs[0].count
         return (1,) if name in self._batchnorms and j == 2 else (channels,)
 
-    def load_weights(self, net, path):
-        copy_weights(net, path, source_layers=self.source_layers)
+    def load_weights(self, net, path, complete=False):
+        copy_weights(net, path, source_layers=self.source_layers, complete=complete)
 
     def save(self, path, hdf5):
         own = {name: [to_numpy(b.data) for b in layer.blobs]

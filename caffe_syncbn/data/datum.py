@@ -5,13 +5,15 @@ images, as OpenCV reads them), or the bytes of a PNG/JPEG file when ``encoded`` 
 ``float_data`` replaces ``data`` for float input. Images go through OpenCV, as in Caffe,
 so pixel values (JPEG decoding, resizing) match what Caffe's tools produce.
 """
+import math
 import os
-import threading
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from .. import caffe_pb2
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
+from .lmdbfile import LMDBFile
 
 
 def cv2():
@@ -37,12 +39,36 @@ def hwc_to_chw(image):
     return image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
 
 
+def imread(path, flag):
+    """cv2.imread, or None where it cannot read the file. A name that is not UTF-8 (a
+    file listed in another encoding) is read through Python and decoded: OpenCV's own
+    imread crashes on such a name."""
+    cv = cv2()
+    try:
+        path.encode('utf-8')
+    except UnicodeEncodeError:
+        try:
+            payload = np.fromfile(path, np.uint8)
+        except (OSError, ValueError):           # ValueError: a NUL in the name
+            return None
+        return cv.imdecode(payload, flag) if payload.size else None
+    return cv.imread(path, flag)
+
+
+def listed(path, source, error=CaffeError):
+    """``path``, a file that the list ``source`` names, if it exists; else an error that
+    names the list too."""
+    if not os.path.isfile(path):
+        raise error('%s, listed in %s, does not exist' % (quote(path), source))
+    return path
+
+
 def read_image(path, color=True, height=0, width=0, interpolation=None):
     """Caffe's ReadImageToCVMat: the image at ``path`` as an OpenCV H x W (x C) uint8 array,
     resized (bilinear) to height x width when both are > 0."""
-    image = cv2().imread(path, _read_flag(color))
+    image = imread(path, _read_flag(color))
     if image is None:
-        raise CaffeError('could not open or decode image file %s' % path)
+        raise CaffeError('could not open or decode image file %s' % quote(path))
     return resize(image, height, width, interpolation)
 
 
@@ -56,9 +82,16 @@ def resize(image, height, width, interpolation=None):
 
 def decode_image(payload, color=None, what='encoded image'):
     """PNG/JPEG bytes as a C x H x W uint8 array."""
-    image = cv2().imdecode(np.frombuffer(payload, np.uint8), _read_flag(color))
+    cv = cv2()
+    image = None
+    if len(payload):                  # OpenCV raises on an empty buffer, says None otherwise
+        try:
+            image = cv.imdecode(np.frombuffer(payload, np.uint8), _read_flag(color))
+        except cv.error:
+            pass
     if image is None:
-        raise CaffeError('could not decode %s (%d bytes)' % (what, len(payload)))
+        raise CaffeError('could not decode %s (%d bytes): not a PNG, JPEG or other image file '
+                         'that OpenCV reads' % (what, len(payload)))
     return hwc_to_chw(image)
 
 
@@ -92,8 +125,14 @@ def encoded_datum(payload, label=0):
 def parse_datum(value, where='record'):
     try:
         return caffe_pb2.Datum.FromString(value)
-    except Exception as exc:
-        raise CaffeError('%s is not a Caffe Datum: %s' % (where, exc)) from None
+    except DecodeError:
+        raise CaffeError('%s is not a Caffe Datum (%d bytes that do not parse)'
+                         % (where, len(value))) from None
+
+
+def record_name(key, path):
+    """How errors name an LMDB record: its key (quoted, at most 80 characters) and the LMDB."""
+    return 'record %s of %s' % (quote(key), path)
 
 
 def datum_to_array(datum, color=None, where='record'):
@@ -105,7 +144,10 @@ def datum_to_array(datum, color=None, where='record'):
     if datum.encoded:
         return decode_image(datum.data, color, what=where)
     shape = (datum.channels, datum.height, datum.width)
-    count = int(np.prod(shape))
+    if min(shape) <= 0:
+        raise CaffeError('%s: Datum has shape %s; channels, height and width must be > 0'
+                         % (where, list(shape)))
+    count = math.prod(shape)
     if datum.data:
         values = np.frombuffer(datum.data, np.uint8)
     else:
@@ -116,55 +158,37 @@ def datum_to_array(datum, color=None, where='record'):
     return values.reshape(shape)
 
 
-_ENVIRONMENTS = {}
-_ENVIRONMENTS_LOCK = threading.Lock()
-
-
-def open_lmdb(path):
-    """The read-only environment of the LMDB folder ``path``, shared process-wide: LMDB
-    allows one open environment per database and process, and a train net, a test net and
-    every replica may read the same one. Keyed by the data file's identity, so a database
-    rebuilt at the same path is opened afresh."""
-    import lmdb
-    info = os.stat(os.path.join(path, 'data.mdb'))
-    key = (info.st_dev, info.st_ino)
-    with _ENVIRONMENTS_LOCK:
-        env = _ENVIRONMENTS.get(key)
-        if env is None:
-            env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True,
-                            max_readers=126)
-            _ENVIRONMENTS[key] = env
-        return env
-
-
 class LMDBReader:
     """The values of an LMDB in key order, wrapping around to the first after the last.
 
-    The database is opened read-only without locking (lock.mdb may be absent, as in a
-    folder copied from a read-only share). Each read takes a short transaction, so the
-    reader can move between threads (the prefetch thread of a pipeline).
+    The records are read from data.mdb with every page checked (see lmdbfile.py), so a
+    truncated or damaged database is a CaffeError, never a crash; lock.mdb is not needed
+    (a folder copied from a read-only share works). One reader may move between threads
+    (the prefetch thread of a pipeline), one at a time.
     """
 
     def __init__(self, path, what='LMDB'):
-        import lmdb
         self.path = path
-        if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, 'data.mdb')):
-            raise CaffeError('%s %s not found (expected a folder holding data.mdb)' % (what, path))
+        data_file = os.path.join(path, 'data.mdb')
+        if not os.path.isdir(path) or not os.path.isfile(data_file):
+            raise CaffeError('%s %s not found (expected a folder holding data.mdb)'
+                             % (what, quote(path)))
         try:
-            self.env = open_lmdb(path)
-        except lmdb.Error as exc:
-            raise CaffeError('cannot open %s %s: %s' % (what, path, exc)) from None
-        self.size = self.env.stat()['entries']
+            self.file = LMDBFile(data_file)
+        except OSError as exc:
+            raise CaffeError('cannot read %s %s: %s' % (what, quote(path), exc.strerror)) from None
+        self.size = self.file.entries
         if self.size == 0:
             raise CaffeError('%s %s holds no records' % (what, path))
-        self._next_key = None          # None: start at the first key
+        self._pass = None              # the pass through the records in progress
+
+    def records(self):
+        """Every (key, value) in key order, once."""
+        return self.file.records()
 
     def first(self):
         """The first (key, value), without moving the reader."""
-        with self.env.begin(buffers=False) as txn:
-            cursor = txn.cursor()
-            cursor.first()
-            return cursor.key(), cursor.value()
+        return next(self.records())
 
     def skip(self, count):
         self.next_records(count)
@@ -172,16 +196,14 @@ class LMDBReader:
     def next_records(self, count):
         """The next ``count`` (key, value) pairs, wrapping around at the end."""
         records = []
-        with self.env.begin(buffers=False) as txn:
-            cursor = txn.cursor()
-            found = cursor.set_range(self._next_key) if self._next_key is not None else False
-            if not found:
-                cursor.first()
-            while len(records) < count:
-                records.append((cursor.key(), cursor.value()))
-                if not cursor.next():
-                    cursor.first()
-            self._next_key = cursor.key()
+        while len(records) < count:
+            if self._pass is None:
+                self._pass = self.records()
+            record = next(self._pass, None)
+            if record is None:
+                self._pass = None
+            else:
+                records.append(record)
         return records
 
 

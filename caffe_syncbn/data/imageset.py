@@ -8,11 +8,11 @@ import os
 
 import numpy as np
 
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 from ..io.atomic import atomic_write
 from ..io.caffemodel import array_to_blob
 from .datum import (LMDBReader, array_to_datum, cv2, datum_to_array, encode_image, encoded_datum,
-                    hwc_to_chw, parse_datum, write_lmdb)
+                    hwc_to_chw, imread, parse_datum, record_name, write_lmdb)
 
 COMMIT_EVERY = 1000
 
@@ -21,10 +21,10 @@ def read_image_list(path, error=CaffeError):
     """[(file name, int label)] from "name label" lines; the label follows the LAST space,
     so names may hold spaces (Caffe's rule)."""
     try:
-        with open(path) as f:
+        with open(path, errors='surrogateescape') as f:     # file names in any encoding
             lines = [line.rstrip('\r\n') for line in f]
     except OSError as exc:
-        raise error('cannot read list file %s: %s' % (path, exc.strerror)) from None
+        raise error('cannot read list file %s: %s' % (quote(path), exc.strerror)) from None
     entries = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -33,13 +33,13 @@ def read_image_list(path, error=CaffeError):
         try:
             entries.append((name.strip(), int(label)))
         except ValueError:
-            raise error('%s line %d: expected "<file> <integer label>", got %r'
-                        % (path, number, line)) from None
+            raise error('%s line %d: expected "<file> <integer label>", got %s'
+                        % (path, number, quote(line))) from None
         if not name.strip():
-            raise error('%s line %d: expected "<file> <integer label>", got %r'
-                        % (path, number, line))
+            raise error('%s line %d: expected "<file> <integer label>", got %s'
+                        % (path, number, quote(line)))
     if not entries:
-        raise error('list file %s names no images' % path)
+        raise error('list file %s names no images' % quote(path))
     return entries
 
 
@@ -47,7 +47,7 @@ def image_to_datum(path, label, color=True, height=0, width=0, encoding=''):
     """Caffe's ReadImageToDatum: raw C x H x W pixels, or with ``encoding`` the image as
     a PNG/JPEG file (the file's own bytes when it already is one and is not resized)."""
     cv = cv2()
-    image = cv.imread(path, cv.IMREAD_COLOR if color else cv.IMREAD_GRAYSCALE)
+    image = imread(path, cv.IMREAD_COLOR if color else cv.IMREAD_GRAYSCALE)
     if image is None:
         return None
     if height > 0 and width > 0:
@@ -106,7 +106,7 @@ def convert_imageset(root, list_file, db_path, resize_height=0, resize_width=0, 
 
     count = write_lmdb(db_path, batches())
     if count == 0:
-        raise CaffeError('no image of %s could be read (root folder %r)' % (list_file, root))
+        raise CaffeError('no image of %s could be read (root folder %s)' % (list_file, quote(root)))
     return count
 
 
@@ -115,20 +115,19 @@ def compute_image_mean(db_path, mean_path=None, log=print):
     ``mean_path`` as a legacy 1 x C x H x W BlobProto (what Caffe's tool writes) if given."""
     reader = LMDBReader(db_path)
     total, shape, count = None, None, 0
-    with reader.env.begin(buffers=True) as txn:
-        for key, value in txn.cursor():
-            where = 'record %r of %s' % (bytes(key).decode(errors='replace'), db_path)
-            image = datum_to_array(parse_datum(bytes(value), where), where=where)
-            if total is None:
-                shape = image.shape
-                total = np.zeros(shape, np.float64)
-            elif image.shape != shape:
-                raise CaffeError('%s has shape %s, the first record has %s: every image needs '
-                                 'the same size' % (where, list(image.shape), list(shape)))
-            total += image
-            count += 1
-            if count % 10000 == 0:
-                log('Processed %d files.' % count)
+    for key, value in reader.records():
+        where = record_name(key, db_path)
+        image = datum_to_array(parse_datum(value, where), where=where)
+        if total is None:
+            shape = image.shape
+            total = np.zeros(shape, np.float64)
+        elif image.shape != shape:
+            raise CaffeError('%s has shape %s, the first record has %s: every image needs '
+                             'the same size' % (where, list(image.shape), list(shape)))
+        total += image
+        count += 1
+        if count % 10000 == 0:
+            log('Processed %d files.' % count)
     mean = (total / count).astype(np.float32)
     log('Number of channels: %d' % shape[0])
     for c in range(shape[0]):

@@ -10,9 +10,9 @@ trimmed to a multiple of transform_param.stride as yjxiong's layer does.
 """
 import numpy as np
 
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 from ..layer import TRAIN
-from .datum import cv2, hwc_to_chw, read_image
+from .datum import cv2, hwc_to_chw, imread, listed, read_image
 
 IGNORE_LABEL = 255
 
@@ -21,28 +21,29 @@ def read_pair_list(path, prefix='', error=CaffeError):
     """[(image path, label path)] from a list file of "image label" lines. The prefix is
     prepended as plain text, as Caffe does (so a root folder needs its trailing '/')."""
     try:
-        with open(path) as f:
+        with open(path, errors='surrogateescape') as f:     # file names in any encoding
             words = f.read().split()
     except OSError as exc:
-        raise error('cannot read list file %s: %s' % (path, exc.strerror)) from None
+        raise error('cannot read list file %s: %s' % (quote(path), exc.strerror)) from None
     if not words:
-        raise error('list file %s names no images' % path)
+        raise error('list file %s names no images' % quote(path))
     if len(words) % 2:
         raise error('list file %s: expected "image label" pairs, got an odd number (%d) of '
                     'names' % (path, len(words)))
     return [(prefix + words[i], prefix + words[i + 1]) for i in range(0, len(words), 2)]
 
 
-def read_pair(image_path, label_path, color=True, error=CaffeError):
-    """The image (H x W x C uint8) and its label map (H x W uint8) from their files."""
-    image = read_image(image_path, color=color)
-    labels = cv2().imread(label_path, cv2().IMREAD_GRAYSCALE)
+def read_pair(image_path, label_path, color=True, error=CaffeError, source='the list'):
+    """The image (H x W x C uint8) and its label map (H x W uint8) from their files, which
+    the list file ``source`` names."""
+    image = read_image(listed(image_path, source, error), color=color)
+    labels = imread(listed(label_path, source, error), cv2().IMREAD_GRAYSCALE)
     if labels is None:
-        raise error('could not open or decode label map %s' % label_path)
+        raise error('could not open or decode label map %s' % quote(label_path))
     if image.shape[:2] != labels.shape:
-        raise error('image %s is %d x %d but its label map %s is %d x %d'
-                    % (image_path, image.shape[0], image.shape[1], label_path,
-                       labels.shape[0], labels.shape[1]))
+        raise error('image %s is %d x %d but its label map %s is %d x %d (paired in %s)'
+                    % (quote(image_path), image.shape[0], image.shape[1], quote(label_path),
+                       labels.shape[0], labels.shape[1], source))
     return image, labels
 
 

@@ -8,7 +8,7 @@ one gather, whatever crops and flips its images drew.
 """
 import numpy as np
 
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 from ..layer import TRAIN
 
 
@@ -107,7 +107,7 @@ def load_mean_file(path, error=CaffeError):
 
     from ..io.caffemodel import read_blob_proto
     if not os.path.isfile(path):
-        raise error('mean_file %s not found' % path)
+        raise error('mean_file %s not found' % quote(path))
     mean = read_blob_proto(path)
     if mean.ndim == 4 and mean.shape[0] == 1:
         mean = mean[0]

@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 
 from .. import caffe_pb2
 from ..backend import to_numpy
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 from .atomic import atomic_write
 
 HDF5_MAGIC = b'\x89HDF\r\n\x1a\n'
@@ -121,7 +121,7 @@ def parse_binary_file(path, message_class):
                 with memoryview(mapped) as view:
                     return message_class.FromString(view)
     except OSError as exc:
-        raise CaffeError('cannot read %s: %s' % (path, exc.strerror or exc)) from None
+        raise CaffeError('cannot read %s: %s' % (quote(path), exc.strerror or exc)) from None
     except DecodeError:
         raise CaffeError('%s is not a valid binary %s: the file is truncated or corrupt'
                          % (path, what)) from None

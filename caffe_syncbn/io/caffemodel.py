@@ -15,10 +15,11 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..backend import get_array_module, to_numpy
-from ..errors import CaffeError
+from ..errors import CaffeError, name_list, naming, quote
 from .atomic import atomic_write
 from .blobs import (array_to_blob, blob_shape, blob_to_array, is_hdf5, is_legacy,  # noqa: F401
                     length_delimited, parse_binary_file, read_blob_proto, write_blob_proto)
+from .hdf5 import read_dataset, reading, writing
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -85,28 +86,39 @@ def read_weights(source):
                          list(net_param.layer) or None, False)
 
 
+_MAX_BLOBS = 1024
+
+
 def _read_hdf5(path):
     import h5py
+    with reading(path, 'HDF5 weights file'), h5py.File(path, 'r') as f:
+        if not isinstance(f.get('data'), h5py.Group):
+            raise CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)
+        return StoredWeights(path, _hdf5_layers(f['data'], path), None, True)
+
+
+def _hdf5_layers(data, path):
+    """{layer name: [array or None]}: the datasets named by an index in each group.
+    'conv1' is also the parent group of a layer 'conv1/bn', so every group is visited."""
+    import h5py
     blobs = collections.OrderedDict()
-    try:
-        with h5py.File(path, 'r') as f:
-            if 'data' not in f:
-                raise CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)
-            # 'conv1' is also the parent group of a layer 'conv1/bn': visit every group and
-            # count only the datasets named by an index.
-            def visit(name, item):
-                if isinstance(item, h5py.Group):
-                    stored = {int(k): v for k, v in item.items()
-                              if isinstance(v, h5py.Dataset) and k.isdigit()}
-                    if stored:
-                        blobs[name] = [stored[j][()] if j in stored else None
-                                       for j in range(max(stored) + 1)]
-            f['data'].visititems(visit)
-            for name in f['data']:                 # layers without params keep their name
-                blobs.setdefault(name, [])
-    except OSError as exc:
-        raise CaffeError('cannot read HDF5 weights %s: %s' % (path, exc)) from None
-    return StoredWeights(path, blobs, None, True)
+
+    def visit(name, item):
+        if not isinstance(item, h5py.Group):
+            return
+        stored = {int(k): v for k, v in item.items()
+                  if isinstance(v, h5py.Dataset) and k.isascii() and k.isdigit()}
+        if not stored:
+            return
+        where = "%s: layer %s" % (path, quote(name, 60))
+        if max(stored) >= _MAX_BLOBS:
+            raise CaffeError('%s has a blob numbered %d' % (where, max(stored)))
+        blobs[name] = [read_dataset(stored[j], '%s blob %d' % (where, j)) if j in stored else None
+                       for j in range(max(stored) + 1)]
+    data.visititems(visit)
+    for name in data:                 # layers without params keep their name
+        blobs.setdefault(name, [])
+    return blobs
 
 
 # ---- copying into a net -------------------------------------------------------------------
@@ -150,10 +162,12 @@ def _stored_shape(item):
 
 
 def _copy_layer(stored, name, layer, items, shared):
+    """Copy one layer's stored blobs into ``layer``; returns the net blobs written."""
     source = stored.source
     if len(items) > len(layer.blobs) or (not stored.partial and len(items) != len(layer.blobs)):
         raise CaffeError("%s: layer '%s' has %d blob(s) in the file but %d in the net"
                          % (source, name, len(items), len(layer.blobs)))
+    written = []
     for j, blob in enumerate(layer.blobs):
         item = items[j] if j < len(items) else None
         if item is None:
@@ -169,29 +183,86 @@ def _copy_layer(stored, name, layer, items, shared):
             raise CaffeError("%s: layer '%s' blob %d: %s" % (source, name, j, exc)) from None
         xp = get_array_module(blob.data)
         blob.data[...] = xp.asarray(array.reshape(blob.shape), dtype=blob.data.dtype)
+        written.append(blob)
+    return written
 
 
-def copy_weights(net, source, source_layers=None):
+def copy_weights(net, source, source_layers=None, complete=False):
     """Copy weights into ``net`` by layer name, as Caffe's CopyTrainedLayersFrom does.
 
     ``source``: anything ``read_weights`` reads. Batch norms stored in another form than
     the net's (BatchNorm+Scale, BN, SyncBN) are converted on the way. ``source_layers``
     are the LayerParameters the weights were written for, where the file does not say
-    (HDF5): they pair each BatchNorm with its Scale. Layers the net lacks are skipped; a
-    blob count or shape mismatch raises a CaffeError naming the file, layer, blob index and
-    shapes.
+    (HDF5): they pair each BatchNorm with its Scale. A blob count or shape mismatch raises
+    a CaffeError naming the file, layer, blob index and shapes.
+
+    What the net and the file do not share is reported, as Caffe reports it: "Ignoring
+    source layer X" (info) for each stored layer the net lacks, and a warning naming the
+    net's layers with params that got nothing (a net with new layers, or a file cut
+    short). Loading nothing into a net with params is an error, and so, with
+    ``complete`` (a snapshot of this very net), is any layer left out.
     """
     from ..convert import fit_norm_weights
     stored = read_weights(source)
-    blobs = fit_norm_weights([layer.param for layer in net.layers], stored.blobs,
-                             stored.layers or source_layers, stored.source)
+    with naming(stored.source):            # a damaged blob met while converting batch norms
+        blobs = fit_norm_weights([layer.param for layer in net.layers], stored.blobs,
+                                 stored.layers or source_layers, stored.source)
+    absorbed = _absorbed_scales(net, stored.layers or source_layers)
     shared = _shared_params(net)
+    written = set()
     for name, items in blobs.items():
         layer = net.layer_by_name.get(name)
         if layer is None:
-            log.debug("%s: ignoring layer '%s', which the net lacks", stored.source, name)
+            if name not in absorbed:
+                log.info('Ignoring source layer %s', name)
             continue
-        _copy_layer(stored, name, layer, items, shared)
+        written.update(id(blob) for blob in _copy_layer(stored, name, layer, items, shared))
+    _report_missing(net, stored, blobs, written, complete)
+
+
+def _absorbed_scales(net, source_layers):
+    """The stored Scale layers whose blobs went into one of the net's BN or SyncBN layers."""
+    from ..convert import norm_units
+    targets = {layer.param.name for layer in net.layers if layer.param.type in ('BN', 'SyncBN')}
+    return {u.scale_name for u in norm_units(source_layers or [])
+            if u.scale_name is not None and u.name in targets}
+
+
+def _report_missing(net, stored, blobs, written, complete):
+    """Warn about (or, if ``complete`` or nothing loaded, refuse) the net's layers with
+    params that the file gave nothing."""
+    with_params = [(i, name) for i, (name, layer) in enumerate(zip(net._layer_names, net.layers))
+                   if layer.blobs]
+    missing = [(i, name) for i, name in with_params
+               if not any(id(blob) in written for blob in net.layers[i].blobs)]
+    if not missing:
+        return
+    names = [name for _, name in missing]
+    net_name = quote(net.name, 40, quotes=False)
+    if not blobs:
+        raise CaffeError("%s holds no layers: no weights for net '%s' (was the file cut short?)"
+                         % (stored.source, net_name))
+    if len(missing) == len(with_params) and all(name in net.layer_by_name for name in blobs):
+        raise CaffeError("%s has no weights for net '%s': its layers (%s) have no params; "
+                         "the net's layers with params are %s (was the file cut short?)"
+                         % (stored.source, net_name, name_list(list(blobs), 50),
+                            name_list(names, 50)))
+    if len(missing) == len(with_params):
+        raise CaffeError("%s: no layer of it fits net '%s': it holds %s; the net's layers "
+                         'with params are %s' % (stored.source, net_name,
+                                                 name_list(list(blobs), 50), name_list(names, 50)))
+    if complete:
+        raise CaffeError("%s lacks %d layer(s) with params of net '%s': %s"
+                         % (stored.source, len(names), net_name, name_list(names, 80)))
+    last = next(reversed(blobs), None)
+    ends_at = net._layer_names.index(last) if last in net.layer_by_name else None
+    if ends_at is not None and missing[0][0] > ends_at:
+        log.warning('%s ends at layer %s: the %d layer(s) with params after it got no '
+                    'weights and keep their initial values (was the file cut short?): %s',
+                    stored.source, quote(last), len(names), name_list(names, 600))
+    else:
+        log.warning('%s has no weights for %d layer(s) with params, which keep their initial '
+                    'values: %s', stored.source, len(names), name_list(names, 600))
 
 
 # ---- writing ------------------------------------------------------------------------------
@@ -243,16 +314,14 @@ def write_records_hdf5(path, records, shared=()):
     ((layer name, index) pairs) are stored only under the layer that owns them, as Caffe's
     Net.save_hdf5() does.
     """
-    import h5py
-    with atomic_write(path, as_path=True) as tmp:
-        with h5py.File(tmp, 'w') as f:
-            data = f.create_group('data')
-            for record in records:
-                layer_name = record.param.name
-                group = data.require_group(layer_name)   # 'a' may exist as the parent of 'a/b'
-                for j, array in enumerate(record.arrays):
-                    if (layer_name, j) not in shared:
-                        group.create_dataset(str(j), data=to_numpy(array))
+    with writing(path) as f:
+        data = f.create_group('data')
+        for record in records:
+            layer_name = record.param.name
+            group = data.require_group(layer_name)   # 'a' may exist as the parent of 'a/b'
+            for j, array in enumerate(record.arrays):
+                if (layer_name, j) not in shared:
+                    group.create_dataset(str(j), data=to_numpy(array))
 
 
 def write_caffemodel(net, path):

@@ -10,6 +10,7 @@ from ..backend import get_array_module
 from ..layer import TRAIN, Layer, register
 from . import im2col as im2col_module
 from .im2col import conv_output_shape
+from .shape import canonical_axis
 
 # Below this many output positions per image, per-image GEMMs are too thin to run at
 # full speed, so the batch is folded into the GEMM's columns (at the cost of a transpose).
@@ -92,7 +93,7 @@ class _SpatialLayer(Layer):
 
     def _setup_geometry(self, bottom):
         cp = self.param.convolution_param
-        self.axis = bottom[0].canonical_axis(cp.axis)
+        self.axis = canonical_axis(self, bottom[0], cp.axis)
         self.num_spatial = bottom[0].num_axes - self.axis - 1
         if self.num_spatial < 1:
             raise self.error('needs spatial axes after the channel axis %d; bottom shape %s'

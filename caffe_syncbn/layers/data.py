@@ -21,7 +21,9 @@ import numpy as np
 from .. import caffe_pb2
 from ..backend import to_numpy
 from ..fillers import fill
-from ..io.atomic import atomic_write
+from ..errors import name_list, quote
+from ..data.datum import listed
+from ..io.hdf5 import read_dataset, reading, writing
 from ..layer import Layer, register
 
 
@@ -129,46 +131,49 @@ class HDF5Reader:
     wrap and the rows of a file every time it is entered, as Caffe does."""
 
     def __init__(self, source, datasets, dtype, shuffle=False, rng=None, error=ValueError):
-        self.error = error
+        self.error, self.source = error, source
         try:
-            with open(source) as f:
+            with open(source, errors='surrogateescape') as f:    # names in any encoding
                 self.files = f.read().split()
         except OSError as exc:
-            raise error('cannot read the HDF5 file list %s: %s' % (source, exc.strerror)) from None
+            raise error('cannot read the HDF5 file list %s: %s'
+                        % (quote(source), exc.strerror)) from None
         if not self.files:
-            raise error('the HDF5 file list %s names no files' % source)
+            raise error('the HDF5 file list %s names no files' % quote(source))
         self.datasets, self.dtype = list(datasets), dtype
         self.shuffle, self.rng = shuffle, rng if rng is not None else np.random.RandomState()
         self.file_order = np.arange(len(self.files))
         if shuffle:
             self.rng.shuffle(self.file_order)
         self.position = 0
+        self.row_shapes = None         # of the first file; every file must have them
         self._load()
 
     def _load(self):
         import h5py
-        name = self.files[self.file_order[self.position]]
-        try:
-            with h5py.File(name, 'r') as f:
-                missing = [d for d in self.datasets if d not in f]
-                if missing:
-                    raise self.error('%s has no dataset %s (it has: %s)'
-                                     % (name, ', '.join(missing), ', '.join(f.keys())))
-                self.arrays = [np.asarray(f[d][()], self.dtype) for d in self.datasets]
-        except OSError as exc:
-            raise self.error('cannot read HDF5 data file %s: %s' % (name, exc)) from None
+        name = listed(self.files[self.file_order[self.position]], self.source, self.error)
+        where = quote(name)
+        with reading(where, 'HDF5 data file', self.error), h5py.File(name, 'r') as f:
+            missing = [d for d in self.datasets if d not in f]
+            if missing:
+                raise self.error('%s has no dataset %s (it has: %s)'
+                                 % (where, name_list(missing), name_list(list(f.keys()))))
+            self.arrays = [np.asarray(read_dataset(f[d], '%s: dataset %s' % (where, quote(d))),
+                                      self.dtype) for d in self.datasets]
         rows = {a.shape[0] if a.ndim else 0 for a in self.arrays}
         if len(rows) != 1 or 0 in rows:
             raise self.error('%s: datasets %s must have the same number (> 0) of rows, got %s'
-                             % (name, self.datasets, [a.shape for a in self.arrays]))
+                             % (where, self.datasets, [a.shape for a in self.arrays]))
+        shapes = [a.shape[1:] for a in self.arrays]
+        if self.row_shapes is None:
+            self.row_shapes = shapes
+        elif shapes != self.row_shapes:
+            raise self.error('%s: datasets %s have rows of shapes %s, the first file\'s %s'
+                             % (where, self.datasets, shapes, self.row_shapes))
         self.row_order = np.arange(rows.pop())
         if self.shuffle:
             self.rng.shuffle(self.row_order)
         self.row = 0
-
-    @property
-    def row_shapes(self):
-        return [a.shape[1:] for a in self.arrays]
 
     def _advance(self):
         if len(self.files) > 1:
@@ -238,12 +243,10 @@ class HDF5OutputLayer(Layer):
                              % (bottom[0].shape, bottom[1].shape))
 
     def forward(self, bottom, top):
-        import h5py
         folder = os.path.dirname(os.path.abspath(self.file_name))
         if not os.path.isdir(folder):
-            raise self.error('the folder of %s does not exist' % self.file_name)
-        with atomic_write(self.file_name, as_path=True) as tmp:
-            with h5py.File(tmp, 'w') as f:
-                for name, blob in zip(('data', 'label'), bottom):
-                    shape = tuple(blob.shape) + (1,) * (4 - blob.num_axes)
-                    f.create_dataset(name, data=to_numpy(blob.data).reshape(shape))
+            raise self.error('the folder of %s does not exist' % quote(self.file_name))
+        with writing(self.file_name) as f:
+            for name, blob in zip(('data', 'label'), bottom):
+                shape = tuple(blob.shape) + (1,) * (4 - blob.num_axes)
+                f.create_dataset(name, data=to_numpy(blob.data).reshape(shape))

@@ -10,7 +10,8 @@ import concurrent.futures as futures
 
 import numpy as np
 
-from ..data.datum import LMDBReader, datum_to_array, hwc_to_chw, parse_datum, read_image
+from ..data.datum import (LMDBReader, datum_to_array, hwc_to_chw, listed, parse_datum,
+                          read_image, record_name)
 from ..data.imageset import read_image_list
 from ..data.segmentation import SegTransformer, read_pair, read_pair_list
 from ..data.transform import DataTransformer
@@ -104,7 +105,7 @@ class DatumReader(TransformedReader):
     def read(self, n):
         images, labels = [], []
         for key, value in self.db.next_records(n):
-            where = 'record %r of %s' % (key.decode(errors='replace'), self.db.path)
+            where = record_name(key, self.db.path)
             datum = parse_datum(value, where)
             images.append(datum_to_array(datum, self.transformer.color, where))
             labels.append(datum.label)
@@ -126,7 +127,7 @@ class LMDBDataLayer(ImageDataLayer):
         self.batch_size = self.check_batch_size(p.batch_size, 'data_param.batch_size')
         db = self._open()
         key, value = db.first()
-        where = 'record %r of %s' % (key.decode(errors='replace'), p.source)
+        where = record_name(key, p.source)
         transformer = DataTransformer(self.param.transform_param, self.phase, None, self.error)
         self.sample_shape = datum_to_array(parse_datum(value, where), transformer.color,
                                            where).shape
@@ -171,7 +172,7 @@ class ImageListReader(TransformedReader):
 
 
 def load_list_image(path, p):
-    return hwc_to_chw(read_image(path, p.is_color, p.new_height, p.new_width))
+    return hwc_to_chw(read_image(listed(path, p.source), p.is_color, p.new_height, p.new_width))
 
 
 @register('ImageData')
@@ -298,7 +299,8 @@ class SegReader:
 
     def _next_pair(self):
         layer = self.layer
-        pair = read_pair(*layer.pairs[self.order[self.position]], error=layer.error)
+        pair = read_pair(*layer.pairs[self.order[self.position]], error=layer.error,
+                         source=layer.source)
         self.position += 1
         if self.position == len(self.order):
             self.position = 0
@@ -334,8 +336,9 @@ class SegDataLayer(ImageDataLayer):
                 break
         else:
             self.batch_size = 1
+        self.source = source
         self.pairs = read_pair_list(source, prefix, self.error)
-        image, _ = read_pair(*self.pairs[0], error=self.error)
+        image, _ = read_pair(*self.pairs[0], error=self.error, source=source)
         transformer = SegTransformer(self.param.transform_param, self.phase, None, error=self.error)
         self.channels = image.shape[2] if image.ndim == 3 else 1
         self.window = transformer.output_size(*image.shape[:2])

@@ -3,6 +3,7 @@ import numpy as np
 
 from ..layer import Layer, register
 from .pooling import scatter_add
+from .shape import canonical_axis
 
 
 @register('InnerProduct')
@@ -16,7 +17,7 @@ class InnerProductLayer(Layer):
         self.num_output = ip.num_output
         if self.num_output < 1:
             raise self.error('num_output must be positive, got %d' % self.num_output)
-        self.axis = bottom[0].canonical_axis(ip.axis)
+        self.axis = canonical_axis(self, bottom[0], ip.axis)
         self.inputs = bottom[0].count_range(self.axis)
         self.transpose = ip.transpose
         shape = (self.num_output, self.inputs)

@@ -188,16 +188,11 @@ class InfogainLossLayer(_SoftmaxLoss):
             self.file_matrix = self.xp.asarray(self._read_matrix(), dtype=self.dtype)
 
     def _read_matrix(self):
+        from ..io.blobs import read_blob_proto
         source = self.param.infogain_loss_param.source
         if not source:
             raise self.error('needs infogain_loss_param.source or a third bottom (H)')
-        proto = caffe_pb2.BlobProto()
-        try:
-            with open(source, 'rb') as f:
-                proto.ParseFromString(f.read())
-        except OSError as e:
-            raise self.error('cannot read the infogain matrix %r: %s' % (source, e)) from None
-        return np.asarray(proto.double_data if len(proto.double_data) else proto.data)
+        return read_blob_proto(source).ravel()
 
     def axis_param(self):
         return self.param.infogain_loss_param.axis

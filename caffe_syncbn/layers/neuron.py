@@ -62,6 +62,8 @@ class PReLULayer(NeuronLayer):
     needs_input = True
 
     def setup(self, bottom, top):
+        self.check_bottoms(bottom, exact=1)
+        self.check_tops(top, exact=1)
         p = self.param.prelu_param
         if bottom[0].num_axes < 2:
             raise self.error('needs a bottom with >= 2 axes (N, C, ...), got shape %s'
@@ -199,7 +201,11 @@ class ExpLayer(NeuronLayer):
             raise self.error('base must be > 0 (or -1 for e), got %g' % p.base)
         log_base = 1.0 if p.base == -1 else math.log(p.base)
         self.inner_scale = log_base * p.scale
-        self.outer_scale = 1.0 if p.shift == 0 else math.exp(log_base * p.shift)
+        try:
+            self.outer_scale = 1.0 if p.shift == 0 else math.exp(log_base * p.shift)
+        except OverflowError:
+            raise self.error('base ^ shift overflows (base %g, shift %g)' % (p.base, p.shift)) \
+                from None
 
     def activate(self, x):
         y = self.xp.exp(x * self.inner_scale)
@@ -217,8 +223,8 @@ class LogLayer(NeuronLayer):
 
     def setup(self, bottom, top):
         p = self.param.log_param
-        if p.base != -1 and p.base <= 0:
-            raise self.error('base must be > 0 (or -1 for e), got %g' % p.base)
+        if p.base != -1 and not (p.base > 0 and p.base != 1):
+            raise self.error('base must be > 0 and not 1 (or -1 for e), got %g' % p.base)
         self.inv_log_base = 1.0 if p.base == -1 else 1.0 / math.log(p.base)
         self.scale, self.shift = p.scale, p.shift
 

@@ -4,7 +4,7 @@
 ``caffe.get_solver`` does; ``AdamSolver('solver.prototxt')`` forces a type. These are the
 single-device solvers of pycaffe, in the mode set_mode_cpu/set_mode_gpu chose.
 """
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 from .lr_policy import POLICIES, LearningRatePolicy
 from .rules import RULES
 from .params import load_solver_param, upgrade_solver_param
@@ -73,8 +73,8 @@ def get_solver_class(type_name):
     try:
         return _CLASSES[type_name]
     except KeyError:
-        raise CaffeError('unknown solver type %r; expected one of %s'
-                         % (type_name, ', '.join(_CLASSES))) from None
+        raise CaffeError('unknown solver type %s; expected one of %s'
+                         % (quote(type_name), ', '.join(_CLASSES))) from None
 
 
 def get_solver_from_string(text, **kwargs):

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -20,8 +20,9 @@ POLICIES = ('fixed', 'step', 'exp', 'inv', 'multistep', 'poly', 'sigmoid')
 class LearningRatePolicy:
     """``rate(iteration)`` as Caffe's GetLearningRate at internal iteration ``iteration``."""
 
-    def __init__(self, solver_param, dtype=np.float32):
+    def __init__(self, solver_param, dtype=np.float32, source='solver'):
         self.param = solver_param
+        self.source = source
         self.policy = solver_param.lr_policy
         self.dtype = np.dtype(dtype)
         self.current_step = 0
@@ -30,16 +31,43 @@ class LearningRatePolicy:
     def _check(self):
         p, policy = self.param, self.policy
         if policy not in POLICIES:
-            raise CaffeError('unknown lr_policy %r; expected one of %s'
-                             % (policy, ', '.join(POLICIES)))
+            raise CaffeError('%s: unknown lr_policy %s; expected one of %s'
+                             % (self.source, quote(policy), ', '.join(POLICIES)))
         if policy in ('step', 'exp', 'inv', 'multistep', 'sigmoid') and p.gamma < 0:
-            raise CaffeError('lr_policy %r needs gamma >= 0, got %g' % (policy, p.gamma))
+            raise CaffeError("%s: lr_policy '%s' needs gamma >= 0, got %g"
+                             % (self.source, policy, p.gamma))
         if policy in ('step', 'sigmoid') and p.stepsize <= 0:
-            raise CaffeError('lr_policy %r needs stepsize > 0, got %d' % (policy, p.stepsize))
+            raise CaffeError("%s: lr_policy '%s' needs stepsize > 0, got %d"
+                             % (self.source, policy, p.stepsize))
         if policy == 'poly' and p.max_iter <= 0:
-            raise CaffeError("lr_policy 'poly' needs max_iter > 0, got %d" % p.max_iter)
+            raise CaffeError("%s: lr_policy 'poly' needs max_iter > 0, got %d"
+                             % (self.source, p.max_iter))
+
+    def check_resume(self, iteration, current_step, source):
+        """Reject a saved iteration or multistep position that no run could have reached."""
+        if iteration < 0:
+            raise CaffeError('%s: iteration %d is negative' % (source, iteration))
+        steps = len(self.param.stepvalue) if self.policy == 'multistep' else 0
+        if self.policy == 'multistep' and not 0 <= current_step <= steps:
+            raise CaffeError("%s: current_step %d is outside 0..%d, the steps of lr_policy "
+                             "'multistep' (%d stepvalue)" % (source, current_step, steps, steps))
 
     def rate(self, iteration):
+        """The rate at ``iteration``; a CaffeError where the policy is undefined or overflows
+        there (Caffe would go on with an infinite or NaN rate)."""
+        try:
+            rate = self._rate(iteration)
+        except (OverflowError, ValueError, ZeroDivisionError):
+            rate = float('nan')
+        if not np.isfinite(rate):
+            raise CaffeError("%s: lr_policy '%s' has no finite learning rate at iteration %d "
+                             '(base_lr %g, gamma %g, power %g, stepsize %d, max_iter %d)'
+                             % (self.source, self.policy, iteration, self.param.base_lr,
+                                self.param.gamma, self.param.power, self.param.stepsize,
+                                self.param.max_iter))
+        return rate
+
+    def _rate(self, iteration):
         d = self.dtype.type
         p = self.param
         base = float(d(p.base_lr))

@@ -4,9 +4,10 @@ import logging
 import os
 
 from .. import caffe_pb2
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 from ..layer import TEST, TRAIN
 from ..prototxt import read_prototxt
+from .rules import RULES
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -34,13 +35,16 @@ def load_solver_param(path):
 
 
 def upgrade_solver_param(param, source='solver'):
-    """Turn the deprecated ``solver_type`` enum into the ``type`` string."""
+    """Turn the deprecated ``solver_type`` enum into the ``type`` string, and check it."""
     if param.HasField('solver_type'):
         if param.HasField('type'):
             raise CaffeError('%s: the deprecated solver_type and type are both set; keep only type'
                              % source)
         param.type = _LEGACY_TYPES[param.solver_type]
         param.ClearField('solver_type')
+    if param.type not in RULES:
+        raise CaffeError('%s: unknown solver type %s; expected one of %s'
+                         % (source, quote(param.type), ', '.join(RULES)))
     return param
 
 
@@ -51,8 +55,8 @@ def check_solver_param(p, source):
     if p.iter_size < 1:
         raise CaffeError('%s: iter_size must be >= 1, got %d' % (source, p.iter_size))
     if p.regularization_type not in ('L1', 'L2'):
-        raise CaffeError("%s: unknown regularization_type %r; expected 'L1' or 'L2'"
-                         % (source, p.regularization_type))
+        raise CaffeError("%s: unknown regularization_type %s; expected 'L1' or 'L2'"
+                         % (source, quote(p.regularization_type)))
     if p.snapshot_diff:
         log.warning('%s: snapshot_diff is not supported; snapshots hold the weights only', source)
     if p.snapshot > 0:
@@ -81,8 +85,9 @@ def _read_net(path, field, source):
             beside = os.path.join(os.path.dirname(os.path.abspath(source)), path)
             if os.path.isfile(beside):
                 hint = '; it exists next to the solver file: run from %s' % os.path.dirname(beside)
-        raise CaffeError("%s: %s file '%s' not found (paths in a solver are relative to the "
-                         'current directory, %s)%s' % (source, field, path, os.getcwd(), hint))
+        raise CaffeError("%s: %s file %s not found (paths in a solver are relative to the "
+                         'current directory, %s)%s'
+                         % (source, field, quote(path), os.getcwd(), hint))
     return copy_message(load_net_param(path))
 
 

@@ -123,6 +123,12 @@ class AdamRule(UpdateRule):
     """Adam; history[i] is the first moment m, history[N + i] the second moment v."""
     history_per_param = 2
 
+    def check(self):
+        p = self.param
+        if not (0 <= p.momentum < 1 and 0 <= p.momentum2 < 1):
+            raise CaffeError('Adam needs 0 <= momentum < 1 and 0 <= momentum2 < 1, got %g and %g'
+                             % (p.momentum, p.momentum2))
+
     def compute_update(self, i, blob, rate, iteration=0):
         d = self.dtype.type
         xp, grad = blob.xp, blob.diff

@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..backend import get_array_module, to_numpy
-from ..errors import CaffeError
+from ..errors import CaffeError, naming, quote
+from ..io.atomic import remove_stale_temporaries
 from .lr_policy import LearningRatePolicy
 from .params import (check_solver_param, copy_message, load_solver_param, test_net_params,
                      train_net_param, upgrade_solver_param)
@@ -52,13 +53,16 @@ class Solver:
             set_random_seed(p.random_seed)
         if net is None:
             train_param = train_net_param(p, self.source)
-            net = self.create_net(train_param, train_param.state.phase)
+            with naming(self.source):
+                net = self.create_net(train_param, train_param.state.phase)
         self.net = net
         #: the terms its files speak: the net's own, or the user's prototxt (convert.terms)
         self.file_terms = self.make_file_terms()
         self._load_weights(net)
         if test_nets is None:
-            test_nets = [self.create_net(n, n.state.phase) for n in test_net_params(p, self.source)]
+            with naming(self.source):
+                test_nets = [self.create_net(n, n.state.phase)
+                             for n in test_net_params(p, self.source)]
         elif len(p.test_iter) < len(test_nets):
             raise CaffeError('%s: test_iter must be given once per test net (%d test_iter for %d '
                              'test nets)' % (self.source, len(p.test_iter), len(test_nets)))
@@ -66,8 +70,10 @@ class Solver:
         for test_net in self.test_nets:
             self._load_weights(test_net)
             test_net.share_weights_with(self.net)
-        self.lr_policy = LearningRatePolicy(p, self.dtype)
-        self.rule = self.rule_class(p, self.net.learnable_params, self.net.params_lr, self.dtype)
+        self.lr_policy = LearningRatePolicy(p, self.dtype, self.source)
+        with naming(self.source):
+            self.rule = self.rule_class(p, self.net.learnable_params, self.net.params_lr,
+                                        self.dtype)
         #: Caffe's root_solver(): only the root logs, tests and snapshots
         self.is_root = True
         #: called after every iteration and test batch: returns None, 'stop' or 'snapshot'
@@ -246,6 +252,8 @@ class Solver:
         log.info('Solving %s', self.net.name)
         log.info('Learning Rate Policy: %s', p.lr_policy)
         self.requested_early_exit = False
+        if self.is_root:
+            self.remove_stale_snapshot_files()
         if resume_file:
             log.info('Restoring previous solver status from %s', resume_file)
             self.restore(resume_file)
@@ -366,18 +374,23 @@ class Solver:
         return '%s_iter_%d%s' % (self.param.snapshot_prefix, self.iter, extension)
 
     def snapshot(self):
-        """Write the weights and the solver state; returns their two file names."""
+        """Write the weights and the solver state; returns their two file names. A failed
+        write is a CaffeError naming the file that failed."""
         hdf5 = self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
         model = self.snapshot_filename('.caffemodel.h5' if hdf5 else '.caffemodel')
         state = self.snapshot_filename('.solverstate.h5' if hdf5 else '.solverstate')
-        try:
-            log.info('Snapshotting to %s file %s', 'HDF5' if hdf5 else 'binary proto', model)
-            self.file_terms.save(model, hdf5)
-            log.info('Snapshotting solver state to %s file %s', 'HDF5' if hdf5 else 'binary proto', state)
-            write_solver_state(state, self.solver_state(model))
-        except OSError as exc:
-            raise CaffeError('cannot write snapshot %s: %s' % (exc.filename or model, exc.strerror)) from None
+        self.remove_stale_snapshot_files()
+        kind = 'HDF5' if hdf5 else 'binary proto'
+        log.info('Snapshotting to %s file %s', kind, model)
+        self.file_terms.save(model, hdf5)
+        log.info('Snapshotting solver state to %s file %s', kind, state)
+        write_solver_state(state, self.solver_state(model))
         return model, state
+
+    def remove_stale_snapshot_files(self):
+        """Remove the temporary files that snapshots of a killed run with this prefix left."""
+        for path in remove_stale_temporaries(self.param.snapshot_prefix + '_iter_'):
+            log.info('Removed %s, left by an interrupted snapshot', path)
 
     def solver_state(self, learned_net=''):
         """The SolverState a snapshot writes: the history in the terms of ``file_terms``."""
@@ -392,9 +405,14 @@ class Solver:
         saved = self.file_terms.history_in(
             state.history, path, self.rule.history_per_param,
             "a %s solver on net '%s'" % (self.param.type, self.net.name))
-        self.iter = state.iter
+        self.lr_policy.check_resume(state.iter, state.current_step, path)
         if state.learned_net:
-            self.file_terms.load_weights(self.net, _find_learned_net(state.learned_net, path))
+            weights = _find_learned_net(state.learned_net, path)
+            try:                          # a snapshot of this net holds all of its weights
+                self.file_terms.load_weights(self.net, weights, complete=True)
+            except CaffeError as exc:
+                raise CaffeError('solver state %s: %s' % (path, exc)) from None
+        self.iter = state.iter
         self.lr_policy.current_step = state.current_step
         for saved_array, mine in zip(saved, history):
             mine[...] = get_array_module(mine).asarray(saved_array, dtype=mine.dtype)
@@ -425,13 +443,13 @@ def _find_learned_net(name, state_path):
     beside = os.path.join(os.path.dirname(os.path.abspath(state_path)), name)
     if os.path.exists(beside):
         return beside
-    raise CaffeError("solver state %s names weights '%s', found neither in %s nor next to the state"
-                     % (state_path, name, os.getcwd()))
+    raise CaffeError('solver state %s names weights %s, found neither in %s nor next to the state'
+                     % (state_path, quote(name), os.getcwd()))
 
 
 def _rule_class(type_name):
     try:
         return RULES[type_name]
     except KeyError:
-        raise CaffeError('unknown solver type %r; expected one of %s'
-                         % (type_name, ', '.join(RULES))) from None
+        raise CaffeError('unknown solver type %s; expected one of %s'
+                         % (quote(type_name), ', '.join(RULES))) from None

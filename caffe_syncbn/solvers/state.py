@@ -15,7 +15,8 @@ import numpy as np
 from .. import caffe_pb2
 from ..errors import CaffeError
 from ..io.atomic import atomic_write
-from ..io.caffemodel import array_to_blob, blob_to_array, is_hdf5
+from ..io.caffemodel import array_to_blob, blob_to_array, is_hdf5, parse_binary_file
+from ..io.hdf5 import read_dataset, reading, writing
 
 
 class SolverState:
@@ -37,20 +38,18 @@ def read_solver_state(path):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CaffeError('solver state %s: no such file' % path)
-    try:
-        return _read_hdf5(path) if is_hdf5(path) else _read_binary(path)
-    except CaffeError:
-        raise
-    except Exception as exc:  # a truncated or foreign file: say which one and why
-        raise CaffeError('solver state %s cannot be read: %s' % (path, exc)) from None
+    if is_hdf5(path):
+        with reading(path, 'HDF5 solver state'):
+            return _read_hdf5(path)
+    return _read_binary(path)
 
 
 def write_solver_state(path, state):
     """Write ``state`` atomically; the format follows the ``.h5`` suffix as in Caffe."""
     path = os.fspath(path)
     if path.endswith('.h5'):
-        with atomic_write(path, as_path=True) as tmp_path:
-            _write_hdf5(tmp_path, state)
+        with writing(path) as f:
+            _write_hdf5(f, state)
     else:
         data = _to_proto(state).SerializeToString()
         with atomic_write(path) as f:
@@ -69,35 +68,35 @@ def _to_proto(state):
 
 
 def _read_binary(path):
-    with open(path, 'rb') as f:
-        proto = caffe_pb2.SolverState.FromString(f.read())
+    proto = parse_binary_file(path, caffe_pb2.SolverState)
     history = []
     for i, blob in enumerate(proto.history):
         try:
             history.append(blob_to_array(blob))
         except CaffeError as exc:
             raise CaffeError('solver state %s: history blob %d: %s' % (path, i, exc)) from None
-    return SolverState(proto.iter, proto.learned_net, proto.current_step, history)
+    learned_net = proto.learned_net      # bytes where it is not UTF-8: a path all the same
+    if isinstance(learned_net, bytes):
+        learned_net = learned_net.decode('utf-8', 'surrogateescape')
+    return SolverState(proto.iter, learned_net, proto.current_step, history)
 
 
 # ---- HDF5 ----------------------------------------------------------------------------------
-def _write_hdf5(path, state):
-    import h5py
-    with h5py.File(path, 'w') as f:
-        f.create_dataset('iter', data=np.array([state.iter], np.int32))
-        _write_c_string(f, 'learned_net', state.learned_net)
-        f.create_dataset('current_step', data=np.array([state.current_step], np.int32))
-        group = f.create_group('history')
-        for i, array in enumerate(state.history):
-            array = np.asarray(array)
-            dtype = np.float64 if array.dtype == np.float64 else np.float32
-            group.create_dataset(str(i), data=array.astype(dtype))
+def _write_hdf5(f, state):
+    f.create_dataset('iter', data=np.array([state.iter], np.int32))
+    _write_c_string(f, 'learned_net', state.learned_net)
+    f.create_dataset('current_step', data=np.array([state.current_step], np.int32))
+    group = f.create_group('history')
+    for i, array in enumerate(state.history):
+        array = np.asarray(array)
+        dtype = np.float64 if array.dtype == np.float64 else np.float32
+        group.create_dataset(str(i), data=array.astype(dtype))
 
 
 def _write_c_string(f, name, text):
     """A scalar, NULL-terminated ASCII string, as HDF5's H5LTmake_dataset_string writes it."""
     import h5py
-    raw = text.encode('utf-8')
+    raw = text.encode('utf-8', 'surrogateescape')
     string_type = h5py.h5t.C_S1.copy()
     string_type.set_size(len(raw) + 1)
     string_type.set_strpad(h5py.h5t.STR_NULLTERM)
@@ -116,18 +115,23 @@ def _read_hdf5(path):
         learned_net = ''
         if 'learned_net' in f:
             raw = f['learned_net'][()]
-            learned_net = (raw.decode('utf-8') if isinstance(raw, bytes) else str(raw)).rstrip('\0')
-        current_step = _scalar_int(f['current_step']) if 'current_step' in f else 0
+            if not isinstance(raw, bytes):
+                raise CaffeError("solver state %s: 'learned_net' is not a string" % path)
+            learned_net = raw.decode('utf-8', 'surrogateescape').rstrip('\0')
+        current_step = _scalar_int(f, 'current_step', path) if 'current_step' in f else 0
         group = f['history']
         history = []
         for i in range(len(group)):
             if str(i) not in group:
                 raise CaffeError("solver state %s: history has %d entries but no '%d'"
                                  % (path, len(group), i))
-            data = group[str(i)][()]
+            data = read_dataset(group[str(i)], 'solver state %s: history blob %d' % (path, i))
             history.append(np.asarray(data, np.float64 if data.dtype == np.float64 else np.float32))
-        return SolverState(_scalar_int(f['iter']), learned_net, current_step, history)
+        return SolverState(_scalar_int(f, 'iter', path), learned_net, current_step, history)
 
 
-def _scalar_int(dataset):
-    return int(np.asarray(dataset[()]).reshape(-1)[0])
+def _scalar_int(f, name, path):
+    values = np.asarray(read_dataset(f[name], 'solver state %s: %s' % (path, name))).reshape(-1)
+    if values.size != 1 or values.dtype.kind not in 'iu':
+        raise CaffeError("solver state %s: '%s' is not one integer" % (path, name))
+    return int(values[0])
