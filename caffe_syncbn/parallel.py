@@ -124,6 +124,10 @@ class DevicePool:
                              % (len(stuck), ABORT_GRACE_SECONDS, original)) from original
         raise original
 
+    def submit(self, rank, fn, *args):
+        """Start ``fn(*args)`` on one replica's thread; its Future."""
+        return self._workers[rank].submit(fn, *args)
+
     def run_on(self, rank, fn):
         """``fn()`` on one replica's thread (no collectives: nothing to abort)."""
         return self._workers[rank].submit(fn).result()

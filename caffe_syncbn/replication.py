@@ -64,8 +64,9 @@ class Replicas:
     def __init__(self, devices, link=None, communicate=True):
         self.devices, self.link = devices, link
         self.process, self.processes = (link.rank, link.size) if link else (0, 1)
-        counts = link.allgather(len(devices)) if link else [len(devices)]
-        self.first, self.total = sum(counts[:self.process]), sum(counts)
+        #: how many replicas each process holds
+        self.counts = link.allgather(len(devices)) if link else [len(devices)]
+        self.first, self.total = sum(self.counts[:self.process]), sum(self.counts)
         self.comms = make_comms(devices, link) if communicate else \
             [SoloComm() for _ in devices]
         self.pool = DevicePool(devices, self.comms)
@@ -126,7 +127,11 @@ class Replicas:
 
     def source_parts(self, batch, parts):
         """Put the Input blobs of ``batch`` (split_source's form) into ``parts``."""
-        for rank, inputs in enumerate(self.split_source(batch)):
+        self.input_parts(self.split_source(batch), parts)
+
+    def input_parts(self, batches, parts):
+        """Put the Input blobs of ``batches`` (one dict per replica) into ``parts``."""
+        for rank, inputs in enumerate(batches):
             for name, tops in self.input_layers:
                 missing = [t for t in tops if t not in inputs]
                 if missing:

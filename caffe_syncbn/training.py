@@ -18,6 +18,7 @@ snapshots; the others log only warnings and errors.
 """
 import logging
 import os
+import threading
 import time
 
 import numpy as np
@@ -85,6 +86,7 @@ class DataParallelSolver(PycaffeSolver):
         self._seed = seed
         self._user_train_param = None
         self._testing = False
+        self._source_lock = threading.Lock()
         if mode == 'sync':
             self.strategy = Synchronous(self)
         else:
@@ -199,6 +201,21 @@ class DataParallelSolver(PycaffeSolver):
                 parts[rank]['layers'].update(layers)
         self._parts = parts
 
+    def feed_replica(self, rank):
+        """Asynchronous replicas: replica ``rank``'s next batch of its own, from its pipeline
+        or from one call of the data source (whose arrays are all that replica's)."""
+        layers = {}
+        source = self._data_sources.get('train')
+        if source is not None:
+            with self._source_lock:
+                batch = source()
+            parts = [{'layers': {}}]
+            self.replication.input_parts([batch], parts)
+            layers.update(parts[0]['layers'])
+        if self.replication.pipeline is not None:
+            layers.update(self.replication.pipeline[rank].next_split()[0])
+        self._parts[rank] = {'layers': layers}
+
     # ---- one iteration -----------------------------------------------------------------------
     def forward_backward_all(self):
         return self.strategy.forward_backward_all()
@@ -217,8 +234,10 @@ class DataParallelSolver(PycaffeSolver):
     def log_outputs(self, net, which, values=None):
         """The train net's outputs as the mean over all replicas: for a loss, whose replicas
         divide by the global normalizer, that mean is the loss of the global batch."""
-        if net is self.net and values is None and self.strategy.name == 'sync' and \
-                self.replication.total > 1:
+        if net is self.net and values is None and self.strategy.name == 'async':
+            # the holder runs no forward: replica 0's outputs, of its last batch
+            values = {name: to_numpy(self.replicas[0].blobs[name].data) for name in net.outputs}
+        elif net is self.net and values is None and self.replication.total > 1:
             outputs = [{name: to_numpy(r.blobs[name].data) for name in net.outputs}
                        for r in self.replicas]
             values = {}

@@ -123,6 +123,22 @@ class MpiLink:
     def barrier(self, what='barrier'):
         self.wait(self.comm.Ibarrier(), what)
 
+    def send_object(self, value, dest, tag, what):
+        """Send a picklable ``value`` (arrays and all) to process ``dest``."""
+        self.wait(self.comm.isend(value, dest=dest, tag=tag), what)
+
+    def recv_object(self, source, tag, what):
+        """The next value process ``source`` sent with ``tag``."""
+        deadline = time.monotonic() + self.timeout
+        while not self.comm.Iprobe(source=source, tag=tag):
+            if self.failure is not None:
+                raise CommAborted('%s [process %d, in %s]' % (self.failure, self.rank, what))
+            if time.monotonic() > deadline:
+                self.fail('process %d waited %g s for %s' % (self.rank, self.timeout, what))
+                raise CommAborted(self.failure)
+            time.sleep(0.0005)
+        return self.comm.recv(source=source, tag=tag)
+
     def allgather(self, value):
         """Every process's ``value`` (an int), in rank order."""
         values = np.zeros(self.size, np.int64)
