@@ -16,6 +16,7 @@ the updates: synchronous (above) or asynchronous (asynchronous.py). Under mpiexe
 srun the replicas of every process form one run (comm/mpi.py): process 0 logs, tests and
 snapshots; the others log only warnings and errors.
 """
+import json
 import logging
 import os
 import threading
@@ -28,6 +29,7 @@ from .backend import activate_gpu, to_numpy
 from .comm.mpi import job_link
 from .convert import norm_units, to_syncbn
 from .errors import CaffeError
+from .io.atomic import atomic_write
 from .layer import TRAIN, LayerContext
 from .net import Net
 from .parallel import describe_devices, parse_devices
@@ -36,6 +38,8 @@ from .solvers import PycaffeSolver, Solver, load_solver_param, upgrade_solver_pa
 
 log = logging.getLogger('caffe_syncbn')
 MODES = ('sync', 'async')
+#: beside a solverstate: the number of replicas and the global batches of its run
+RUN_FILE_SUFFIX = '.replicas.json'
 
 
 def _share_cores(devices):
@@ -279,7 +283,32 @@ class DataParallelSolver(PycaffeSolver):
     # ---- state -----------------------------------------------------------------------------
     def restore(self, path):
         super().restore(path)
+        self._warn_if_global_batch_changed(path)
         self.strategy.after_restore()
+
+    def global_batches(self):
+        """{data layer: its global batch} (batch_size is per device)."""
+        return {layer.name: layer.batch_size * self.replication.total
+                for layer in self.replication.data_layers()}
+
+    def _warn_if_global_batch_changed(self, state_path):
+        """The global batch of the run a snapshot came from is in a file beside it; a
+        resume on another number of devices or processes changes it."""
+        if self.process != 0:
+            return
+        try:
+            with open(os.fspath(state_path) + RUN_FILE_SUFFIX) as f:
+                before = json.load(f)
+        except (OSError, ValueError):
+            return
+        now = self.global_batches()
+        changed = {name: (before['global_batches'][name], batch) for name, batch in now.items()
+                   if before.get('global_batches', {}).get(name, batch) != batch}
+        for name, (old, new) in changed.items():
+            log.warning("Resuming with %d replicas where the snapshot was written by %d: the "
+                        "global batch of data layer '%s' changes from %d to %d (batch_size is per "
+                        'device); adjust base_lr or batch_size if that is not what you want',
+                        self.replication.total, before.get('replicas', 0), name, old, new)
 
     def snapshot(self):
         """Caffe's snapshot, written by process 0 alone, with a line saying how long it took
@@ -288,6 +317,10 @@ class DataParallelSolver(PycaffeSolver):
             return None
         start = time.perf_counter()
         paths = super().snapshot()
+        if paths:
+            with atomic_write(paths[1] + RUN_FILE_SUFFIX) as f:
+                f.write(json.dumps({'replicas': self.replication.total,
+                                    'global_batches': self.global_batches()}).encode())
         size = sum(os.path.getsize(p) for p in paths or () if os.path.isfile(p))
         log.info('Snapshot of iteration %d written: %.3g MB in %.2f s', self.iter, size / 1e6,
                  time.perf_counter() - start)
