@@ -42,13 +42,16 @@ MODES = ('sync', 'async')
 RUN_FILE_SUFFIX = '.replicas.json'
 
 
-def _share_cores(devices):
-    """Virtual CPU devices share the machine's cores: give each replica's BLAS calls its
-    share, or R replicas x all cores of BLAS threads fight over the same cores."""
-    if len(devices) < 2 or devices[0][0] != 'cpu':
+def _share_cores(devices, link):
+    """Virtual CPU devices share the machine's cores (with the devices of the job's other
+    processes on it): give each replica's BLAS calls its share, or R replicas x all cores
+    of BLAS threads fight over the same cores."""
+    processes = link.processes_on_this_node() if link is not None else 1
+    if len(devices) * processes < 2 or devices[0][0] != 'cpu':
         return None
     from threadpoolctl import threadpool_limits
-    return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // len(devices)), user_api='blas')
+    return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // (len(devices) * processes)),
+                             user_api='blas')
 
 
 def _backend(kind):
@@ -84,7 +87,7 @@ class DataParallelSolver(PycaffeSolver):
         if level is not None:
             self._train_state.level = level
         self._weights = weights
-        self._blas_limit = _share_cores(devices)
+        self._blas_limit = _share_cores(devices, link)
         self.pool.run(self._activate_device)
         self._parts = [None] * len(devices)
         self._seed = seed

@@ -40,6 +40,9 @@ PEER_TIMEOUT = float(os.environ.get('CAFFE_SYNCBN_PEER_TIMEOUT', 20))
 #: the longest wait in one collective: process 0 may be testing or snapshotting meanwhile
 COLLECTIVE_TIMEOUT = float(os.environ.get('CAFFE_SYNCBN_COLLECTIVE_TIMEOUT', 1800))
 GRACE_SECONDS = 10.0
+#: how long a wait polls without sleeping before it lets the core go between polls (when
+#: the processes on a machine are no more than its cores)
+SPIN_SECONDS = 0.002
 _CHAIN, _HEARTBEAT = 11, 12
 #: the launchers' variables that give the number of processes of a job
 _SIZE_VARIABLES = ('PMI_SIZE', 'OMPI_COMM_WORLD_SIZE', 'MV2_COMM_WORLD_SIZE',
@@ -90,6 +93,8 @@ class MpiLink:
         self.rank, self.size = world.Get_rank(), world.Get_size()
         self.timeout, self.peer_timeout = float(timeout), float(peer_timeout)
         self.failure = None
+        # polling without sleeping helps only where every process has a core to itself
+        self.spin = SPIN_SECONDS if self.processes_on_this_node() <= (os.cpu_count() or 1) else 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name='mpi-watchdog', daemon=True)
@@ -99,17 +104,21 @@ class MpiLink:
     def wait(self, request, what):
         """Poll ``request`` until it completes; raise CommAborted when the link fails or
         after ``timeout`` seconds."""
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        spin_until, deadline = start + self.spin, start + self.timeout
         pause = 0.0
         while not request.Test():
+            now = time.monotonic()
+            if now < spin_until:         # most waits are short: keep the core meanwhile
+                continue
             if self.failure is not None:
                 raise CommAborted('%s [process %d, in %s]' % (self.failure, self.rank, what))
-            if time.monotonic() > deadline:
+            if now > deadline:
                 self.fail('process %d waited %g s in %s; a peer stopped taking part'
                           % (self.rank, self.timeout, what))
                 raise CommAborted(self.failure)
             time.sleep(pause)
-            pause = min(0.002, pause + 0.0001)      # spin first: most waits are short
+            pause = min(0.0005, pause + 0.00005)
 
     def send(self, array, dest, what):
         self.wait(self.comm.Isend(array, dest=dest, tag=_CHAIN), what)
@@ -138,6 +147,14 @@ class MpiLink:
                 raise CommAborted(self.failure)
             time.sleep(0.0005)
         return self.comm.recv(source=source, tag=tag)
+
+    def processes_on_this_node(self):
+        """How many processes of the job share this machine (MPI_COMM_TYPE_SHARED)."""
+        node = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
+        try:
+            return node.Get_size()
+        finally:
+            node.Free()
 
     def allgather(self, value):
         """Every process's ``value`` (an int), in rank order."""
