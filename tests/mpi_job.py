@@ -10,6 +10,7 @@ process computes alone (link=None) in the same launch.
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +100,8 @@ def pipelines(out, link):
         original = getattr(image_data, name)
 
         def counting(*args, _original=original, **kwargs):
-            decoded['count'] += 1
+            if threading.current_thread() is threading.main_thread():   # not a prefetcher
+                decoded['count'] += 1
             return _original(*args, **kwargs)
         setattr(image_data, name, counting)
     for kind in ('lmdb', 'hdf5', 'list'):
