@@ -18,7 +18,8 @@ same solver (the demo's, shortened to ``--iterations``):
 
 It prints each mode's throughput (images per second, and as a ratio to sync measured in
 the same run), the median forward-backward time of a fast replica and of the slow one as
-they ran (the machine's load moves them), its training loss every 10% of the run (the
+they ran (the machine's load moves them; in sync a fast replica's includes its wait for
+the slow one at the loss normalizer's allreduce), its training loss every 10% of the run (the
 solver's smoothed loss), the held-out loss and pixel accuracy at the end, and the
 staleness of the asynchronous updates (updates applied between a replica's read of the
 params and its own update).
