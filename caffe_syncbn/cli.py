@@ -12,13 +12,13 @@
 Flags take every gflags spelling (see flags.py); tools/train_net.py, test_net.py and
 time_net.py are this command's train, test and time.
 """
-import traceback
 import functools
 import logging
 import os
 import signal
 import sys
 import time
+import traceback
 
 from .cli_devices import device_query, select_device, train_devices
 from .errors import CaffeError
@@ -64,11 +64,11 @@ def _parser(command):
         p.flag('snapshot', metavar='FILE', help='the solverstate to resume from')
         p.flag('sync_bn', action='store_true', help='run every BatchNorm(+Scale) and BN as SyncBN')
         p.add_argument('-async', dest='async_updates', action='store_true',
-               help='asynchronous updates: each replica updates the shared params without '
-                    'waiting for the others (not with -sync_bn)')
+                       help='asynchronous updates: each replica updates the shared params '
+                            'without waiting for the others (not with -sync_bn)')
         p.flag('max_staleness', type=non_negative_int, metavar='K',
-               help='with -async: a replica runs at most K updates ahead of the slowest '
-                    '(default: no bound)')
+               help='with -async: a replica waits while it is more than K updates ahead of '
+                    'the slowest (default: no bound)')
         for name, default in (('sigint_effect', 'stop'), ('sighup_effect', 'snapshot'),
                               ('nan_effect', 'none')):
             p.flag(name, choices=EFFECTS, default=default, help='what %s does (default %s)' % (

@@ -23,6 +23,7 @@ from .gradients import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .layer import LayerContext
 from .net import Net
 from .parallel import DevicePool, InputPipeline, split_batch
+from .solvers import Solver
 
 
 def make_comms(devices, link=None):
@@ -238,7 +239,8 @@ class Synchronous:
         solvers = [solver] + solver.workers
         for worker in solver.workers:
             worker.iter = solver.iter
-        return self.replicas.pool.run(lambda rank: solver.update_replica(solvers[rank]))[0]
+        # the same update on every replica (the root logs the rate)
+        return self.replicas.pool.run(lambda rank: Solver.apply_update(solvers[rank]))[0]
 
     def after_restore(self):
         solver = self.solver

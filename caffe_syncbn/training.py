@@ -233,11 +233,6 @@ class DataParallelSolver(PycaffeSolver):
     def apply_update(self):
         return self.strategy.apply_update()
 
-    @staticmethod
-    def update_replica(solver):
-        """One replica's update (the root's logs the rate)."""
-        return Solver.apply_update(solver)
-
     def log_outputs(self, net, which, values=None):
         """The train net's outputs as the mean over all replicas: for a loss, whose replicas
         divide by the global normalizer, that mean is the loss of the global batch."""

@@ -104,10 +104,13 @@ class MpiLink:
     def wait(self, request, what):
         """Poll ``request`` until it completes; raise CommAborted when the link fails or
         after ``timeout`` seconds."""
+        self._poll(request.Test, what)
+
+    def _poll(self, done, what):
         start = time.monotonic()
         spin_until, deadline = start + self.spin, start + self.timeout
         pause = 0.0
-        while not request.Test():
+        while not done():
             now = time.monotonic()
             if now < spin_until:         # most waits are short: keep the core meanwhile
                 continue
@@ -138,14 +141,7 @@ class MpiLink:
 
     def recv_object(self, source, tag, what):
         """The next value process ``source`` sent with ``tag``."""
-        deadline = time.monotonic() + self.timeout
-        while not self.comm.Iprobe(source=source, tag=tag):
-            if self.failure is not None:
-                raise CommAborted('%s [process %d, in %s]' % (self.failure, self.rank, what))
-            if time.monotonic() > deadline:
-                self.fail('process %d waited %g s for %s' % (self.rank, self.timeout, what))
-                raise CommAborted(self.failure)
-            time.sleep(0.0005)
+        self._poll(lambda: self.comm.Iprobe(source=source, tag=tag), what)
         return self.comm.recv(source=source, tag=tag)
 
     def processes_on_this_node(self):
