@@ -26,6 +26,7 @@ computed on params some updates old ("stale").
   remote and local replicas go through the same holder. The other processes only compute:
   their solver follows process 0 until process 0 closes its solver.
 """
+import contextlib
 import logging
 import threading
 
@@ -48,6 +49,9 @@ class ParamHolder:
         self.learned = solver.net.learnable_params
         #: the blobs no update changes (statistics, frozen params): the replicas' own, handed in
         self.kept = kept
+        # a replica's thread calls in with its own GPU current: work on the holder's
+        device = getattr(self.blobs[0].data, 'device', None) if self.blobs else None
+        self.on_device = device if hasattr(device, '__enter__') else contextlib.nullcontext()
         self.cond = threading.Condition()
         self.version = self.limit = 0
         self.clocks = [0] * total
@@ -57,7 +61,7 @@ class ParamHolder:
         self.failure, self.closed = None, False
 
     def read(self):
-        with self.cond:
+        with self.cond, self.on_device:
             return self._params()
 
     def _params(self):
@@ -72,11 +76,12 @@ class ParamHolder:
                 self.cond.wait()
             if self.closed:
                 return None
-            for blob, gradient in zip(self.learned, gradients):
-                blob.diff[...] = blob.xp.asarray(gradient) * blob.dtype.type(scale)
-            for index, data in zip(self.kept, kept):
-                self.blobs[index].data[...] = self.blobs[index].xp.asarray(data)
-            solver.update_params(solver.learning_rate())
+            with self.on_device:
+                for blob, gradient in zip(self.learned, gradients):
+                    blob.diff[...] = blob.xp.asarray(gradient) * blob.dtype.type(scale)
+                for index, data in zip(self.kept, kept):
+                    self.blobs[index].data[...] = self.blobs[index].xp.asarray(data)
+                solver.update_params(solver.learning_rate())
             self.staleness.append(self.version - read_version)
             self.version += 1
             self.clocks[rank] += 1
@@ -86,7 +91,10 @@ class ParamHolder:
             while (self.max_staleness is not None and not self.closed and
                    self.clocks[rank] > min(self.clocks) + self.max_staleness):
                 self.cond.wait()
-            return None if self.closed else self._params()
+            if self.closed:
+                return None
+            with self.on_device:
+                return self._params()
 
     def run(self, updates, check):
         """Let ``updates`` more updates in and wait for them; their mean loss. ``check()``

@@ -232,6 +232,18 @@ def fault(out, link, solver_path):
     run_main(lambda: main(['train', '-solver', solver_path, '-cpu_devices', '2', '-sync_bn']))
 
 
+def uncaught(link):
+    """A script of the Python API whose rank 1 raises after 2 steps, uncaught."""
+    from test_data_parallel import batches, solver_param
+    solver = DataParallelSolver(solver_param(), devices='cpu:2', link=link)
+    data = iter(batches(4))
+    solver.set_data_source(lambda: next(data))
+    solver.step(2)
+    if link.rank == 1:
+        raise ValueError('uncaught on rank 1')
+    solver.step(2)
+
+
 def main():
     out = Path(sys.argv[1])
     link = job_link()
@@ -240,6 +252,8 @@ def main():
     checks = sys.argv[2:]
     if checks[0] == 'fault':
         return fault(out, link, checks[1])
+    if checks[0] == 'uncaught':
+        return uncaught(link)
     for check in checks:
         {'equivalence': equivalence, 'pipelines': pipelines, 'nccl': nccl,
          'async': asynchronous}[check](out, link)

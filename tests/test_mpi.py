@@ -243,6 +243,15 @@ def test_a_raising_rank_ends_the_job_with_the_original_error(tmp_path):
 
 
 @needs_mpi
+def test_an_uncaught_error_in_a_python_script_ends_the_job(tmp_path):
+    """The Python API under mpiexec: the traceback, then MPI_Abort (not a hang)."""
+    result, seconds = launch(tmp_path, 'uncaught')
+    assert result.returncode != 0
+    assert 'ValueError: uncaught on rank 1' in result.stderr
+    assert seconds < 30, seconds
+
+
+@needs_mpi
 @pytest.mark.parametrize('where, rank', [('forward', 1), ('reader', 1), ('snapshot', 0)])
 def test_a_killed_rank_ends_the_job(tmp_path, where, rank):
     """SIGKILL in a collective, in the input pipeline, halfway through a snapshot: the job

@@ -23,7 +23,9 @@ ends through ``abort_job`` (MPI_Abort), which the error path of the command call
 printing the original error. If the process has not ended ``grace`` seconds after such a
 failure, the watchdog ends it.
 """
+import atexit
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -62,7 +64,11 @@ def launched_processes():
 
 
 def job_link():
-    """This process's MpiLink in a job of several processes, or None (one process)."""
+    """This process's MpiLink in a job of several processes, or None (one process).
+
+    For a Python script that trains under mpiexec: an uncaught exception prints its
+    traceback and ends the job (MPI_Abort), and a normal exit waits for the other
+    processes first, so that none takes a finished process for a dead one."""
     global _link
     if _link is None and launched_processes() > 1:
         try:
@@ -76,7 +82,15 @@ def job_link():
         if _link.size == 1:
             _link.close()
             _link = False
+        else:
+            atexit.register(_link.close)
+            sys.excepthook = functools.partial(_abort_after, sys.excepthook, _link)
     return _link or None
+
+
+def _abort_after(report, link, kind, value, traceback):
+    report(kind, value, traceback)
+    link.abort_job(1)
 
 
 class MpiLink:
@@ -218,6 +232,8 @@ class MpiLink:
     def close(self):
         """The end of a run: wait for every process (so that none takes a finished peer
         for a dead one), then stop the watchdog."""
+        if self._stop.is_set():
+            return
         if self.size > 1 and self.failure is None:
             self.barrier('the closing barrier')
         self._stop.set()
