@@ -90,6 +90,19 @@ def load(path):
         return {k: f[k] for k in f.files}
 
 
+def test_a_job_is_recognized_from_its_launcher(monkeypatch):
+    """MPI starts only where a launcher started several processes."""
+    from caffe_syncbn.comm.mpi import launched_processes
+    for name in ('PMI_SIZE', 'OMPI_COMM_WORLD_SIZE', 'MV2_COMM_WORLD_SIZE',
+                 'SLURM_STEP_NUM_TASKS', 'PMIX_SIZE'):
+        monkeypatch.delenv(name, raising=False)
+    assert launched_processes() == 1
+    monkeypatch.setenv('PMI_SIZE', '1')
+    assert launched_processes() == 1
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '4')
+    assert launched_processes() == 4
+
+
 # ---- equivalence ---------------------------------------------------------------------------------
 QUANTITIES = ('loss', 'gradient', 'inv_std', 'count', 'param', 'running')
 
