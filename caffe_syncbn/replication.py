@@ -67,6 +67,13 @@ class Replicas:
         self.process, self.processes = (link.rank, link.size) if link else (0, 1)
         #: how many replicas each process holds
         self.counts = link.allgather(len(devices)) if link else [len(devices)]
+        if link is not None:
+            kinds = link.allgather(devices[0][0] == 'gpu')
+            if len(set(kinds)) > 1:
+                raise CaffeError('the processes of this job train on different kinds of device '
+                                 '(%s); give every process -gpu or every one -cpu_devices'
+                                 % ', '.join('process %d: %s' % (p, 'GPU' if gpu else 'CPU')
+                                             for p, gpu in enumerate(kinds)))
         self.first, self.total = sum(self.counts[:self.process]), sum(self.counts)
         self.comms = make_comms(devices, link) if communicate else \
             [SoloComm() for _ in devices]
