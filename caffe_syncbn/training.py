@@ -27,13 +27,14 @@ import numpy as np
 from . import caffe_pb2
 from .backend import activate_gpu, to_numpy
 from .comm.mpi import job_link
-from .convert import norm_units, to_syncbn
+from .convert import to_syncbn
 from .errors import CaffeError
 from .io.atomic import atomic_write
 from .layer import TRAIN, LayerContext
 from .net import Net
 from .parallel import describe_devices, parse_devices
 from .replication import Replicas, Synchronous
+from .start_log import log_batches, log_built, log_sync_bn
 from .solvers import PycaffeSolver, Solver, load_solver_param, upgrade_solver_param
 
 log = logging.getLogger('caffe_syncbn')
@@ -145,12 +146,12 @@ class DataParallelSolver(PycaffeSolver):
         if self.sync_bn:
             if phase == TRAIN:
                 self._user_train_param = net_param
-                _log_sync_bn(net_param)
+                log_sync_bn(net_param)
             net_param = to_syncbn(net_param)[0]
         start = time.perf_counter()
         if phase != TRAIN:                   # test nets run alone, on replica 0's device
             net = self._alone(net_param, phase)
-            _log_built(net, 'test', 1, start)
+            log_built(net, 'test', 1, start)
             return net
         if self.replicas:
             raise CaffeError('a data-parallel solver has exactly one train net')
@@ -158,9 +159,9 @@ class DataParallelSolver(PycaffeSolver):
                                                            if self.param.random_seed >= 0 else 1701)
         replication = self.replication
         root = replication.build(net_param, phase, seed, self._layer_feed, self.xp, self.dtype)
-        _log_built(root, 'train', replication.total, start)
+        log_built(root, 'train', replication.total, start)
         readers = replication.data_layers()
-        _log_batches(readers, replication.input_layers, replication, self.param.iter_size)
+        log_batches(readers, replication.input_layers, replication, self.param.iter_size)
         replication.start_pipeline(seed, per_replica=self.strategy.name == 'async')
         return self.strategy.train_net(lambda: self._alone(net_param, phase), root)
 
@@ -353,55 +354,6 @@ class DataParallelSolver(PycaffeSolver):
         if self._blas_limit is not None:
             self._blas_limit.restore_original_limits()
             self._blas_limit = None
-
-
-def _log_built(net, which, copies, start):
-    params = sum(blob.count for layer in net.layers for blob in layer.blobs)
-    log.info("Network initialization done: %s net '%s', %d layers, %d parameters%s, in %.2f s",
-             which, net.name, len(net.layers), params,
-             ' (x %d replicas)' % copies if copies > 1 else '', time.perf_counter() - start)
-
-
-def _log_batches(readers, input_layers, replication, iter_size):
-    """The batch per device and per iteration: batch_size is per device, as in Caffe."""
-    replicas = replication.total
-    where = ' in %d processes' % replication.processes if replication.processes > 1 else ''
-    for layer in readers:
-        total = layer.batch_size * replicas
-        update = (' (x iter_size %d = %d per update)' % (iter_size, total * iter_size)
-                  if iter_size > 1 else '')
-        log.info("Batch of data layer '%s': %d per device x %d device(s)%s = %d per forward%s",
-                 layer.name, layer.batch_size, replicas, where, total, update)
-    for name, _ in input_layers:
-        log.info("Batch of Input layer '%s': what the data source gives, split over %d "
-                 'device(s)%s', name, replicas, where)
-
-
-def _log_sync_bn(net_param):
-    """Say what --sync-bn turns into SyncBN, and which of those keep frozen statistics."""
-    units = norm_units(net_param.layer)
-    if not units:
-        log.warning("--sync-bn: net '%s' has no BatchNorm or BN layer; nothing is synchronized",
-                    net_param.name)
-        return
-    forms = [('BatchNorm+Scale', sum(u.kind == 'BatchNorm' and u.scale_name is not None
-                                      for u in units)),
-             ('BatchNorm', sum(u.kind == 'BatchNorm' and u.scale_name is None for u in units)),
-             ('BN', sum(u.kind == 'BN' for u in units)),
-             ('SyncBN', sum(u.kind == 'SyncBN' for u in units))]
-    log.info('--sync-bn: %d layer(s) run as SyncBN (%s)', len(units),
-             ', '.join('%d %s' % (n, form) for form, n in forms if n))
-    frozen = [u.name for u in units if _is_frozen(net_param.layer[u.index])]
-    if frozen:
-        log.info('--sync-bn: %d of them keep their running statistics (use_global_stats: true '
-                 'or frozen: true), as frozen SyncBN: %s', len(frozen), ', '.join(frozen))
-
-
-def _is_frozen(layer):
-    if layer.type == 'BatchNorm':
-        p = layer.batch_norm_param
-        return p.HasField('use_global_stats') and p.use_global_stats
-    return layer.bn_param.frozen
 
 
 def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
