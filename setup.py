@@ -17,7 +17,9 @@ setup(
         # CuPy with its CUDA libraries (NVRTC, cuBLAS: the [ctk] extra) and NCCL, which the
         # cupy-cuda13x wheel alone does not bring
         'gpu': ['cupy-cuda13x[ctk]>=14', 'nvidia-nccl-cu13>=2.20'],
-        'mpi': ['mpi4py>=3.1'],
+        # mpi4py and an MPI library from PyPI: the mpich wheel puts mpiexec in the environment
+        # (an MPI already installed, e.g. a cluster's, works too: then pip install mpi4py alone)
+        'mpi': ['mpi4py>=4', 'mpich>=4.2'],
         'plot': ['matplotlib>=3.5'],
         'images': ['opencv-python-headless<5'],
         'onnx': ['onnx>=1.14'],
@@ -25,6 +27,6 @@ setup(
         'draw': ['pydot>=1.4', 'graphviz-pure>=0.2'],
         'test': ['pytest>=7', 'pytest-timeout>=2', 'pytest-xdist>=3', 'grpcio-tools>=1.60', 'opencv-python-headless<5',
                  'matplotlib>=3.5', 'scipy>=1.9', 'onnx>=1.14', 'onnxruntime>=1.16', 'pydot>=1.4',
-                 'graphviz-pure>=0.2'],
+                 'graphviz-pure>=0.2', 'mpi4py>=4', 'mpich>=4.2'],
     },
 )

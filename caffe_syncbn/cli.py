@@ -1,6 +1,7 @@
 """The ``caffe-syncbn`` command: Caffe's ``caffe`` tool, with its subcommands and flags.
 
-    caffe-syncbn train -solver solver.prototxt [-gpu 0,1 | -cpu_devices 4] [-sync_bn]
+    caffe-syncbn train -solver solver.prototxt [-gpu 0,1 | -cpu_devices 4] [-sync_bn | -async]
+    mpiexec -n 2 caffe-syncbn train ...      (every process's devices join one run)
     caffe-syncbn test -model train_val.prototxt -weights net.caffemodel [-iterations 50]
     caffe-syncbn time -model net.prototxt [-iterations 50]
     caffe-syncbn device_query [-gpu all]
@@ -17,10 +18,11 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 from .cli_devices import device_query, select_device, train_devices
 from .errors import CaffeError
-from .flags import FlagParser, gpu_ids, normalize, positive_int, stage_list
+from .flags import FlagParser, gpu_ids, non_negative_int, normalize, positive_int, stage_list
 from .tools_common import progress_bar, run_main, setup_logging
 
 log = logging.getLogger('caffe_syncbn')
@@ -61,6 +63,12 @@ def _parser(command):
                                                 "(they replace the solver's weights)")
         p.flag('snapshot', metavar='FILE', help='the solverstate to resume from')
         p.flag('sync_bn', action='store_true', help='run every BatchNorm(+Scale) and BN as SyncBN')
+        p.add_argument('-async', dest='async_updates', action='store_true',
+                       help='asynchronous updates: each replica updates the shared params '
+                            'without waiting for the others (not with -sync_bn)')
+        p.flag('max_staleness', type=non_negative_int, metavar='K',
+               help='with -async: a replica waits while it is more than K updates ahead of '
+                    'the slowest (default: no bound)')
         for name, default in (('sigint_effect', 'stop'), ('sighup_effect', 'snapshot'),
                               ('nan_effect', 'none')):
             p.flag(name, choices=EFFECTS, default=default, help='what %s does (default %s)' % (
@@ -129,6 +137,43 @@ class SignalRequests:
 
 
 def train(args):
+    """caffe train; under mpiexec or srun, this process's part of one run (see training.py).
+    In a job of several processes, an error ends every process: this one prints it and
+    calls MPI_Abort, so that none waits for ever in a collective."""
+    from .comm.mpi import ending_job_on_error, job_link
+    link = job_link()
+    if link is not None and link.rank > 0:
+        _log_as_rank(link.rank)
+    with ending_job_on_error(link, functools.partial(_report, link)):
+        _train(args)
+        if link is not None:
+            link.close()
+    return 0
+
+
+def _log_as_rank(rank):
+    """Processes other than 0 log warnings and errors only, each line naming its rank."""
+    logger = logging.getLogger('caffe_syncbn')
+    logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+
+    def prefix(record):
+        record.msg = '[rank %d] %s' % (rank, record.msg)
+        return True
+    logger.addFilter(prefix)
+
+
+def _report(link, exc):
+    """The error line the command prints (as run_main does), naming the rank."""
+    if isinstance(exc, (CaffeError, FileNotFoundError)):
+        text = 'error: %s' % exc
+    elif isinstance(exc, KeyboardInterrupt):
+        text = 'interrupted'
+    else:
+        text = ''.join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    print('[rank %d] %s' % (link.rank, text), file=sys.stderr, flush=True)
+
+
+def _train(args):
     if args.weights and args.snapshot:
         raise CaffeError('%s train: give -weights (to finetune) or -snapshot (to resume), not '
                          'both' % PROG)
@@ -141,7 +186,8 @@ def train(args):
     # as caffe train: -weights replace the solver's weights, and -snapshot drops them
     solver = get_solver(args.solver, devices=devices, sync_bn=args.sync_bn, level=args.level,
                         stages=args.stage, weights=weights if args.weights or args.snapshot
-                        else None)
+                        else None, mode='async' if args.async_updates else 'sync',
+                        max_staleness=args.max_staleness)
     solver.nan_effect = args.nan_effect
     requests = None
     try:
@@ -157,7 +203,6 @@ def train(args):
         if requests is not None:
             requests.close()
         solver.close()
-    return 0
 
 
 def _advance(solver, requests, bar):

@@ -119,6 +119,13 @@ def positive_int(what):
     return parse
 
 
+def non_negative_int(text):
+    """An argparse type: a whole number >= 0."""
+    if not re.fullmatch(r'\s*\+?\d+\s*', text):
+        raise argparse.ArgumentTypeError('expected a whole number >= 0, got %r' % text)
+    return int(text)
+
+
 def gpu_ids(text):
     """-gpu: 'all', or device ids separated by ',' (an id may repeat: replicas on one GPU)."""
     if text.strip() == 'all':

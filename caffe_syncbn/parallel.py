@@ -47,16 +47,24 @@ def parse_devices(devices):
     return parsed
 
 
-def describe_devices(devices):
-    """Lines that name the devices of a run, in Caffe's words where Caffe has some."""
+def describe_devices(devices, replication=None):
+    """Lines that name the devices of a run, in Caffe's words where Caffe has some (and,
+    in a job of several processes, this process's place in it)."""
     ids = [index for kind, index in devices if kind == 'gpu']
     if not ids:
         if len(devices) == 1:
-            return ['Use CPU.']
-        return ['Using %d virtual CPU devices (threads) on %d CPU cores'
-                % (len(devices), os.cpu_count() or 1)]
-    return ['Using GPUs %s' % ', '.join(map(str, ids))] + \
-        ['GPU %d: %s' % (i, gpu_name(i)) for i in sorted(set(ids))]
+            lines = ['Use CPU.']
+        else:
+            lines = ['Using %d virtual CPU devices (threads) on %d CPU cores'
+                     % (len(devices), os.cpu_count() or 1)]
+    else:
+        lines = ['Using GPUs %s' % ', '.join(map(str, ids))] + \
+            ['GPU %d: %s' % (i, gpu_name(i)) for i in sorted(set(ids))]
+    if replication is not None and replication.processes > 1:
+        lines.append('Process %d of %d (MPI): replicas %d to %d of %d'
+                     % (replication.process, replication.processes, replication.first,
+                        replication.first + len(devices) - 1, replication.total))
+    return lines
 
 
 def gpu_name(index):
@@ -116,6 +124,10 @@ class DevicePool:
                              % (len(stuck), ABORT_GRACE_SECONDS, original)) from original
         raise original
 
+    def submit(self, rank, fn, *args):
+        """Start ``fn(*args)`` on one replica's thread; its Future."""
+        return self._workers[rank].submit(fn, *args)
+
     def run_on(self, rank, fn):
         """``fn()`` on one replica's thread (no collectives: nothing to abort)."""
         return self._workers[rank].submit(fn).result()
@@ -131,41 +143,59 @@ def split_batch(arrays, parts):
         if arrays else [[] for _ in range(parts)]
 
 
-def read_parts(reader, sizes):
+def read_parts(reader, sizes, shard=None):
     """The next ``sum(sizes)`` samples of ``reader`` as one batch per replica, replica k's
     of ``sizes[k]`` rows. A reader with ``next_batches(sizes)`` assembles each replica's
     batch itself, so shapes may differ between replicas (whole images of any size, one
-    per device); otherwise one batch is read and split along axis 0."""
+    per device); otherwise one batch is read and split along axis 0.
+
+    ``shard=(start, total)``: these rows are rows start... of a global batch of ``total``
+    rows; the reader skips the others' rows before and after them without decoding."""
+    start, total = shard or (0, sum(sizes))
+    if start:
+        reader.skip(start)
     if hasattr(reader, 'next_batches'):
-        return reader.next_batches(sizes)
-    return split_batch(reader.next_batch(sum(sizes)), len(sizes))
+        parts = reader.next_batches(sizes)
+    else:
+        parts = split_batch(reader.next_batch(sum(sizes)), len(sizes))
+    if total > start + sum(sizes):
+        reader.skip(total - start - sum(sizes))
+    return parts
 
 
 class InputPipeline:
     """ONE reader per data layer, drawing the GLOBAL batch (replicas x batch_size) in a
-    prefetch thread, as one batch per replica."""
+    prefetch thread, as one batch per replica.
 
-    def __init__(self, data_layers, replicas, prefetch=2):
+    Across processes, ``place=(first, total)`` says that this process holds the global
+    replicas first ... first + replicas - 1 of ``total``: its readers then decode only
+    those replicas' rows of each global batch, and skip the rest. Their random draws come
+    from ``rngs`` (one per layer), the same in every process, so the processes' shares
+    make up exactly the global batch that one process would read."""
+
+    def __init__(self, data_layers, replicas, prefetch=2, place=None, rngs=None):
         import queue
         self.replicas = replicas
         self._layers = data_layers
         self._queues = {}
         self._threads = []
         self._stop = threading.Event()
-        for layer in data_layers:
+        first, total = place or (0, replicas)
+        for layer, rng in zip(data_layers, rngs or [None] * len(data_layers)):
             q = queue.Queue(maxsize=prefetch)
-            reader = layer.make_reader()
+            reader = layer.make_reader(rng)
             sizes = [layer.batch_size] * replicas
-            thread = threading.Thread(target=self._produce, args=(reader, sizes, q),
+            shard = (first * layer.batch_size, total * layer.batch_size)
+            thread = threading.Thread(target=self._produce, args=(reader, sizes, shard, q),
                                       name='prefetch-%s' % layer.name, daemon=True)
             thread.start()
             self._queues[layer.name] = q
             self._threads.append(thread)
 
-    def _produce(self, reader, sizes, q):
+    def _produce(self, reader, sizes, shard, q):
         while not self._stop.is_set():
             try:
-                item = read_parts(reader, sizes)
+                item = read_parts(reader, sizes, shard)
             except Exception as exc:            # handed to the consumer, raised there
                 item = exc
             while not self._stop.is_set():

@@ -10,58 +10,49 @@ Rules (the README states them for users):
   result is the gradient of one device on the whole batch. The sums run in buckets that
   start while backward goes on (gradients.py). Every replica then applies the same
   update, and params stay bitwise equal.
+
+The solver holds its replicas as a component (replication.py) and a strategy that makes
+the updates: synchronous (above) or asynchronous (asynchronous.py). Under mpiexec or
+srun the replicas of every process form one run (comm/mpi.py): process 0 logs, tests and
+snapshots; the others log only warnings and errors.
 """
-import functools
+import json
 import logging
 import os
+import threading
 import time
 
 import numpy as np
 
 from . import caffe_pb2
 from .backend import activate_gpu, to_numpy
-from .comm import SoloComm, ThreadComm
-from .convert import norm_units, to_syncbn
+from .comm.mpi import job_link
+from .convert import to_syncbn
 from .errors import CaffeError
-from .gradients import DEFAULT_BUCKET_BYTES, GradientBuckets
+from .io.atomic import atomic_write
 from .layer import TRAIN, LayerContext
 from .net import Net
-from .parallel import DevicePool, InputPipeline, describe_devices, parse_devices, split_batch
-from .solvers import get_solver_class, load_solver_param, upgrade_solver_param
+from .parallel import describe_devices, parse_devices
+from .replication import Replicas, Synchronous
+from .start_log import log_batches, log_built, log_sync_bn
+from .solvers import PycaffeSolver, Solver, load_solver_param, upgrade_solver_param
 
 log = logging.getLogger('caffe_syncbn')
+MODES = ('sync', 'async')
+#: beside a solverstate: the number of replicas and the global batches of its run
+RUN_FILE_SUFFIX = '.replicas.json'
 
 
-def make_comms(devices):
-    """One communicator member per device: none to speak of for one device, threads on
-    the CPU, NCCL across distinct GPUs, the same-GPU communicator when GPUs repeat (NCCL
-    refuses two ranks on one GPU)."""
-    kinds = {kind for kind, _ in devices}
-    if len(devices) == 1:
-        return SoloComm.create()
-    if kinds == {'cpu'}:
-        return ThreadComm.create(len(devices))
-    if kinds != {'gpu'}:
-        raise CaffeError('devices mix CPU and GPU: %s' % (devices,))
-    ids = [index for _, index in devices]
-    if len(set(ids)) == 1 and len(ids) > 1:
-        from .comm.same_device import SameDeviceComm
-        return SameDeviceComm.create(len(ids), ids[0])
-    if len(set(ids)) != len(ids):
-        raise CaffeError('devices %s repeat some GPUs but not all; use distinct GPUs or one GPU '
-                         'repeated' % (devices,))
-    from .comm.nccl import NcclComm
-    return NcclComm.create_all(ids)
-
-
-def _share_cores(devices):
-    """Virtual CPU devices share the machine's cores: give each replica's BLAS calls its
-    share, or R replicas x all cores of BLAS threads fight over the same cores."""
-    if len(devices) < 2 or devices[0][0] != 'cpu':
+def _share_cores(devices, link):
+    """Virtual CPU devices share the machine's cores (with the devices of the job's other
+    processes on it): give each replica's BLAS calls its share, or R replicas x all cores
+    of BLAS threads fight over the same cores."""
+    processes = link.processes_on_this_node() if link is not None else 1
+    if len(devices) * processes < 2 or devices[0][0] != 'cpu':
         return None
-    import os
     from threadpoolctl import threadpool_limits
-    return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // len(devices)), user_api='blas')
+    return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // (len(devices) * processes)),
+                             user_api='blas')
 
 
 def _backend(kind):
@@ -71,38 +62,77 @@ def _backend(kind):
     return np
 
 
-class DataParallelMixin:
-    """Turns a Solver class into a data-parallel one (put it first in the bases)."""
-
-    #: about how many bytes of gradients go into one allreduce (gradients.py)
-    gradient_bucket_bytes = DEFAULT_BUCKET_BYTES
+class DataParallelSolver(PycaffeSolver):
+    """Caffe's solver of the type the solver file names, over replicas on ``devices``:
+    ``mode`` 'sync' (one global batch per update) or 'async' (see asynchronous.py), in
+    this process or, under an MPI launcher, in every process of the job (``link``)."""
 
     def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None,
-                 level=None, stages=(), weights=None):
-        self.devices = parse_devices(devices)
-        for line in describe_devices(self.devices):
+                 level=None, stages=(), weights=None, mode='sync', max_staleness=None,
+                 link='auto'):
+        if mode not in MODES:
+            raise CaffeError('mode %r: expected one of %s' % (mode, ', '.join(MODES)))
+        if mode == 'async' and sync_bn:
+            raise CaffeError('-async cannot run with -sync_bn: SyncBN normalizes with the '
+                             'statistics of all replicas in the same step, and asynchronous '
+                             'replicas take no steps together')
+        if max_staleness is not None and (mode != 'async' or max_staleness < 0):
+            raise CaffeError('-max_staleness %s: needs -async and a number >= 0' % max_staleness)
+        devices = parse_devices(devices)
+        link = job_link() if link == 'auto' else link
+        self.replication = Replicas(devices, link, communicate=mode == 'sync')
+        for line in describe_devices(devices, self.replication):
             log.info('%s', line)
         self.sync_bn = sync_bn
         self._train_state = caffe_pb2.NetState(stage=stages)
         if level is not None:
             self._train_state.level = level
         self._weights = weights
-        self.comms = make_comms(self.devices)
-        self._blas_limit = _share_cores(self.devices)
-        self.pool = DevicePool(self.devices, self.comms)
+        self._blas_limit = _share_cores(devices, link)
         self.pool.run(self._activate_device)
-        self.replicas, self.pipeline = [], None
-        self._parts = [None] * len(self.devices)
-        self._buckets = [None] * len(self.devices)
+        self._parts = [None] * len(devices)
         self._seed = seed
         self._user_train_param = None
-        kind = self.devices[0][0]
-        super().__init__(solver, dtype=dtype, xp=_backend(kind))
-        self.workers = [self.solver_base(self.param, net=net, test_nets=[], dtype=self.dtype, xp=self.xp)
-                        for net in self.replicas[1:]]
+        self._testing = False
+        self._source_lock = threading.Lock()
+        if mode == 'sync':
+            self.strategy = Synchronous(self)
+        else:
+            from .asynchronous import Asynchronous
+            self.strategy = Asynchronous(self, max_staleness)
+        super().__init__(solver, dtype=dtype, xp=_backend(devices[0][0]))
+        self.workers = [Solver(self.param, net=net, test_nets=[], dtype=self.dtype, xp=self.xp)
+                        for net in self.replicas[1:]] if mode == 'sync' else []
         for worker in self.workers:
             worker.is_root = False
-        self.broadcast_params()
+        self.strategy.start()
+
+    # ---- what the component holds ------------------------------------------------------------
+    @property
+    def replicas(self):
+        """The local replica nets."""
+        return self.replication.nets
+
+    @property
+    def pool(self):
+        return self.replication.pool
+
+    @property
+    def comms(self):
+        return self.replication.comms
+
+    @property
+    def pipeline(self):
+        return self.replication.pipeline
+
+    @property
+    def devices(self):
+        return self.replication.devices
+
+    @property
+    def process(self):
+        """This process's rank in an MPI job (0 alone)."""
+        return self.replication.process
 
     # ---- building -------------------------------------------------------------------------
     def _activate_device(self, rank):
@@ -116,33 +146,30 @@ class DataParallelMixin:
         if self.sync_bn:
             if phase == TRAIN:
                 self._user_train_param = net_param
-                _log_sync_bn(net_param)
+                log_sync_bn(net_param)
             net_param = to_syncbn(net_param)[0]
         start = time.perf_counter()
         if phase != TRAIN:                   # test nets run alone, on replica 0's device
-            context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
-            net = self._on_root(lambda: Net(net_param, phase, level=net_param.state.level,
-                                            context=context))
-            _log_built(net, 'test', 1, start)
+            net = self._alone(net_param, phase)
+            log_built(net, 'test', 1, start)
             return net
         if self.replicas:
             raise CaffeError('a data-parallel solver has exactly one train net')
         seed = self._seed if self._seed is not None else (self.param.random_seed
                                                            if self.param.random_seed >= 0 else 1701)
-        # One after another: the fillers share one seeded RNG, and replica 0 must draw the
-        # same weights whatever the number of devices (the others get replica 0's anyway).
-        self.replicas = [self.pool.run_on(rank, functools.partial(
-            self._build_net, net_param, phase, seed, rank)) for rank in range(len(self.devices))]
-        root = self.replicas[0]
-        _log_built(root, 'train', len(self.replicas), start)
-        self._input_layers = [(layer.name, root.top_names[layer.name])
-                              for layer in root.layers if layer.type == 'Input']
-        readers = [layer for layer in root.layers
-                   if hasattr(layer, 'make_reader') and layer.type != 'Input']
-        _log_batches(readers, self._input_layers, len(self.replicas), self.param.iter_size)
-        if readers:
-            self.pipeline = InputPipeline(readers, len(self.replicas))
-        return self.replicas[0]
+        replication = self.replication
+        root = replication.build(net_param, phase, seed, self._layer_feed, self.xp, self.dtype)
+        log_built(root, 'train', replication.total, start)
+        readers = replication.data_layers()
+        log_batches(readers, replication.input_layers, replication, self.param.iter_size)
+        replication.start_pipeline(seed, per_replica=self.strategy.name == 'async')
+        return self.strategy.train_net(lambda: self._alone(net_param, phase), root)
+
+    def _alone(self, net_param, phase):
+        """A net of its own on replica 0's device (test nets, the asynchronous holder)."""
+        context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
+        return self.pool.run_on(0, lambda: Net(net_param, phase, level=net_param.state.level,
+                                               context=context))
 
     def _load_weights(self, net):
         """The solver's ``weights``, or those given to get_solver instead (as ``caffe train
@@ -157,22 +184,9 @@ class DataParallelMixin:
             self.file_terms.load_weights(net, path)
             log.info('Loaded %s in %.2f s', path, time.perf_counter() - start)
 
-    def _on_root(self, fn):
-        return self.pool.run_on(0, fn)
-
-    def _build_net(self, net_param, phase, seed, rank):
-        context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype, comm=self.comms[rank],
-                               rng=np.random.RandomState((seed + 7919 * rank) & 0xFFFFFFFF),
-                               feeder=functools.partial(self._layer_feed, rank))
-        return Net(net_param, phase, level=net_param.state.level, context=context)
-
     def broadcast_params(self):
         """Make every replica's blobs (params and statistics) equal to replica 0's."""
-        def send(rank):
-            for layer in self.replicas[rank].layers:
-                for blob in layer.blobs:
-                    self.comms[rank].broadcast(blob.data, root=0, tag='params')
-        self.pool.run(send)
+        self.strategy.broadcast_params()
 
     # ---- data ------------------------------------------------------------------------------
     def _layer_feed(self, rank, layer):
@@ -181,92 +195,131 @@ class DataParallelMixin:
             raise CaffeError("data layer '%s' has no batch from the input pipeline" % layer.name)
         return parts['layers'][layer.name]
 
-    def _next_parts(self):
-        """Split the next global batch: Input blobs from set_data_source (a dict of global
-        arrays, split evenly, or a list of per-replica dicts), data layers from the pipeline."""
-        count = len(self.replicas)
-        parts = [{'layers': {}} for _ in range(count)]
+    def next_parts(self):
+        """The local replicas' parts of the next global batch: Input blobs from
+        set_data_source (a dict of global arrays, split over all replicas, or a list of one
+        dict per local replica), data layers from the pipeline."""
+        replication = self.replication
+        parts = [{'layers': {}} for _ in range(len(replication))]
         source = self._data_sources.get('train')
         if source is not None:
-            batch = source()
-            if isinstance(batch, dict):
-                names = list(batch)
-                pieces = split_batch([np.asarray(batch[n]) for n in names], count)
-                batch = [dict(zip(names, piece)) for piece in pieces]
-            elif len(batch) != count:
-                raise CaffeError('the data source gave %d per-replica batches for %d replicas'
-                                 % (len(batch), count))
-            for rank, inputs in enumerate(batch):
-                for name, tops in self._input_layers:
-                    missing = [t for t in tops if t not in inputs]
-                    if missing:
-                        raise CaffeError("the data source gave no array for blob(s) %s of Input "
-                                         "layer '%s'" % (', '.join(missing), name))
-                    parts[rank]['layers'][name] = [np.asarray(inputs[t]) for t in tops]
-        if self.pipeline is not None:
-            for rank, layers in enumerate(self.pipeline.next_split()):
+            replication.source_parts(source(), parts)
+        if replication.pipeline is not None:
+            for rank, layers in enumerate(replication.pipeline.next_split()):
                 parts[rank]['layers'].update(layers)
-        return parts
+        self._parts = parts
+
+    def feed_replica(self, rank):
+        """Asynchronous replicas: replica ``rank``'s next batch of its own, from its pipeline
+        or from one call of the data source (whose arrays are all that replica's)."""
+        layers = {}
+        source = self._data_sources.get('train')
+        if source is not None:
+            with self._source_lock:
+                batch = source()
+            parts = [{'layers': {}}]
+            self.replication.input_parts([batch], parts)
+            layers.update(parts[0]['layers'])
+        if self.replication.pipeline is not None:
+            layers.update(self.replication.pipeline[rank].next_split()[0])
+        self._parts[rank] = {'layers': layers}
 
     # ---- one iteration -----------------------------------------------------------------------
     def forward_backward_all(self):
-        iter_size = self.param.iter_size
-        self.pool.run(lambda rank: self.replicas[rank].clear_param_diffs())
-        total = 0.0
-        for k in range(iter_size):
-            self._parts = self._next_parts()
-            last = k == iter_size - 1      # the gradients are final in the last pass only
-            total += sum(self.pool.run(lambda rank: self._forward_backward(rank, last)))
-        if len(self.replicas) > 1:
-            self.pool.run(lambda rank: self._gradient_buckets(rank).finish())
-        return total / (iter_size * len(self.replicas))
-
-    def _gradient_buckets(self, rank):
-        if self._buckets[rank] is None:
-            self._buckets[rank] = GradientBuckets(self.replicas[rank], self.comms[rank],
-                                                  self.gradient_bucket_bytes)
-        return self._buckets[rank]
-
-    def _forward_backward(self, rank, reduce_gradients):
-        overlap = reduce_gradients and len(self.replicas) > 1
-        return self.replicas[rank].forward_backward(
-            after_layer=self._gradient_buckets(rank).layer_done if overlap else None)
+        return self.strategy.forward_backward_all()
 
     def forward_all(self):
-        """The display pass after training: a forward of every replica on the next batch."""
-        self._parts = self._next_parts()
-        return sum(self.pool.run(lambda rank: self.replicas[rank].forward_prefilled())) \
-            / len(self.replicas)
-
-    def log_outputs(self, net, which, values=None):
-        """The train net's outputs as the mean over replicas: for a loss, whose replicas divide
-        by the global normalizer, that mean is the loss of the global batch."""
-        if net is self.net and values is None and len(self.replicas) > 1:
-            values = {name: np.mean([to_numpy(r.blobs[name].data) for r in self.replicas], axis=0)
-                      for name in net.outputs}
-        super().log_outputs(net, which, values)
+        return self.strategy.forward_all()
 
     def apply_update(self):
-        solvers = [self] + self.workers
-        for worker in self.workers:
-            worker.iter = self.iter
-        rates = self.pool.run(lambda rank: self.solver_base.apply_update(solvers[rank]))
-        return rates[0]
+        return self.strategy.apply_update()
+
+    def log_outputs(self, net, which, values=None):
+        """The train net's outputs as the mean over all replicas: for a loss, whose replicas
+        divide by the global normalizer, that mean is the loss of the global batch."""
+        if net is self.net and values is None and self.strategy.name == 'async':
+            # the holder runs no forward: replica 0's outputs, of its last batch
+            values = {name: to_numpy(self.replicas[0].blobs[name].data) for name in net.outputs}
+        elif net is self.net and values is None and self.replication.total > 1:
+            outputs = [{name: to_numpy(r.blobs[name].data) for name in net.outputs}
+                       for r in self.replicas]
+            values = {}
+            for name in net.outputs:
+                shape = np.shape(outputs[0][name])
+                total = self.replication.sum_over_all([o[name] for o in outputs])
+                values[name] = (total / self.replication.total).reshape(shape)
+        super().log_outputs(net, which, values)
+
+    # ---- processes -----------------------------------------------------------------------------
+    def test_all(self):
+        """Process 0 tests; the others learn whether a stop came during the test."""
+        if self.process == 0:
+            self._testing = True
+            try:
+                results = super().test_all()
+            finally:
+                self._testing = False
+        else:
+            results = []
+        if self.replication.processes > 1 and self.strategy.name == 'sync':
+            self.requested_early_exit = bool(self._agree([0, self.requested_early_exit])[1])
+        return results
+
+    def _requested_action(self):
+        """A stop or snapshot request (a signal) of any process holds for all of them: they
+        agree on it between iterations, so they stop at the same one."""
+        action = super()._requested_action()
+        if self._testing or self.replication.processes == 1 or self.strategy.name != 'sync':
+            return action
+        snapshot, stop = self._agree([action == 'snapshot', action == 'stop'])
+        return 'stop' if stop else ('snapshot' if snapshot else None)
+
+    def _agree(self, flags):
+        values = [np.array(flags, np.float64)] + \
+            [np.zeros(len(flags)) for _ in range(len(self.replication) - 1)]
+        return self.replication.sum_over_all(values) > 0
 
     # ---- state -----------------------------------------------------------------------------
     def restore(self, path):
         super().restore(path)
-        for worker in self.workers:
-            worker.iter = self.iter
-            worker.lr_policy.current_step = self.lr_policy.current_step
-            for mine, root in zip(worker.rule.history, self.rule.history):
-                mine[...] = worker.xp.asarray(root) if worker.xp is not None else root
-        self.broadcast_params()
+        self._warn_if_global_batch_changed(path)
+        self.strategy.after_restore()
+
+    def global_batches(self):
+        """{data layer: its global batch} (batch_size is per device)."""
+        return {layer.name: layer.batch_size * self.replication.total
+                for layer in self.replication.data_layers()}
+
+    def _warn_if_global_batch_changed(self, state_path):
+        """The global batch of the run a snapshot came from is in a file beside it; a
+        resume on another number of devices or processes changes it."""
+        if self.process != 0:
+            return
+        try:
+            with open(os.fspath(state_path) + RUN_FILE_SUFFIX) as f:
+                before = json.load(f)
+        except (OSError, ValueError):
+            return
+        now = self.global_batches()
+        changed = {name: (before['global_batches'][name], batch) for name, batch in now.items()
+                   if before.get('global_batches', {}).get(name, batch) != batch}
+        for name, (old, new) in changed.items():
+            log.warning("Resuming with %d replicas where the snapshot was written by %d: the "
+                        "global batch of data layer '%s' changes from %d to %d (batch_size is per "
+                        'device); adjust base_lr or batch_size if that is not what you want',
+                        self.replication.total, before.get('replicas', 0), name, old, new)
 
     def snapshot(self):
-        """Caffe's snapshot, with a line saying how long it took and how large it is."""
+        """Caffe's snapshot, written by process 0 alone, with a line saying how long it took
+        and how large it is."""
+        if self.process != 0:
+            return None
         start = time.perf_counter()
         paths = super().snapshot()
+        if paths:
+            with atomic_write(paths[1] + RUN_FILE_SUFFIX) as f:
+                f.write(json.dumps({'replicas': self.replication.total,
+                                    'global_batches': self.global_batches()}).encode())
         size = sum(os.path.getsize(p) for p in paths or () if os.path.isfile(p))
         log.info('Snapshot of iteration %d written: %.3g MB in %.2f s', self.iter, size / 1e6,
                  time.perf_counter() - start)
@@ -285,82 +338,39 @@ class DataParallelMixin:
         self.file_terms.load_weights(self.net, path)
         self.broadcast_params()
 
+    def solve(self, resume_file=None):
+        if self.strategy.follows_process_0():
+            return self.strategy.follow()
+        return super().solve(resume_file)
+
+    def step(self, iters):
+        if self.strategy.follows_process_0():
+            return self.strategy.follow()
+        return super().step(iters)
+
     def close(self):
-        if self.pipeline is not None:
-            self.pipeline.close()
-        self.pool.close()
-        for comm in self.comms:
-            comm.close()
+        self.strategy.close()
+        self.replication.close()
         if self._blas_limit is not None:
             self._blas_limit.restore_original_limits()
             self._blas_limit = None
 
 
-def _log_built(net, which, copies, start):
-    params = sum(blob.count for layer in net.layers for blob in layer.blobs)
-    log.info("Network initialization done: %s net '%s', %d layers, %d parameters%s, in %.2f s",
-             which, net.name, len(net.layers), params,
-             ' (x %d replicas)' % copies if copies > 1 else '', time.perf_counter() - start)
-
-
-def _log_batches(readers, input_layers, replicas, iter_size):
-    """The batch per device and per iteration: batch_size is per device, as in Caffe."""
-    for layer in readers:
-        total = layer.batch_size * replicas
-        update = (' (x iter_size %d = %d per update)' % (iter_size, total * iter_size)
-                  if iter_size > 1 else '')
-        log.info("Batch of data layer '%s': %d per device x %d device(s) = %d per forward%s",
-                 layer.name, layer.batch_size, replicas, total, update)
-    for name, _ in input_layers:
-        log.info("Batch of Input layer '%s': what the data source gives, split over %d "
-                 'device(s)', name, replicas)
-
-
-def _log_sync_bn(net_param):
-    """Say what --sync-bn turns into SyncBN, and which of those keep frozen statistics."""
-    units = norm_units(net_param.layer)
-    if not units:
-        log.warning("--sync-bn: net '%s' has no BatchNorm or BN layer; nothing is synchronized",
-                    net_param.name)
-        return
-    forms = [('BatchNorm+Scale', sum(u.kind == 'BatchNorm' and u.scale_name is not None
-                                      for u in units)),
-             ('BatchNorm', sum(u.kind == 'BatchNorm' and u.scale_name is None for u in units)),
-             ('BN', sum(u.kind == 'BN' for u in units)),
-             ('SyncBN', sum(u.kind == 'SyncBN' for u in units))]
-    log.info('--sync-bn: %d layer(s) run as SyncBN (%s)', len(units),
-             ', '.join('%d %s' % (n, form) for form, n in forms if n))
-    frozen = [u.name for u in units if _is_frozen(net_param.layer[u.index])]
-    if frozen:
-        log.info('--sync-bn: %d of them keep their running statistics (use_global_stats: true '
-                 'or frozen: true), as frozen SyncBN: %s', len(frozen), ', '.join(frozen))
-
-
-def _is_frozen(layer):
-    if layer.type == 'BatchNorm':
-        p = layer.batch_norm_param
-        return p.HasField('use_global_stats') and p.use_global_stats
-    return layer.bn_param.frozen
-
-
-@functools.lru_cache(maxsize=None)
-def data_parallel_class(base):
-    return type('DataParallel' + base.__name__, (DataParallelMixin, base),
-                {'__module__': __name__, '__doc__': base.__doc__, 'solver_base': base})
-
-
 def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
-               weights=None):
+               weights=None, mode='sync', max_staleness=None):
     """The solver a solver prototxt (or SolverParameter) asks for, running on ``devices``:
     'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0' (replicas sharing a GPU).
     ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN. ``level`` and
     ``stages`` add to the train net's NetState, and ``weights`` (caffemodel paths) replace
-    the solver's own ``weights``, as caffe train's -level, -stage and -weights do."""
+    the solver's own ``weights``, as caffe train's -level, -stage and -weights do. ``mode``
+    'async' makes asynchronous updates, with replicas at most ``max_staleness`` updates
+    ahead of the slowest (None: no bound). Under mpiexec or srun, every process's devices
+    join one run."""
     if isinstance(solver, caffe_pb2.SolverParameter):
-        solver_type = upgrade_solver_param(caffe_pb2.SolverParameter.FromString(
-            solver.SerializeToString())).type
+        solver = upgrade_solver_param(caffe_pb2.SolverParameter.FromString(
+            solver.SerializeToString()))
     else:
-        solver_type = load_solver_param(solver).type
-    cls = data_parallel_class(get_solver_class(solver_type))
-    return cls(solver, devices=devices, sync_bn=sync_bn, dtype=dtype, level=level, stages=stages,
-               weights=weights)
+        load_solver_param(solver)          # a bad file is one error, before any device starts
+    return DataParallelSolver(solver, devices=devices, sync_bn=sync_bn, dtype=dtype, level=level,
+                              stages=stages, weights=weights, mode=mode,
+                              max_staleness=max_staleness)

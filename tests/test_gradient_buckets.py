@@ -6,7 +6,7 @@ from caffe_syncbn import TRAIN, Net, caffe_pb2
 from caffe_syncbn.comm import CountingComm, Communicator
 from caffe_syncbn.gradients import GradientBuckets
 from caffe_syncbn.prototxt import parse_text
-from caffe_syncbn import training
+from caffe_syncbn import replication, training
 from test_data_parallel import batches, solver_param, train
 
 SHARED = '''
@@ -54,9 +54,9 @@ def test_a_bucket_starts_when_backward_has_passed_its_owner_layers():
 
 def test_the_bucket_size_does_not_change_the_result(monkeypatch):
     data = batches(4)
-    monkeypatch.setattr(training.DataParallelMixin, 'gradient_bucket_bytes', 1)
+    monkeypatch.setattr(replication.Synchronous, 'gradient_bucket_bytes', 1)
     small, _ = train('cpu:4', data, (5, 4, 4, 3))
-    monkeypatch.setattr(training.DataParallelMixin, 'gradient_bucket_bytes', 1 << 30)
+    monkeypatch.setattr(replication.Synchronous, 'gradient_bucket_bytes', 1 << 30)
     one, _ = train('cpu:4', data, (5, 4, 4, 3))
     for mine, theirs in zip(small[0], one[0]):
         assert np.array_equal(mine, theirs)
@@ -67,12 +67,12 @@ def test_gradients_are_reduced_while_backward_goes_on(monkeypatch):
     makes its backward allreduce."""
     comms = []
 
-    def counting(devices):
-        comms[:] = [CountingComm(c) for c in training.ThreadComm.create(len(devices))]
+    def counting(devices, link=None):
+        comms[:] = [CountingComm(c) for c in replication.ThreadComm.create(len(devices))]
         return comms
 
-    monkeypatch.setattr(training, 'make_comms', counting)
-    monkeypatch.setattr(training.DataParallelMixin, 'gradient_bucket_bytes', 1)
+    monkeypatch.setattr(replication, 'make_comms', counting)
+    monkeypatch.setattr(replication.Synchronous, 'gradient_bucket_bytes', 1)
     solver = training.get_solver(solver_param(), devices='cpu:2')
     data = iter(batches(1))
     solver.set_data_source(lambda: next(data))

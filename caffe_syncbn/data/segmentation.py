@@ -97,22 +97,31 @@ class SegTransformer:
         """
         return self.batches(pairs, [len(pairs)], dtype, balance)[0]
 
-    def batches(self, pairs, sizes, dtype=np.float32, balance=False):
+    def batches(self, pairs, sizes, dtype=np.float32, balance=False, rngs=None):
         """One (data, labels) per entry of ``sizes``, each from the next ``size`` pairs (None
         for a size of 0): one device's batch each. Every pair is rescaled first and then
         windowed in order, so the random draws are the same however the pairs are grouped.
-        Windows must agree within a group, not between groups."""
+        Windows must agree within a group, not between groups. ``rngs``: one generator per
+        pair for all its random draws (else ``rng``), so that they do not depend on the
+        other pairs read with it."""
         dtype = np.dtype(dtype)
+        own = self.rng
+        rngs = rngs if rngs is not None else [own] * len(pairs)
         pairs = [(image.reshape(image.shape[:2] + (-1,)), labels) for image, labels in pairs]
-        scaled = [self._rescale(image, labels) for image, labels in pairs]
+        scaled = []
+        for rng, (image, labels) in zip(rngs, pairs):
+            self.rng = rng
+            scaled.append(self._rescale(image, labels))
         out, start = [], 0
         for size in sizes:
             group = list(range(start, start + size))
-            out.append(self._assemble(pairs, scaled, group, dtype, balance) if group else None)
+            out.append(self._assemble(pairs, scaled, group, dtype, balance, rngs)
+                       if group else None)
             start += size
+        self.rng = own
         return out
 
-    def _assemble(self, pairs, scaled, group, dtype, balance):
+    def _assemble(self, pairs, scaled, group, dtype, balance, rngs):
         channels = pairs[group[0]][0].shape[2]
         if len(self.mean_values) not in (0, 1, channels):
             raise self.error('transform_param: give 1 mean_value or one per channel (%d), got %d'
@@ -128,6 +137,7 @@ class SegTransformer:
         data = np.zeros((len(group), channels, h, w), dtype)
         labels = np.full((len(group), 1, h, w), self.ignore_label, dtype)
         for row, i in enumerate(group):
+            self.rng = rngs[i]
             window, window_labels = self._window(*scaled[i], h, w)
             for _ in range(10 if balance and self.train else 0):
                 if np.bincount(window_labels.ravel()).max() <= 0.8 * window_labels.size:

@@ -5,6 +5,10 @@ For every image, as in Caffe: pick a crop (random in TRAIN, centred at
 is set, then compute ``(pixel - mean) * scale`` with the mean of the same (unflipped)
 source position (mean_file) or of the channel (mean_value). The whole batch is done with
 one gather, whatever crops and flips its images drew.
+
+The draws come from ``rng`` for the whole batch, or, given ``rngs`` (one generator per
+image, as the data readers give), each image's from its own: then a sample's crop and
+flip do not depend on which other samples share its batch, or which process reads them.
 """
 import numpy as np
 
@@ -40,6 +44,21 @@ class DataTransformer:
             return channels, self.crop_size, self.crop_size
         return channels, height, width
 
+    def _draws(self, n, spare_h, spare_w, rngs):
+        """The crops' top and left, and the flips, of n images with that much room to spare."""
+        random_crop = self.crop_size and self.phase == TRAIN
+        if rngs is None:              # the batch's draws, one call per field
+            top = self.rng.randint(0, spare_h + 1, size=n) if random_crop else None
+            left = self.rng.randint(0, spare_w + 1, size=n) if random_crop else None
+            flip = self.rng.randint(0, 2, size=n) if self.mirror else np.zeros(n, int)
+        else:
+            top = [r.randint(0, spare_h + 1) for r in rngs] if random_crop else None
+            left = [r.randint(0, spare_w + 1) for r in rngs] if random_crop else None
+            flip = [r.randint(0, 2) if self.mirror else 0 for r in rngs]
+        if not random_crop:
+            top, left = np.full(n, spare_h // 2), np.full(n, spare_w // 2)
+        return np.asarray(top, np.int64), np.asarray(left, np.int64), np.asarray(flip, bool)
+
     def _check(self, channels, height, width):
         if len(self.mean_values) not in (0, 1, channels):
             raise self.error('transform_param: give 1 mean_value or one per channel (%d), got %d'
@@ -51,39 +70,34 @@ class DataTransformer:
             raise self.error('crop_size %d is larger than an image of %d x %d'
                              % (self.crop_size, height, width))
 
-    def __call__(self, images, dtype=np.float32):
+    def __call__(self, images, dtype=np.float32, rngs=None):
         """Transform a list of C x H x W arrays (or an N x C x H x W array) into one
-        N x C x h x w array of ``dtype``. Images of different sizes need crop_size."""
+        N x C x h x w array of ``dtype``. Images of different sizes need crop_size.
+        ``rngs``: one generator per image for its random crop and flip (else ``rng``)."""
         dtype = np.dtype(dtype)
         if isinstance(images, np.ndarray) and images.ndim == 4:
-            return self._transform_stack(images, dtype)
+            return self._transform_stack(images, dtype, rngs)
         shapes = {image.shape for image in images}
         if len(shapes) == 1:
-            return self._transform_stack(np.stack(images), dtype)
+            return self._transform_stack(np.stack(images), dtype, rngs)
         if not self.crop_size:
             raise self.error('images of different sizes %s in one batch need crop_size'
                              % sorted(shapes))
         out = None
         for shape in sorted(shapes):         # one gather per group of equal-sized images
             rows = [i for i, image in enumerate(images) if image.shape == shape]
-            part = self._transform_stack(np.stack([images[i] for i in rows]), dtype)
+            part = self._transform_stack(np.stack([images[i] for i in rows]), dtype,
+                                         None if rngs is None else [rngs[i] for i in rows])
             if out is None:
                 out = np.empty((len(images),) + part.shape[1:], dtype)
             out[rows] = part
         return out
 
-    def _transform_stack(self, batch, dtype):
+    def _transform_stack(self, batch, dtype, rngs=None):
         n, channels, height, width = batch.shape
         self._check(channels, height, width)
-        train = self.phase == TRAIN
         crop_h, crop_w = (self.crop_size, self.crop_size) if self.crop_size else (height, width)
-        if self.crop_size and train:
-            top = self.rng.randint(0, height - crop_h + 1, size=n)
-            left = self.rng.randint(0, width - crop_w + 1, size=n)
-        else:
-            top = np.full(n, (height - crop_h) // 2)
-            left = np.full(n, (width - crop_w) // 2)
-        flip = self.rng.randint(0, 2, size=n).astype(bool) if self.mirror else np.zeros(n, bool)
+        top, left, flip = self._draws(n, height - crop_h, width - crop_w, rngs)
         rows = top[:, None] + np.arange(crop_h)                    # (n, crop_h)
         cols = left[:, None] + np.arange(crop_w)                   # (n, crop_w)
         cols = np.where(flip[:, None], cols[:, ::-1], cols)

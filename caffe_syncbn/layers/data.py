@@ -3,11 +3,13 @@ and HDF5Output, which writes its bottoms out.
 
 The DataLayer contract (Data, ImageData, SegData and the input pipeline build on it):
   ``batch_size``      rows of one batch of this net (set in setup)
-  ``make_reader()``   a new reader whose ``next_batch(n)`` returns host numpy arrays, one per
-                      top, each with first axis n; one reader can serve the global batch of
-                      all replicas of a data-parallel run; a reader may also have
-                      ``next_batches(sizes)``: one batch per replica, whose shapes may
-                      differ (parallel.read_parts)
+  ``make_reader(rng=None)``  a new reader (its random draws from ``rng`` when given)
+                      whose ``next_batch(n)`` returns host numpy arrays, one per top, each
+                      with first axis n; one reader can serve the global batch of all
+                      replicas of a data-parallel run; ``skip(n)`` passes over n samples
+                      without decoding them (a process reads only its share); a reader may
+                      also have ``next_batches(sizes)``: one batch per replica, whose shapes
+                      may differ (parallel.read_parts)
   forward             with ``ctx.feeder`` set, the tops are ``ctx.feeder(self)``: this
                       replica's slice of the global batch (it may have 0 rows); otherwise the
                       next batch of the layer's own reader. Tops take each batch's shape.
@@ -37,7 +39,7 @@ class DataLayer(Layer):
         self.check_tops(top, minimum=1)
         self._reader = None
 
-    def make_reader(self):
+    def make_reader(self, rng=None):
         raise NotImplementedError
 
     def reshape(self, bottom, top):
@@ -75,7 +77,7 @@ class InputLayer(DataLayer):
                 blob.reshape(tuple(shapes[i if len(shapes) > 1 else 0].dim))
         self.batch_size = top[0].shape[0] if top[0].shape else 1
 
-    def make_reader(self):
+    def make_reader(self, rng=None):
         raise self.error('an Input layer has no reader: its tops are set by the caller '
                          '(net.blobs[name].data, or net.forward(name=array))')
 
@@ -190,16 +192,22 @@ class HDF5Reader:
 
     def next_batch(self, n):
         chunks = [[np.empty((0,) + a.shape[1:], self.dtype)] for a in self.arrays]
+        self._walk(n, lambda rows: [chunk.append(array[rows])
+                                    for chunk, array in zip(chunks, self.arrays)])
+        return [np.concatenate(chunk) for chunk in chunks]
+
+    def skip(self, n):
+        """Pass over n rows without copying them (a process reads only its share)."""
+        self._walk(n, lambda rows: None)
+
+    def _walk(self, n, take_rows):
         while n > 0:
             take = min(n, len(self.row_order) - self.row)
-            rows = self.row_order[self.row:self.row + take]
-            for chunk, array in zip(chunks, self.arrays):
-                chunk.append(array[rows])
+            take_rows(self.row_order[self.row:self.row + take])
             self.row += take
             n -= take
             if self.row == len(self.row_order):
                 self._advance()
-        return [np.concatenate(chunk) for chunk in chunks]
 
 
 @register('HDF5Data')
@@ -215,10 +223,10 @@ class HDF5DataLayer(DataLayer):
         for blob, shape in zip(top, self._reader.row_shapes):
             blob.reshape((self.batch_size,) + tuple(shape))
 
-    def make_reader(self):
+    def make_reader(self, rng=None):
         p = self.param.hdf5_data_param
-        return HDF5Reader(p.source, self.param.top, self.dtype, p.shuffle, self.ctx.rng,
-                          self.error)
+        return HDF5Reader(p.source, self.param.top, self.dtype, p.shuffle,
+                          rng if rng is not None else self.ctx.rng, self.error)
 
 
 @register('HDF5Output')

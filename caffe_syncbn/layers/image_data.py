@@ -5,6 +5,12 @@ Each is a DataLayer (see data.py): ``make_reader()`` gives a reader whose
 ``next_batch(n)`` decodes and transforms the next n samples, so one input pipeline can
 draw the global batch of a data-parallel run. A net used on its own (no feeder) reads
 one batch ahead in a background thread while it computes on the current one.
+
+Sharding: a reader's ``skip(n)`` passes over n samples without decoding them, and the
+random draws of sample i of the stream (crop, flip, scale) come from a generator of its
+own, keyed by the reader's seed and i. So a process that skips the other processes' rows
+of each global batch decodes only its own samples and transforms them exactly as one
+process reading everything would.
 """
 import concurrent.futures as futures
 
@@ -51,8 +57,8 @@ class ImageDataLayer(DataLayer):
             self._reader = Prefetcher(self.make_reader(), self.batch_size)
         super().forward(bottom, top)
 
-    def reader_rng(self):
-        return np.random.RandomState(self.ctx.rng.randint(2 ** 31 - 1))
+    def reader_rng(self, rng=None):
+        return rng if rng is not None else np.random.RandomState(self.ctx.rng.randint(2 ** 31 - 1))
 
     def check_batch_size(self, value, field):
         if value <= 0:
@@ -60,19 +66,38 @@ class ImageDataLayer(DataLayer):
         return int(value)
 
 
-class TransformedReader:
+class SampleStream:
+    """A reader's place in its stream of samples (skipped ones count), and the generator
+    of each sample's random draws (see the module docstring)."""
+
+    def start_stream(self, rng):
+        self.sample_seed, self.index = rng.randint(2 ** 31 - 1), 0
+
+    def sample_rngs(self, n):
+        first, self.index = self.index, self.index + n
+        return [np.random.RandomState(np.random.Philox(key=[self.sample_seed, i]))
+                for i in range(first, first + n)]
+
+    def skip(self, n):
+        """Pass over the next n samples without decoding them."""
+        self.pass_over(n)
+        self.index += n
+
+
+class TransformedReader(SampleStream):
     """Shared part of the Data and ImageData readers: samples -> transformed batch + labels."""
 
-    def __init__(self, layer, sample_shape, with_labels):
-        self.transformer = DataTransformer(layer.param.transform_param, layer.phase,
-                                           layer.reader_rng(), layer.error)
+    def __init__(self, layer, sample_shape, with_labels, rng=None):
+        self.rng = layer.reader_rng(rng)
+        self.transformer = DataTransformer(layer.param.transform_param, layer.phase, self.rng,
+                                           layer.error)
+        self.start_stream(self.rng)
         self.dtype = layer.dtype
         self.out_shape = self.transformer.output_shape(*sample_shape)
         self.with_labels = with_labels
-        self.rng = self.transformer.rng
 
     def next_batch(self, n):
-        return self.batch(*self.read(n))
+        return self.batch(*self.read(n), self.sample_rngs(n))
 
     def next_batches(self, sizes):
         """One batch per entry of ``sizes`` (see parallel.read_parts). Images of one size, or
@@ -80,27 +105,32 @@ class TransformedReader:
         one device reading them all. Whole images of several sizes are batched per device,
         where they must agree."""
         images, labels = self.read(sum(sizes))
+        rngs = self.sample_rngs(len(images))
         bounds = np.cumsum([0] + list(sizes))
         if self.transformer.crop_size or len({image.shape for image in images}) <= 1:
             return [list(rows) for rows in zip(*(np.split(a, bounds[1:-1])
-                                                 for a in self.batch(images, labels)))]
-        return [self.batch(images[a:b], labels[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+                                                 for a in self.batch(images, labels, rngs)))]
+        return [self.batch(images[a:b], labels[a:b], rngs[a:b])
+                for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def batch(self, images, labels):
+    def batch(self, images, labels, rngs):
         if not images:
             data = np.zeros((0,) + self.out_shape, self.dtype)
         else:
-            data = self.transformer(images, self.dtype)
+            data = self.transformer(images, self.dtype, rngs)
         return [data, np.asarray(labels, self.dtype)] if self.with_labels else [data]
 
 
 class DatumReader(TransformedReader):
-    def __init__(self, layer, shape, db):
-        super().__init__(layer, shape, len(layer.param.top) > 1)
+    def __init__(self, layer, shape, db, rng=None):
+        super().__init__(layer, shape, len(layer.param.top) > 1, rng)
         p = layer.param.data_param
         self.db = db
         if p.rand_skip:
             self.db.skip(self.rng.randint(p.rand_skip))
+
+    def pass_over(self, n):
+        self.db.skip(n)
 
     def read(self, n):
         images, labels = [], []
@@ -141,15 +171,15 @@ class LMDBDataLayer(ImageDataLayer):
         except CaffeError as exc:
             raise self.error(str(exc)) from None
 
-    def make_reader(self):
-        return DatumReader(self, self.sample_shape, self._open())
+    def make_reader(self, rng=None):
+        return DatumReader(self, self.sample_shape, self._open(), rng)
 
 
 class ImageListReader(TransformedReader):
     """Images named by a list file, in order (reshuffled every pass with ``shuffle``)."""
 
-    def __init__(self, layer, entries, shape):
-        super().__init__(layer, shape, len(layer.param.top) > 1)
+    def __init__(self, layer, entries, shape, rng=None):
+        super().__init__(layer, shape, len(layer.param.top) > 1, rng)
         p = layer.param.image_data_param
         self.entries, self.param = entries, p
         self.order = np.arange(len(entries))
@@ -163,12 +193,19 @@ class ImageListReader(TransformedReader):
             path, label = self.entries[self.order[self.position]]
             images.append(load_list_image(path, self.param))
             labels.append(label)
-            self.position += 1
-            if self.position == len(self.entries):
-                self.position = 0
-                if self.param.shuffle:
-                    self.rng.shuffle(self.order)
+            self._advance()
         return images, labels
+
+    def pass_over(self, n):
+        for _ in range(n):
+            self._advance()
+
+    def _advance(self):
+        self.position += 1
+        if self.position == len(self.entries):
+            self.position = 0
+            if self.param.shuffle:
+                self.rng.shuffle(self.order)
 
 
 def load_list_image(path, p):
@@ -197,12 +234,15 @@ class ImageDataListLayer(ImageDataLayer):
         if len(top) > 1:
             top[1].reshape((self.batch_size,))
 
-    def make_reader(self):
-        return ImageListReader(self, self.entries, self.sample_shape)
+    def make_reader(self, rng=None):
+        return ImageListReader(self, self.entries, self.sample_shape, rng)
 
 
 class MemoryReader:
     """Cycles through the arrays last given to the layer's set_input_arrays()."""
+
+    def skip(self, n):
+        self.next_batch(n)
 
     def __init__(self, layer):
         self.layer = layer
@@ -257,18 +297,19 @@ class MemoryDataLayer(ImageDataLayer):
         self.arrays = (data.astype(self.dtype), labels.reshape(-1).astype(self.dtype))
         self.version += 1
 
-    def make_reader(self):
+    def make_reader(self, rng=None):
         return MemoryReader(self)
 
 
-class SegReader:
+class SegReader(SampleStream):
     """Image / label-map pairs in list order (reshuffled every pass with ``shuffle``)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, rng=None):
         self.layer = layer
-        self.transformer = SegTransformer(layer.param.transform_param, layer.phase,
-                                          layer.reader_rng(), error=layer.error)
-        self.rng = self.transformer.rng
+        self.rng = layer.reader_rng(rng)
+        self.transformer = SegTransformer(layer.param.transform_param, layer.phase, self.rng,
+                                          error=layer.error)
+        self.start_stream(self.rng)
         self.order = np.arange(len(layer.pairs))
         if layer.shuffle:
             self.rng.shuffle(self.order)
@@ -282,7 +323,8 @@ class SegReader:
         in size from one batch to the next, not within one."""
         layer = self.layer
         pairs = [self._next_pair() for _ in range(sum(sizes))]
-        batches = self.transformer.batches(pairs, sizes, layer.dtype, balance=layer.balance)
+        batches = self.transformer.batches(pairs, sizes, layer.dtype, balance=layer.balance,
+                                           rngs=self.sample_rngs(len(pairs)))
         out, start = [], 0
         for size, batch in zip(sizes, batches):
             if batch is None:
@@ -301,12 +343,19 @@ class SegReader:
         layer = self.layer
         pair = read_pair(*layer.pairs[self.order[self.position]], error=layer.error,
                          source=layer.source)
+        self._advance()
+        return pair
+
+    def pass_over(self, n):
+        for _ in range(n):
+            self._advance()
+
+    def _advance(self):
         self.position += 1
         if self.position == len(self.order):
             self.position = 0
-            if layer.shuffle:
+            if self.layer.shuffle:
                 self.rng.shuffle(self.order)
-        return pair
 
 
 @register('SegData', 'ImageSegData')
@@ -347,5 +396,5 @@ class SegDataLayer(ImageDataLayer):
         if len(top) > 2:
             top[2].reshape((self.batch_size, 1, 1, 2))
 
-    def make_reader(self):
-        return SegReader(self)
+    def make_reader(self, rng=None):
+        return SegReader(self, rng)

@@ -163,6 +163,11 @@ class Solver:
         rate = self.last_rate = self.learning_rate()
         if self._displaying() and self.is_root:
             log.info('Iteration %d, lr = %g', self.iter, rate)
+        self.update_params(rate)
+        return rate
+
+    def update_params(self, rate):
+        """Clip, normalize and regularize the diffs, and apply the update rule at ``rate``."""
         self.clip_gradients()
         params = self.net.learnable_params
         for i, blob in enumerate(params):
@@ -171,7 +176,6 @@ class Solver:
             self.rule.compute_update(i, blob, rate, self.iter)
         for blob in params:
             blob.data -= blob.diff
-        return rate
 
     def clip_gradients(self):
         """Scale all diffs down when their global L2 norm exceeds clip_gradients."""
