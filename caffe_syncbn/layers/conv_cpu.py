@@ -1,0 +1,286 @@
+"""Convolution on the host (numpy): the columns of one chunk at a time, in reused buffers.
+
+A chunk is as many images as fill about COLUMN_BYTES of columns or, when one image's
+columns are larger, a band of output rows of one image. Its columns are written into a
+buffer of the calling thread that serves every layer, laid out
+``(C, *kernel, images, *output positions)`` or, for narrow outputs, with the images
+last, ``(C, *kernel, *output positions, images)``: each kernel offset's copy then runs
+over long contiguous rows, which numpy copies far faster than rows of a few values.
+Either way ``(G, K/G, images * positions)`` is the matrix of one GEMM per group.
+
+The backward makes the columns again instead of keeping them (they are K times the
+input), so memory holds one chunk's columns, not a net's. GEMMs and copies are split
+over cpu_threads; weight gradients accumulate into the param diff without a temporary
+of its size.
+"""
+import itertools
+import threading
+
+import numpy as np
+
+from . import cpu_threads
+
+#: about how many bytes of columns one chunk makes
+COLUMN_BYTES = 4 << 20
+#: ... but at least this many output positions, so that its GEMMs stay wide
+MIN_POSITIONS = 512
+#: outputs narrower than this put the images last in the columns of a chunk
+NARROW = 16
+#: above this many groups, the groups' GEMMs go to numpy's batched matmul in one call
+FEW_GROUPS = 4
+
+_buffers = threading.local()
+
+
+def scratch(name, shape, dtype):
+    """A buffer of the calling thread for ``name``; it grows to the largest size asked."""
+    pool = _buffers.__dict__.setdefault('pool', {})
+    size = int(np.prod(shape))
+    buffer = pool.get((name, dtype))
+    if buffer is None or buffer.size < size:
+        buffer = pool[(name, dtype)] = np.empty(size, dtype)
+    return buffer[:size].reshape(shape)
+
+
+class Chunk:
+    """Images [first, last) and, along the first output axis, rows [row, row_end)."""
+
+    def __init__(self, first, last, row, row_end, layer):
+        self.first, self.last, self.row, self.row_end = first, last, row, row_end
+        self.images = last - first
+        self.images_last = self.images > 1 and layer.out_spatial[-1] < NARROW
+        self.out_shape = (row_end - row,) + tuple(layer.out_spatial[1:])
+        rest = int(np.prod(layer.out_spatial[1:], dtype=np.int64))
+        self.positions = (row_end - row) * rest          # per image
+        self.columns = slice(row * rest, row_end * rest)
+        s, d, k = layer.stride[0], layer.dilation[0], layer.kernel[0]
+        self.rows_in = (row * s, (row_end - 1) * s + d * (k - 1) + 1)   # of the padded input
+
+    def order(self, array):
+        """``array`` (images, C, ...) viewed as (C, ...) with the images where the
+        chunk's columns have them."""
+        return np.moveaxis(array, 0, -1) if self.images_last else array.swapaxes(0, 1)
+
+    def shape(self, leading, spatial):
+        """The shape (*leading, images and spatial axes in the chunk's order)."""
+        images = (self.images,)
+        return leading + (spatial + images if self.images_last else images + spatial)
+
+    def cells(self, spatial):
+        """An index of a (C, images and spatial axes) array by spatial slices."""
+        every = (slice(None),)
+        return every + (spatial + every if self.images_last else every + spatial)
+
+
+def chunks(layer, kernel_rows):
+    """The chunks of a forward or backward over ``layer``'s batch; ``kernel_rows`` is
+    the number of rows of its column matrix (C/G * K for every group, stacked)."""
+    out = layer.out_spatial
+    rows, rest = out[0], int(np.prod(out[1:], dtype=np.int64))
+    itemsize = np.dtype(layer.dtype).itemsize
+    budget = max(COLUMN_BYTES, kernel_rows * MIN_POSITIONS * itemsize)
+    per_row = kernel_rows * rest * itemsize
+    if per_row * rows <= budget:
+        step = max(1, budget // (per_row * rows))
+        return [Chunk(n, min(layer.batch, n + step), 0, rows, layer)
+                for n in range(0, layer.batch, step)]
+    band = max(1, budget // per_row)
+    return [Chunk(n, n + 1, r, min(rows, r + band), layer)
+            for n in range(layer.batch) for r in range(0, rows, band)]
+
+
+# ---- columns ------------------------------------------------------------------------------
+def _padded_spatial(layer, chunk):
+    lo, hi = chunk.rows_in
+    return (hi - lo,) + tuple(s + 2 * p for s, p in zip(layer.in_spatial[1:], layer.pad[1:]))
+
+
+def _inside(layer, chunk):
+    """(the spatial slices of the padded rows that the image fills, its rows)."""
+    lo, hi = chunk.rows_in
+    pad, spatial = layer.pad, layer.in_spatial
+    top, bottom = max(lo, pad[0]), min(hi, pad[0] + spatial[0])
+    cells = (slice(top - lo, bottom - lo),) + tuple(
+        slice(p, p + s) for s, p in zip(spatial[1:], pad[1:]))
+    return cells, slice(top - pad[0], bottom - pad[0])
+
+
+def _input_block(layer, x, chunk):
+    """The chunk's rows of ``x`` (N, C, *spatial), zero-padded, in the chunk's order: a
+    view of x for one unpadded image."""
+    images = x[chunk.first:chunk.last]
+    if chunk.images == 1 and not any(layer.pad):
+        lo, hi = chunk.rows_in
+        return chunk.order(images[:, :, lo:hi])
+    block = scratch('block', chunk.shape((layer.channels,), _padded_spatial(layer, chunk)),
+                    x.dtype)
+    cells, rows = _inside(layer, chunk)
+    cells = chunk.cells(cells)
+    source = chunk.order(images[:, :, rows])
+
+    def fill(c0, c1):
+        if any(layer.pad):
+            block[c0:c1] = 0
+        block[c0:c1][cells] = source[c0:c1]
+    cpu_threads.split(layer.channels, fill)
+    return block
+
+
+def _window(layer, offset, chunk):
+    """The cells of an input block that kernel offset ``offset`` reads, per output."""
+    return chunk.cells(tuple(slice(o * d, o * d + s * (n - 1) + 1, s) for o, d, s, n in
+                             zip(offset, layer.dilation, layer.stride, chunk.out_shape)))
+
+
+def _offsets(layer):
+    return list(itertools.product(*[range(k) for k in layer.kernel]))
+
+
+def columns(layer, x, chunk):
+    """im2col: the chunk's columns ``(C, *kernel, images and positions)``, in a scratch
+    buffer."""
+    block = _input_block(layer, x, chunk)
+    c = layer.channels
+    cols = scratch('columns', chunk.shape((c,) + layer.kernel, chunk.out_shape), x.dtype)
+    offsets = _offsets(layer)
+
+    def copy(c0, c1, o0=0, o1=len(offsets)):
+        for offset in offsets[o0:o1]:
+            cols[(slice(c0, c1),) + offset] = block[c0:c1][_window(layer, offset, chunk)]
+    if c >= cpu_threads.threads():
+        cpu_threads.split(c, copy)
+    else:          # few channels (a first layer): the kernel offsets are split instead
+        cpu_threads.split(len(offsets), lambda o0, o1: copy(0, c, o0, o1))
+    return cols
+
+
+def add_columns_to_image(layer, dcols, dx, chunk):
+    """col2im: the chunk's column gradients ``dcols`` summed into ``dx`` (N, C, *spatial),
+    which holds zeros (or the sums of earlier bands of the same image)."""
+    c = layer.channels
+    source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
+    direct = chunk.images == 1 and not any(layer.pad)
+    images = dx[chunk.first:chunk.last]
+    if direct:
+        lo, hi = chunk.rows_in
+        block = chunk.order(images[:, :, lo:hi])
+    else:
+        block = scratch('block', chunk.shape((c,), _padded_spatial(layer, chunk)), dx.dtype)
+        cells, rows = _inside(layer, chunk)
+        cells = chunk.cells(cells)
+        target = chunk.order(images[:, :, rows])
+    offsets = _offsets(layer)
+
+    def add(c0, c1):
+        if not direct:
+            block[c0:c1] = 0
+        part = block[c0:c1]
+        for offset in offsets:
+            part[_window(layer, offset, chunk)] += source[(slice(c0, c1),) + offset]
+        if not direct:
+            target[c0:c1] += part[cells]
+    cpu_threads.split(c, add)
+
+
+# ---- GEMMs --------------------------------------------------------------------------------
+def grouped_gemm(a, b, out, accumulate=False):
+    """``out[g] = a[g] @ b[g]`` (or +=) for each group g of 3-D operands."""
+    if a.shape[0] <= FEW_GROUPS:
+        for g in range(a.shape[0]):
+            cpu_threads.matmul(a[g], b[g], out=out[g], accumulate=accumulate)
+        return
+
+    def work(g0, g1):
+        if accumulate:
+            out[g0:g1] += np.matmul(a[g0:g1], b[g0:g1])
+        else:
+            np.matmul(a[g0:g1], b[g0:g1], out=out[g0:g1])
+    cpu_threads.split(a.shape[0], work)
+
+
+def _gathered_top(layer, dy, rows_per_group, chunk):
+    """``dy`` (N, G * rows, P) at the chunk as ``(G, rows, images and positions)``: a
+    view for one image, else gathered into a scratch buffer."""
+    g = layer.group
+    if chunk.images == 1:
+        return dy[chunk.first, :, chunk.columns].reshape(g, rows_per_group, chunk.positions)
+    gathered = scratch('per group', chunk.shape((g * rows_per_group,), (chunk.positions,)),
+                       dy.dtype)
+    source = chunk.order(dy[chunk.first:chunk.last])
+    cpu_threads.split(g * rows_per_group, lambda r0, r1: np.copyto(gathered[r0:r1],
+                                                                  source[r0:r1]))
+    return gathered.reshape(g, rows_per_group, -1)
+
+
+def forward(layer, x, y):
+    """``y`` (N, O, P) = the convolution of ``x`` (N, C, *spatial), bias included."""
+    weight = layer.grouped_weight()
+    g, outputs_per_group, kernel_rows = weight.shape
+    for chunk in chunks(layer, g * kernel_rows):
+        cols = columns(layer, x, chunk).reshape(g, kernel_rows, -1)
+        if chunk.images == 1:
+            out = y[chunk.first, :, chunk.columns].reshape(g, outputs_per_group, -1)
+            grouped_gemm(weight, cols, out)
+            continue
+        out = scratch('per group', chunk.shape((g * outputs_per_group,), (chunk.positions,)),
+                      y.dtype)
+        grouped_gemm(weight, cols, out.reshape(g, outputs_per_group, -1))
+        target = chunk.order(y[chunk.first:chunk.last])
+        cpu_threads.split(g * outputs_per_group, lambda r0, r1: np.copyto(target[r0:r1],
+                                                                          out[r0:r1]))
+    if layer.bias_term:
+        add_channel_vector(y, layer.blobs[1].data)
+
+
+def backward(layer, x, dy, dx, weight_grad):
+    """Accumulate the weight gradient into ``weight_grad`` (grouped like the weights, or
+    None) and write ``dx`` (N, C, *spatial, or None) from ``dy`` (N, O, P)."""
+    weight = layer.grouped_weight()
+    g, outputs_per_group, kernel_rows = weight.shape
+    for chunk in chunks(layer, g * kernel_rows):
+        dy_chunk = _gathered_top(layer, dy, outputs_per_group, chunk)
+        if weight_grad is not None:
+            cols = columns(layer, x, chunk).reshape(g, kernel_rows, -1)
+            grouped_gemm(dy_chunk, cols.swapaxes(1, 2), weight_grad, accumulate=True)
+        if dx is not None:
+            if chunk.row == 0:
+                dx[chunk.first:chunk.last] = 0
+            dcols = scratch('columns', (g, kernel_rows, chunk.images * chunk.positions),
+                            dy.dtype)
+            grouped_gemm(weight.swapaxes(1, 2), dy_chunk, dcols)
+            add_columns_to_image(layer, dcols, dx, chunk)
+
+
+# ---- 1x1 convolutions: the image is its own column matrix ---------------------------------
+def pointwise_forward(layer, x3, y3):
+    """``x3`` (N, C, P) -> ``y3`` (N, O, P), one GEMM per image and group."""
+    weight = layer.grouped_weight()
+    g = layer.group
+    for n in range(layer.batch):
+        grouped_gemm(weight, x3[n].reshape(g, -1, x3.shape[2]), y3[n].reshape(g, -1, y3.shape[2]))
+    if layer.bias_term:
+        add_channel_vector(y3, layer.blobs[1].data)
+
+
+def pointwise_backward(layer, x3, dy3, dx3, weight_grad):
+    weight = layer.grouped_weight()
+    g = layer.group
+    for n in range(layer.batch):
+        dy = dy3[n].reshape(g, -1, dy3.shape[2])
+        if weight_grad is not None:
+            grouped_gemm(dy, x3[n].reshape(g, -1, x3.shape[2]).swapaxes(1, 2), weight_grad,
+                         accumulate=True)
+        if dx3 is not None:
+            grouped_gemm(weight.swapaxes(1, 2), dy, dx3[n].reshape(g, -1, dx3.shape[2]))
+
+
+# ---- per-channel vectors ------------------------------------------------------------------
+def add_channel_vector(y, vector):
+    """``y`` (N, C, ...) += ``vector`` (C,) along axis 1, in place."""
+    n, c = y.shape[:2]
+    rows = y.reshape(n * c, -1)
+    per_row = np.tile(vector.astype(y.dtype, copy=False), n).reshape(-1, 1)
+
+    def add(r0, r1):
+        rows[r0:r1] += per_row[r0:r1]
+    cpu_threads.split_rows(n * c, rows.shape[1], add)

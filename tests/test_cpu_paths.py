@@ -1,0 +1,162 @@
+"""The numpy fast paths against the plain array code they replace: every chunking of a
+convolution, GEMMs split over threads and accumulated in place, and the in-place
+elementwise layers, in float64 so that any difference is a bug, not rounding."""
+import threading
+
+import numpy as np
+import pytest
+
+from caffe_syncbn.layers import conv, conv_cpu, cpu_threads
+from caffe_syncbn.testing import build_layer
+
+
+@pytest.fixture(params=[1, 2, 3], ids=lambda n: '%d threads' % n)
+def threads(request):
+    before = cpu_threads.threads()
+    cpu_threads.set_threads(request.param)
+    yield request.param
+    cpu_threads.set_threads(before)
+
+
+def _randn(*shape, seed=0):
+    return np.random.RandomState(seed).standard_normal(shape)
+
+
+# ---------------------------------------------------------------- the thread pool
+
+def test_split_covers_every_index_once(threads):
+    for count, min_part in [(0, 1), (1, 1), (7, 1), (1000, 3), (5, 10)]:
+        seen = np.zeros(count, int)
+        lock = threading.Lock()
+
+        def work(a, b):
+            with lock:
+                seen[a:b] += 1
+        cpu_threads.split(count, work, min_part)
+        assert (seen == 1).all()
+
+
+def test_split_raises_the_error_of_a_part_after_every_part_ran(threads):
+    ran = []
+
+    def work(a, b):
+        ran.append(a)
+        if a > 0:
+            raise ValueError('part %d' % a)
+    if threads == 1:
+        cpu_threads.split(10, work)
+        return
+    with pytest.raises(ValueError, match='part'):
+        cpu_threads.split(10, work)
+    assert len(ran) == threads
+
+
+def test_nested_splits_finish(threads):
+    total = np.zeros(64)
+
+    def outer(a, b):
+        cpu_threads.split(b - a, lambda c, d: total.__setitem__(slice(a + c, a + d),
+                                                               total[a + c:a + d] + 1))
+    cpu_threads.split(64, outer)
+    assert (total == 1).all()
+
+
+@pytest.mark.parametrize('m, k, n', [(1, 1, 1), (3, 5, 2), (64, 300, 200), (300, 40, 2000),
+                                     (2000, 4, 300)])
+def test_matmul_and_accumulate(threads, monkeypatch, m, k, n):
+    monkeypatch.setattr(cpu_threads, 'PARALLEL_GEMM_MIN_FLOPS', 1)
+    monkeypatch.setattr(cpu_threads, 'ACCUMULATE_CHUNK_BYTES', 4096)
+    a, b = _randn(m, k), _randn(k, n, seed=1)
+    np.testing.assert_allclose(cpu_threads.matmul(a, b), a @ b, rtol=1e-12, atol=1e-12)
+    out = _randn(m, n, seed=2)
+    expected = out + a @ b
+    cpu_threads.matmul(a, b, out=out, accumulate=True)
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
+    # transposed operands and a strided output, as the layers pass them
+    wide = np.zeros((m, n + 3))
+    cpu_threads.matmul(np.ascontiguousarray(a.T).T, np.ascontiguousarray(b.T).T,
+                       out=wide[:, 1:n + 1], accumulate=True)
+    np.testing.assert_allclose(wide[:, 1:n + 1], a @ b, rtol=1e-12, atol=1e-12)
+    assert not wide[:, 0].any() and not wide[:, n + 1:].any()
+
+
+# ---------------------------------------------------------------- convolution
+
+GEOMETRIES = [
+    ('num_output: 3 kernel_size: 3 pad: 1', (3, 2, 7, 6)),
+    ('num_output: 4 kernel_size: 3 stride: 2 dilation: 2 pad: 2 group: 2', (2, 4, 9, 8)),
+    ('num_output: 2 kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 1 pad_h: 1', (2, 2, 7, 5)),
+    ('num_output: 6 kernel_size: 3 pad: 1 group: 6', (2, 6, 5, 5)),            # depthwise
+    ('num_output: 3 kernel_size: 1', (3, 4, 3, 5)),
+    ('num_output: 2 kernel_size: 1 stride: 2', (2, 3, 5, 4)),
+    ('num_output: 2 kernel_size: 3 kernel_size: 2 kernel_size: 2 pad: 1 stride: 1 stride: 2 '
+     'stride: 1', (2, 2, 5, 4, 3)),
+    ('num_output: 2 kernel_size: 2 axis: 2', (2, 2, 2, 5, 4)),
+    ('num_output: 5 kernel_size: 5 stride: 3', (2, 1, 20, 24)),
+]
+# (COLUMN_BYTES, NARROW): one-row bands, single images, a few images, the whole batch;
+# the images first or last in the columns
+CHUNKINGS = [(1, 16), (2000, 16), (9000, 1), (9000, 10 ** 6), (10 ** 9, 10 ** 6), (10 ** 9, 1)]
+
+
+def _conv_text(body):
+    return ('name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param { %s '
+            'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "uniform" '
+            'min: -0.5 max: 0.5 } }' % body)
+
+
+def _run_convolution(body, shape, host):
+    layer, bottom, top = build_layer(_conv_text(body), [_randn(*shape)])
+    for i, blob in enumerate(layer.blobs):
+        blob.data[...] = _randn(*blob.shape, seed=3 + i)
+    if not host:
+        layer.__dict__['host'] = False
+    layer.forward(bottom, top)
+    top[0].diff[...] = _randn(*top[0].shape, seed=4)
+    for blob in layer.blobs:
+        blob.diff[...] = 1.0              # param diffs accumulate
+    layer.backward(top, [True], bottom)
+    return [top[0].data, bottom[0].diff] + [blob.diff for blob in layer.blobs]
+
+
+@pytest.fixture
+def array_path(monkeypatch):
+    """Lets a test switch a ConvolutionLayer to the array code of conv.py (GPU path)."""
+    monkeypatch.setattr(conv.ConvolutionLayer, 'host', property(
+        lambda self: self.__dict__.get('host', True)))
+
+
+@pytest.mark.parametrize('chunking', CHUNKINGS, ids=lambda c: 'bytes %d narrow %d' % c)
+@pytest.mark.parametrize('body, shape', GEOMETRIES)
+def test_host_convolution_matches_the_array_path(body, shape, chunking, threads, array_path,
+                                                monkeypatch):
+    monkeypatch.setattr(conv_cpu, 'COLUMN_BYTES', chunking[0])
+    monkeypatch.setattr(conv_cpu, 'MIN_POSITIONS', 1)
+    monkeypatch.setattr(conv_cpu, 'NARROW', chunking[1])
+    monkeypatch.setattr(conv_cpu, 'FEW_GROUPS', 2)
+    monkeypatch.setattr(cpu_threads, 'PARALLEL_GEMM_MIN_FLOPS', 1)
+    expected = _run_convolution(body, shape, host=False)
+    for got, want in zip(_run_convolution(body, shape, host=True), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_host_convolution_chunks_cover_the_batch(monkeypatch):
+    layer, _, _ = build_layer(_conv_text('num_output: 2 kernel_size: 3'), [_randn(3, 2, 9, 7)])
+    for budget in (1, 300, 10 ** 4, 10 ** 9):
+        monkeypatch.setattr(conv_cpu, 'COLUMN_BYTES', budget)
+        monkeypatch.setattr(conv_cpu, 'MIN_POSITIONS', 1)
+        covered = np.zeros((3, 7), int)
+        for chunk in conv_cpu.chunks(layer, 18):
+            covered[chunk.first:chunk.last, chunk.row:chunk.row_end] += 1
+        assert (covered == 1).all()
+
+
+def test_host_convolution_in_place_1x1():
+    """A 1x1 convolution with as many outputs as inputs may run in place."""
+    text = _conv_text('num_output: 3 kernel_size: 1').replace('top: "y"', 'top: "x"')
+    x = _randn(2, 3, 4, 4)
+    layer, bottom, _ = build_layer(text, [x])
+    expected = (np.einsum('oc,nchw->nohw', layer.blobs[0].data.reshape(3, 3), x)
+                + layer.blobs[1].data.reshape(1, 3, 1, 1))
+    layer.forward(bottom, bottom)
+    np.testing.assert_allclose(bottom[0].data, expected, rtol=1e-12)
