@@ -160,3 +160,25 @@ def test_host_convolution_in_place_1x1():
                 + layer.blobs[1].data.reshape(1, 3, 1, 1))
     layer.forward(bottom, bottom)
     np.testing.assert_allclose(bottom[0].data, expected, rtol=1e-12)
+
+
+# ---------------------------------------------------------------- fillers
+
+@pytest.mark.parametrize('filler', [
+    'type: "constant" value: 0.25', 'type: "uniform" min: -2 max: 3',
+    'type: "gaussian" std: 0.5 mean: 1', 'type: "xavier" variance_norm: AVERAGE',
+    'type: "msra"', 'type: "gaussian" std: 2 sparse: 3', 'type: "positive_unitball"'])
+def test_fill_in_chunks_draws_what_one_draw_gives(filler, monkeypatch):
+    """fill() writes float32 in chunks; the values are those of one float64 draw."""
+    from google.protobuf import text_format
+    from caffe_syncbn import caffe_pb2
+    from caffe_syncbn.blob import Blob
+    from caffe_syncbn.fillers import fill, filled_array, set_random_seed
+    param = text_format.Parse(filler, caffe_pb2.FillerParameter())
+    monkeypatch.setattr('caffe_syncbn.fillers.FILL_CHUNK', 7)
+    set_random_seed(11)
+    expected = filled_array(param, (5, 4, 3)).astype(np.float32)
+    set_random_seed(11)
+    blob = Blob((5, 4, 3), np.float32)
+    fill(param, blob)
+    np.testing.assert_array_equal(blob.data, expected)

@@ -22,6 +22,9 @@ import numpy as np
 PARALLEL_GEMM_MIN_FLOPS = 1 << 21
 #: below this many elements an elementwise pass runs whole in the calling thread
 PARALLEL_MIN_ELEMENTS = 1 << 16
+#: elementwise passes go through their arrays this many bytes at a time, so that a layer's
+#: several passes over one block find it in the cache
+BLOCK_BYTES = 1 << 19
 #: a GEMM that accumulates into its output computes it this many bytes at a time
 ACCUMULATE_CHUNK_BYTES = 1 << 20
 
@@ -104,9 +107,32 @@ def split_rows(rows, row_size, work):
     split(rows, work, max(1, PARALLEL_MIN_ELEMENTS // max(1, row_size)))
 
 
+def blocks(xp, rows, row_size, work, itemsize=4):
+    """Run ``work(r0, r1)`` over ``rows`` rows of ``row_size`` elements: on numpy in blocks
+    of about BLOCK_BYTES split over threads, elsewhere (CuPy) once over all rows."""
+    if xp is not np:
+        work(0, rows)
+        return
+    per_block = max(1, BLOCK_BYTES // max(1, row_size * itemsize))
+
+    def part(start, stop):
+        for first in range(start, stop, per_block):
+            work(first, min(stop, first + per_block))
+    split_rows(rows, row_size, part)
+
+
 def matmul(a, b, out=None, accumulate=False):
-    """``out = a @ b`` (or ``out += a @ b``) for 2-D numpy arrays, split over threads by
-    rows or columns of the output. Accumulating needs no temporary of the output's size."""
+    """``out = a @ b`` (or ``out += a @ b``) for 2-D arrays. numpy ones are split over
+    threads by rows or columns of the output, and accumulating needs no temporary of the
+    output's size; others (CuPy) are left to their library."""
+    if not isinstance(a, np.ndarray):
+        if out is None:
+            return a @ b
+        if accumulate:
+            out += a @ b
+        else:
+            out[...] = a @ b
+        return out
     threads()
     _single_threaded_blas()
     m, n = a.shape[0], b.shape[1]
