@@ -182,3 +182,33 @@ def test_fill_in_chunks_draws_what_one_draw_gives(filler, monkeypatch):
     blob = Blob((5, 4, 3), np.float32)
     fill(param, blob)
     np.testing.assert_array_equal(blob.data, expected)
+
+
+# ---------------------------------------------------------------- MAX pooling
+
+@pytest.mark.parametrize('body, shape', [
+    ('kernel_size: 2 stride: 2', (2, 3, 8, 6)),
+    ('kernel_size: 3 stride: 2', (2, 3, 9, 7)),                      # overlapping, ceil
+    ('kernel_size: 3 stride: 2 pad: 1', (1, 2, 6, 5)),
+    ('kernel_h: 2 kernel_w: 3 stride_h: 1 stride_w: 2 pad_w: 1', (2, 2, 5, 6)),
+    ('kernel_size: 2 stride: 3', (1, 2, 7, 7)),                      # gaps between windows
+    ('kernel_size: 3 stride: 1 pad: 2', (1, 1, 4, 4)),
+])
+@pytest.mark.parametrize('ties', [False, True])
+def test_host_max_pooling_matches_the_array_path(body, shape, ties, threads, monkeypatch):
+    from caffe_syncbn.layers import pooling_cpu
+    x = np.round(_randn(*shape)) if ties else _randn(*shape)       # ties: many equal values
+    text = ('name: "p" type: "Pooling" bottom: "x" top: "y" top: "mask" pooling_param { '
+            'pool: MAX %s }' % body)
+    results = []
+    for cells in (64, 0):             # the host path, then the separable array code
+        monkeypatch.setattr(pooling_cpu, 'MAX_CELLS', cells)
+        layer, bottom, top = build_layer(text, [x])
+        layer.forward(bottom, top)
+        top[0].diff[...] = _randn(*top[0].shape, seed=5)
+        layer.backward(top, [True], bottom)
+        results.append([top[0].data.copy(), top[1].data.copy(), bottom[0].diff.copy()])
+    (y, mask, dx), (y_ref, mask_ref, dx_ref) = results
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(mask, mask_ref)
+    np.testing.assert_allclose(dx, dx_ref, rtol=1e-14, atol=1e-14)   # overlaps add in order

@@ -1,0 +1,106 @@
+"""MAX pooling on the host (numpy) for small kernels: one strided view per kernel offset,
+a block of channel planes at a time, split over cpu_threads.
+
+The forward keeps, per output, the offset of its maximum in the window (one byte for
+kernels of up to 127 cells), not a flat index: the first maximum in row-major order wins,
+as in Caffe, because an offset replaces the kept one only where its value is strictly
+larger. Index updates are arithmetic (idx += better * (k - idx)): masked writes with
+random masks run many times slower. The backward adds each output's gradient at its
+offset, one strided view per kernel offset, so overlapping windows add up.
+"""
+import numpy as np
+
+from . import cpu_threads
+
+#: kernels of more cells than this go to the separable code of pooling.py
+MAX_CELLS = 64
+
+
+def applies(pool, x):
+    kh, kw = pool.kernel
+    return pool.method == 'MAX' and isinstance(x, np.ndarray) and kh * kw <= MAX_CELLS
+
+
+def _offsets(pool):
+    kh, kw = pool.kernel
+    return [(k, k // kw, k % kw) for k in range(kh * kw)]
+
+
+def _view(padded, pool, i, j):
+    """The cells that kernel offset (i, j) reads, one per output."""
+    (sh, sw), (oh, ow) = pool.stride, pool.out_hw
+    return padded[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+
+
+def _inside(pool):
+    """The cells of the padded extent that the input fills."""
+    (ph, pw), (h, w) = pool.pad, pool.in_hw
+    return slice(None), slice(ph, ph + h), slice(pw, pw + w)
+
+
+def _padded(pool, planes):
+    """``planes`` (P, H, W) within the padded extent that covers every window, -inf
+    outside the input."""
+    if pool.padded_hw == pool.in_hw:
+        return planes
+    out = np.full((planes.shape[0],) + pool.padded_hw, -np.inf, planes.dtype)
+    out[_inside(pool)] = planes
+    return out
+
+
+def _planes(array):
+    return array.reshape((-1,) + array.shape[2:])
+
+
+def forward(pool, x, top):
+    """MAX pooling of ``x`` (N, C, H, W) into ``top``; returns the offsets of the maxima."""
+    n, c = x.shape[:2]
+    offsets = np.empty((n, c) + pool.out_hw, np.int8)
+    source, y, kept = _planes(x), _planes(top), _planes(offsets)
+
+    def work(r0, r1):
+        padded = _padded(pool, source[r0:r1])
+        best, where = y[r0:r1], kept[r0:r1]
+        for k, i, j in _offsets(pool):
+            v = _view(padded, pool, i, j)
+            if k == 0:
+                best[...] = v
+                where[...] = 0
+                continue
+            better = v > best
+            np.maximum(best, v, out=best)
+            step = np.subtract(k, where, dtype=np.int8)
+            step *= better
+            where += step
+    cpu_threads.blocks(np, n * c, x.shape[2] * x.shape[3], work, x.dtype.itemsize)
+    return offsets
+
+
+def backward(pool, offsets, dy, dx):
+    """dx (N, C, H, W) of MAX pooling from the kept offsets and the top diff ``dy``."""
+    n, c = dy.shape[:2]
+    target, grad, kept = _planes(dx), _planes(dy), _planes(offsets)
+    direct = pool.padded_hw == pool.in_hw
+
+    def work(r0, r1):
+        if direct:
+            padded = target[r0:r1]
+            padded[...] = 0
+        else:
+            padded = np.zeros((r1 - r0,) + pool.padded_hw, dy.dtype)
+        g, where = grad[r0:r1], kept[r0:r1]
+        for k, i, j in _offsets(pool):
+            cells = _view(padded, pool, i, j)
+            cells += g * (where == k)
+        if not direct:
+            target[r0:r1] = padded[_inside(pool)]
+    cpu_threads.blocks(np, n * c, pool.in_hw[0] * pool.in_hw[1], work, dy.dtype.itemsize)
+
+
+def flat_index(pool, offsets):
+    """Caffe's MAX mask: the index h * W + w in the input of each maximum."""
+    (sh, sw), (ph, pw), (oh, ow) = pool.stride, pool.pad, pool.out_hw
+    kw = pool.kernel[1]
+    rows = offsets // kw + np.arange(-ph, oh * sh - ph, sh).reshape(-1, 1)
+    cols = offsets % kw + np.arange(-pw, ow * sw - pw, sw)
+    return rows * pool.in_hw[1] + cols
