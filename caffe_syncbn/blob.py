@@ -13,7 +13,7 @@ class Blob:
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.data = xp.zeros(tuple(int(s) for s in shape), self.dtype)
-        self.diff = xp.zeros_like(self.data)
+        self.diff = xp.zeros(self.data.shape, self.dtype)     # zeros_like writes every page
 
     @property
     def shape(self):

@@ -212,3 +212,78 @@ def test_host_max_pooling_matches_the_array_path(body, shape, ties, threads, mon
     np.testing.assert_array_equal(y, y_ref)
     np.testing.assert_array_equal(mask, mask_ref)
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-14, atol=1e-14)   # overlaps add in order
+
+
+# ---------------------------------------------------------------- batch norm, LRN
+
+NORMS = [
+    'type: "BatchNorm"',
+    'type: "BatchNorm" batch_norm_param { use_global_stats: true }',
+    'type: "BN" bn_param { momentum: 0.9 }',
+    'type: "BN" bn_param { frozen: true }',
+    'type: "SyncBN" bn_param { momentum: 0.9 }',
+    'type: "SyncBN" bn_param { frozen: true }',
+]
+
+
+def _run_norm(text, shape, phase, in_place, host):
+    from caffe_syncbn.blob import Blob
+    from caffe_syncbn.layer import LayerContext, create_layer
+    from caffe_syncbn.testing import layer_param
+    layer = create_layer(layer_param(text), LayerContext(phase=phase, dtype=np.float64))
+    x = Blob(shape, np.float64)
+    x.data[...] = _randn(*shape) * 3 + 5
+    top = x if in_place else Blob((), np.float64)
+    layer.setup([x], [top])
+    layer.reshape([x], [top])
+    for i, blob in enumerate(layer.blobs):
+        blob.data[...] = np.abs(_randn(*blob.shape, seed=i + 1)) + 0.5
+    layer.host = lambda array: host and array.dtype == np.float64
+    layer.forward([x], [top])
+    y = top.data.copy()
+    top.diff[...] = _randn(*shape, seed=9)
+    layer.backward([top], [True], [x])
+    return [y, x.diff] + [b.diff for b in layer.blobs] + [b.data for b in layer.blobs]
+
+
+@pytest.mark.parametrize('in_place', [False, True])
+@pytest.mark.parametrize('phase', [0, 1], ids=['TRAIN', 'TEST'])
+@pytest.mark.parametrize('body', NORMS)
+def test_host_batch_norm_matches_the_array_path(body, phase, in_place, threads, monkeypatch):
+    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 64)       # many blocks
+    monkeypatch.setattr(cpu_threads, 'PARALLEL_MIN_ELEMENTS', 1)
+    text = 'name: "bn" %s bottom: "x" top: "%s"' % (body, 'x' if in_place else 'y')
+    for shape in [(3, 4, 5, 2), (2, 3), (4, 2, 1, 1)]:
+        expected = _run_norm(text, shape, phase, in_place, host=False)
+        for got, want in zip(_run_norm(text, shape, phase, in_place, host=True), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_host_batch_norm_keeps_x_hat_only_in_place_when_its_backward_reads_it():
+    text = 'name: "bn" type: "BatchNorm" bottom: "x" top: "%s" %s'
+    x = _randn(2, 3, 4, 4)
+    for top, param, kept in [('x', '', True), ('y', '', False),
+                             ('x', 'batch_norm_param { use_global_stats: true }', False)]:
+        layer, bottom, tops = build_layer(text % (top, param), [x])
+        tops = bottom if top == 'x' else tops
+        layer.forward(bottom, tops)
+        held = layer._x_hat is not None and layer._x_hat.kept is not None
+        assert held == kept, (top, param)
+
+
+@pytest.mark.parametrize('body', ['local_size: 5 alpha: 0.1 beta: 0.75 k: 2',
+                                  'local_size: 3 alpha: 1e-4 beta: 0.75'])
+def test_host_lrn_matches_the_array_path(body, threads, monkeypatch):
+    from caffe_syncbn.layers.lrn import LRNLayer
+    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 64)
+    text = 'name: "n" type: "LRN" bottom: "x" top: "y" lrn_param { %s }' % body
+    results = []
+    for host in (True, False):
+        monkeypatch.setattr(LRNLayer, '_host', lambda self, a, host=host: host)
+        layer, bottom, top = build_layer(text, [_randn(2, 7, 3, 5)])
+        layer.forward(bottom, top)
+        top[0].diff[...] = _randn(*top[0].shape, seed=3)
+        layer.backward(top, [True], bottom)
+        results.append([top[0].data.copy(), bottom[0].diff.copy()])
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

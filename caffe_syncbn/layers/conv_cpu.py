@@ -21,7 +21,7 @@ import numpy as np
 from . import cpu_threads
 
 #: about how many bytes of columns one chunk makes
-COLUMN_BYTES = 4 << 20
+COLUMN_BYTES = 2 << 20
 #: ... but at least this many output positions, so that its GEMMs stay wide
 MIN_POSITIONS = 512
 #: outputs narrower than this put the images last in the columns of a chunk
