@@ -5,7 +5,8 @@
     python benchmarks/net_time.py PROTOTXT --batch N --compare-caffe PATH/TO/caffe [--pairs P]
 
 Data layers become Input layers, every Input's first axis becomes --batch, backward is
-forced, weights come from the prototxt's fillers (timing.timing_net_param). The means
+forced (unless --forward-only), weights come from the prototxt's fillers
+(timing.timing_net_param). The means
 over --iterations passes after one warm-up pass are printed per layer and in total,
 with this process's peak memory (VmHWM).
 
@@ -30,7 +31,8 @@ def time_ours(args):
     from caffe_syncbn import TEST, TRAIN, Net
     from caffe_syncbn.timing import (format_timings, peak_memory_kb, time_net,
                                      timing_net_param)
-    net = Net(timing_net_param(args.model, args.batch), TRAIN if args.phase == 'TRAIN' else TEST)
+    net = Net(timing_net_param(args.model, args.batch, force_backward=not args.forward_only),
+              TRAIN if args.phase == 'TRAIN' else TEST)
     result = time_net(net, args.iterations, backward=not args.forward_only)
     types = {name: layer.type for name, layer in zip(net._layer_names, net.layers)}
     if args.json:

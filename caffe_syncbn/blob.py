@@ -6,14 +6,25 @@ class Blob:
     """Holds ``data`` and ``diff`` of one shape on one backend (``xp``).
 
     ``data``/``diff`` are plain arrays; pycaffe code that writes
-    ``blob.data[...] = x`` works unchanged.
+    ``blob.data[...] = x`` works unchanged. The diff is made (zeros) when first used, so
+    nets that never run backward hold none.
     """
 
     def __init__(self, shape=(), dtype=np.float32, xp=np):
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.data = xp.zeros(tuple(int(s) for s in shape), self.dtype)
-        self.diff = xp.zeros(self.data.shape, self.dtype)     # zeros_like writes every page
+        self._diff = None
+
+    @property
+    def diff(self):
+        if self._diff is None:
+            self._diff = self.xp.zeros(self.data.shape, self.dtype)
+        return self._diff
+
+    @diff.setter
+    def diff(self, value):
+        self._diff = value
 
     @property
     def shape(self):
@@ -38,10 +49,11 @@ class Blob:
             return
         if int(np.prod(shape)) == self.count:
             self.data = self.data.reshape(shape)
-            self.diff = self.diff.reshape(shape)
+            if self._diff is not None:
+                self._diff = self._diff.reshape(shape)
         else:
             self.data = self.xp.zeros(shape, self.dtype)
-            self.diff = self.xp.zeros(shape, self.dtype)
+            self._diff = None
 
     def share_data(self, other):
         """Caffe's ShareData: this blob's data is the same memory as other's."""

@@ -4,7 +4,7 @@ import time
 import numpy as np
 
 
-def timing_net_param(model, batch=None):
+def timing_net_param(model, batch=None, force_backward=True):
     """The NetParameter that `caffe time` should run to time ``model`` (a path or a
     NetParameter) as we do: data layers become Input layers, every Input's first axis
     is ``batch`` (when given) and backward is forced, so both programs do the same work."""
@@ -17,7 +17,7 @@ def timing_net_param(model, batch=None):
                 for shape in layer.input_param.shape:
                     if len(shape.dim):
                         shape.dim[0] = batch
-    param.force_backward = True
+    param.force_backward = force_backward
     return param
 
 

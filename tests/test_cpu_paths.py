@@ -287,3 +287,26 @@ def test_host_lrn_matches_the_array_path(body, threads, monkeypatch):
         results.append([top[0].data.copy(), bottom[0].diff.copy()])
     for got, want in zip(*results):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('body', ['num_output: 3 kernel_size: 3 pad: 1', 'num_output: 3 kernel_size: 1'])
+def test_host_convolution_of_an_empty_batch(body):
+    """A replica may hold no images of a batch: its convolution runs and adds nothing."""
+    layer, bottom, top = build_layer(_conv_text(body), [np.zeros((0, 2, 5, 5))])
+    layer.forward(bottom, top)
+    assert top[0].shape == (0, 3, 5, 5)
+    layer.backward(top, [True], bottom)
+    assert not any(blob.diff.any() for blob in layer.blobs)
+
+
+def test_blob_diff_is_made_on_first_use():
+    from caffe_syncbn.blob import Blob
+    blob = Blob((2, 3))
+    assert blob._diff is None
+    blob.reshape(3, 2)
+    assert blob._diff is None and blob.diff.shape == (3, 2) and not blob.diff.any()
+    blob.diff[...] = 1
+    blob.reshape(6)                      # same count: the values stay
+    assert blob.diff.shape == (6,) and blob.diff.all()
+    blob.reshape(4)
+    assert blob.diff.shape == (4,) and not blob.diff.any()

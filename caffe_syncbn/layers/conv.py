@@ -262,10 +262,14 @@ class ConvolutionLayer(_ConvolutionBase):
         """Whether the numpy path of conv_cpu runs this layer."""
         return self.xp is np and not self.cuda_kernels
 
+    def _matrices(self, array, rows):
+        """``array`` as (N, rows, positions): a 1x1 convolution's input is its own columns."""
+        return array.reshape(self.batch, rows, int(np.prod(self.in_spatial)))
+
     def _host_forward(self, x, y):
-        y3 = y.reshape(self.batch, self.num_output, -1)
+        y3 = y.reshape(self.batch, self.num_output, int(np.prod(self.out_spatial)))
         if self.pointwise:
-            conv_cpu.pointwise_forward(self, x.reshape(self.batch, self.channels, -1), y3)
+            conv_cpu.pointwise_forward(self, self._matrices(x, self.channels), y3)
         else:
             conv_cpu.forward(self, self._image(x, self.channels, self.in_spatial), y3)
 
@@ -276,9 +280,9 @@ class ConvolutionLayer(_ConvolutionBase):
                                                                   self.in_spatial),
                               weight_grad)
         else:
-            conv_cpu.pointwise_backward(self, x.reshape(self.batch, self.channels, -1), dy,
+            conv_cpu.pointwise_backward(self, self._matrices(x, self.channels), dy,
                                         None if dx is None else
-                                        dx.reshape(self.batch, self.channels, -1), weight_grad)
+                                        self._matrices(dx, self.channels), weight_grad)
 
 
 @register('Deconvolution')

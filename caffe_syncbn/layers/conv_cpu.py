@@ -278,6 +278,8 @@ def pointwise_backward(layer, x3, dy3, dx3, weight_grad):
 def add_channel_vector(y, vector):
     """``y`` (N, C, ...) += ``vector`` (C,) along axis 1, in place."""
     n, c = y.shape[:2]
+    if y.size == 0:
+        return
     rows = y.reshape(n * c, -1)
     per_row = np.tile(vector.astype(y.dtype, copy=False), n).reshape(-1, 1)
 

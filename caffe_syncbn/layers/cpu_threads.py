@@ -19,14 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 #: below this many multiply-adds a GEMM runs whole in the calling thread
-PARALLEL_GEMM_MIN_FLOPS = 1 << 21
+PARALLEL_GEMM_MIN_FLOPS = 1 << 24
 #: below this many elements an elementwise pass runs whole in the calling thread
-PARALLEL_MIN_ELEMENTS = 1 << 16
+PARALLEL_MIN_ELEMENTS = 1 << 18
 #: elementwise passes go through their arrays this many bytes at a time, so that a layer's
 #: several passes over one block find it in the cache
 BLOCK_BYTES = 1 << 19
 #: a GEMM that accumulates into its output computes it this many bytes at a time
-ACCUMULATE_CHUNK_BYTES = 1 << 20
+ACCUMULATE_CHUNK_BYTES = 1 << 19
 
 _state = {'threads': None, 'pool': None, 'blas': None}
 _lock = threading.Lock()

@@ -181,6 +181,7 @@ class _ChannelNorm(Layer):
         x3, y3 = channel_view(bottom[0].data), channel_view(top[0].data)
         normalization = norm_cpu.Normalization(x3, mean, inv_std, work_dtype(x3.dtype))
         in_place = top[0] is bottom[0] or top[0].data is bottom[0].data
+        keep_x_hat = keep_x_hat and self.backward_runs
         kept = None
         if keep_x_hat and in_place:
             kept = getattr(self, '_x_hat_buffer', None)

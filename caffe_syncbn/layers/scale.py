@@ -80,7 +80,8 @@ class ScaleLayer(Layer):
         x = bottom[0].data.reshape(outer * dim, inner)
         y = top[0].data.reshape(outer * dim, inner)
         # in place, the input is overwritten but the scale gradient needs it
-        keep = top[0] is bottom[0] and (not learned or self.wants_param_gradient(0))
+        keep = top[0] is bottom[0] and self.backward_runs and \
+            (not learned or self.wants_param_gradient(0))
         saved = self._saved_buffer(x) if keep else None
         scale = self._per_row(self._scale_blob(bottom).data)
         bias = self._per_row(self.blobs[self.bias_index].data) \
