@@ -11,7 +11,9 @@ Either way ``(G, K/G, images * positions)`` is the matrix of one GEMM per group.
 The backward makes the columns again instead of keeping them (they are K times the
 input), so memory holds one chunk's columns, not a net's. GEMMs and copies are split
 over cpu_threads; weight gradients accumulate into the param diff without a temporary
-of its size.
+of its size. Units of whole images run on several threads at once, each with its own
+buffers (the weight gradient too, added up at the end); within a unit that runs alone,
+GEMMs and copies are split over the threads instead.
 """
 import itertools
 import threading
@@ -22,8 +24,10 @@ from . import cpu_threads
 
 #: about how many bytes of columns one chunk makes
 COLUMN_BYTES = 2 << 20
-#: ... but at least this many output positions, so that its GEMMs stay wide
+#: ... but at least this many output positions, so that its GEMMs stay wide, as long as
+#: that takes no more than MAX_COLUMN_BYTES (and one row of outputs in any case)
 MIN_POSITIONS = 512
+MAX_COLUMN_BYTES = 16 << 20
 #: outputs narrower than this put the images last in the columns of a chunk
 NARROW = 16
 #: above this many groups, the groups' GEMMs go to numpy's batched matmul in one call
@@ -78,7 +82,7 @@ def chunks(layer, kernel_rows):
     out = layer.out_spatial
     rows, rest = out[0], int(np.prod(out[1:], dtype=np.int64))
     itemsize = np.dtype(layer.dtype).itemsize
-    budget = max(COLUMN_BYTES, kernel_rows * MIN_POSITIONS * itemsize)
+    budget = max(COLUMN_BYTES, min(MAX_COLUMN_BYTES, kernel_rows * MIN_POSITIONS * itemsize))
     per_row = kernel_rows * rest * itemsize
     if per_row * rows <= budget:
         step = max(1, budget // (per_row * rows))
@@ -212,22 +216,72 @@ def _gathered_top(layer, dy, rows_per_group, chunk):
     return gathered.reshape(g, rows_per_group, -1)
 
 
+def _images_in_parallel(count, work):
+    """``work(a, b)`` over ``count`` units of images (units hold disjoint images), split
+    over threads: a convolution's images are independent but for its weight gradient."""
+    cpu_threads.split(count, work, parts=2 * cpu_threads.threads())
+
+
+class _WeightGradient:
+    """The weight gradient of a backward whose images run on several threads: the calling
+    thread adds into the param diff, every other thread into a zeroed buffer of its own,
+    which ``finish`` adds to the diff."""
+
+    def __init__(self, total):
+        self.total = total
+        self.caller = threading.get_ident()
+        self.partials = {}
+        self.lock = threading.Lock()
+
+    def target(self):
+        thread = threading.get_ident()
+        if self.total is None or thread == self.caller:
+            return self.total
+        with self.lock:
+            partial = self.partials.get(thread)
+            if partial is None:
+                partial = self.partials[thread] = scratch('weight gradient', self.total.shape,
+                                                          self.total.dtype)
+                partial[...] = 0
+        return partial
+
+    def finish(self):
+        for partial in self.partials.values():
+            self.total += partial
+
+
+def _units(layer, kernel_rows):
+    """The chunks in runs that share their images: the bands of one image, which add into
+    the same rows of dx, stay on one thread."""
+    units = []
+    for chunk in chunks(layer, kernel_rows):
+        if units and units[-1][-1].first == chunk.first:
+            units[-1].append(chunk)
+        else:
+            units.append([chunk])
+    return units
+
+
 def forward(layer, x, y):
     """``y`` (N, O, P) = the convolution of ``x`` (N, C, *spatial), bias included."""
     weight = layer.grouped_weight()
     g, outputs_per_group, kernel_rows = weight.shape
-    for chunk in chunks(layer, g * kernel_rows):
-        cols = columns(layer, x, chunk).reshape(g, kernel_rows, -1)
-        if chunk.images == 1:
-            out = y[chunk.first, :, chunk.columns].reshape(g, outputs_per_group, -1)
-            grouped_gemm(weight, cols, out)
-            continue
-        out = scratch('per group', chunk.shape((g * outputs_per_group,), (chunk.positions,)),
-                      y.dtype)
-        grouped_gemm(weight, cols, out.reshape(g, outputs_per_group, -1))
-        target = chunk.order(y[chunk.first:chunk.last])
-        cpu_threads.split(g * outputs_per_group, lambda r0, r1: np.copyto(target[r0:r1],
-                                                                          out[r0:r1]))
+    units = _units(layer, g * kernel_rows)
+
+    def run(a, b):
+        for chunk in (chunk for unit in units[a:b] for chunk in unit):
+            cols = columns(layer, x, chunk).reshape(g, kernel_rows, -1)
+            if chunk.images == 1:
+                out = y[chunk.first, :, chunk.columns].reshape(g, outputs_per_group, -1)
+                grouped_gemm(weight, cols, out)
+                continue
+            out = scratch('per group', chunk.shape((g * outputs_per_group,),
+                                                   (chunk.positions,)), y.dtype)
+            grouped_gemm(weight, cols, out.reshape(g, outputs_per_group, -1))
+            target = chunk.order(y[chunk.first:chunk.last])
+            cpu_threads.split(g * outputs_per_group,
+                              lambda r0, r1: np.copyto(target[r0:r1], out[r0:r1]))
+    _images_in_parallel(len(units), run)
     if layer.bias_term:
         add_channel_vector(y, layer.blobs[1].data)
 
@@ -237,18 +291,24 @@ def backward(layer, x, dy, dx, weight_grad):
     None) and write ``dx`` (N, C, *spatial, or None) from ``dy`` (N, O, P)."""
     weight = layer.grouped_weight()
     g, outputs_per_group, kernel_rows = weight.shape
-    for chunk in chunks(layer, g * kernel_rows):
-        dy_chunk = _gathered_top(layer, dy, outputs_per_group, chunk)
-        if weight_grad is not None:
-            cols = columns(layer, x, chunk).reshape(g, kernel_rows, -1)
-            grouped_gemm(dy_chunk, cols.swapaxes(1, 2), weight_grad, accumulate=True)
-        if dx is not None:
-            if chunk.row == 0:
-                dx[chunk.first:chunk.last] = 0
-            dcols = scratch('columns', (g, kernel_rows, chunk.images * chunk.positions),
-                            dy.dtype)
-            grouped_gemm(weight.swapaxes(1, 2), dy_chunk, dcols)
-            add_columns_to_image(layer, dcols, dx, chunk)
+    units = _units(layer, g * kernel_rows)
+    gradient = _WeightGradient(weight_grad)
+
+    def run(a, b):
+        for chunk in (chunk for unit in units[a:b] for chunk in unit):
+            dy_chunk = _gathered_top(layer, dy, outputs_per_group, chunk)
+            if weight_grad is not None:
+                cols = columns(layer, x, chunk).reshape(g, kernel_rows, -1)
+                grouped_gemm(dy_chunk, cols.swapaxes(1, 2), gradient.target(), accumulate=True)
+            if dx is not None:
+                if chunk.row == 0:
+                    dx[chunk.first:chunk.last] = 0
+                dcols = scratch('columns', (g, kernel_rows, chunk.images * chunk.positions),
+                                dy.dtype)
+                grouped_gemm(weight.swapaxes(1, 2), dy_chunk, dcols)
+                add_columns_to_image(layer, dcols, dx, chunk)
+    _images_in_parallel(len(units), run)
+    gradient.finish()
 
 
 # ---- 1x1 convolutions: the image is its own column matrix ---------------------------------
@@ -256,8 +316,12 @@ def pointwise_forward(layer, x3, y3):
     """``x3`` (N, C, P) -> ``y3`` (N, O, P), one GEMM per image and group."""
     weight = layer.grouped_weight()
     g = layer.group
-    for n in range(layer.batch):
-        grouped_gemm(weight, x3[n].reshape(g, -1, x3.shape[2]), y3[n].reshape(g, -1, y3.shape[2]))
+
+    def run(a, b):
+        for n in range(a, b):
+            grouped_gemm(weight, x3[n].reshape(g, -1, x3.shape[2]),
+                         y3[n].reshape(g, -1, y3.shape[2]))
+    _images_in_parallel(layer.batch, run)
     if layer.bias_term:
         add_channel_vector(y3, layer.blobs[1].data)
 
@@ -265,13 +329,18 @@ def pointwise_forward(layer, x3, y3):
 def pointwise_backward(layer, x3, dy3, dx3, weight_grad):
     weight = layer.grouped_weight()
     g = layer.group
-    for n in range(layer.batch):
-        dy = dy3[n].reshape(g, -1, dy3.shape[2])
-        if weight_grad is not None:
-            grouped_gemm(dy, x3[n].reshape(g, -1, x3.shape[2]).swapaxes(1, 2), weight_grad,
-                         accumulate=True)
-        if dx3 is not None:
-            grouped_gemm(weight.swapaxes(1, 2), dy, dx3[n].reshape(g, -1, dx3.shape[2]))
+    gradient = _WeightGradient(weight_grad)
+
+    def run(a, b):
+        for n in range(a, b):
+            dy = dy3[n].reshape(g, -1, dy3.shape[2])
+            if weight_grad is not None:
+                grouped_gemm(dy, x3[n].reshape(g, -1, x3.shape[2]).swapaxes(1, 2),
+                             gradient.target(), accumulate=True)
+            if dx3 is not None:
+                grouped_gemm(weight.swapaxes(1, 2), dy, dx3[n].reshape(g, -1, dx3.shape[2]))
+    _images_in_parallel(layer.batch, run)
+    gradient.finish()
 
 
 # ---- per-channel vectors ------------------------------------------------------------------

@@ -30,6 +30,7 @@ ACCUMULATE_CHUNK_BYTES = 1 << 19
 
 _state = {'threads': None, 'pool': None, 'blas': None}
 _lock = threading.Lock()
+_running_part = threading.local()      # a thread running a part of a split splits no further
 
 
 def _blas_controller():
@@ -74,27 +75,35 @@ def _single_threaded_blas():
 
 
 def split(count, work, min_part=1, parts=None):
-    """Run ``work(start, stop)`` over [0, count) in up to ``parts`` (default threads())
-    parts of at least ``min_part``; the calling thread takes the first part and any part
-    that no thread has started."""
-    parts = min(threads(), parts or threads(), count // max(1, min_part))
-    if parts <= 1:
+    """Run ``work(start, stop)`` over [0, count) in ``parts`` (default threads()) parts of
+    at least ``min_part``. The calling thread takes the first part, then, from the last
+    backwards, every part that no thread has started (the pool takes them from the
+    front), then waits for the rest."""
+    parts = min(parts or threads(), count // max(1, min_part))
+    if parts <= 1 or threads() == 1 or getattr(_running_part, 'active', False):
         work(0, count)
         return
     bounds = [count * i // parts for i in range(parts + 1)]
-    futures = [_state['pool'].submit(work, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
-    work(bounds[0], bounds[1])
-    error = None
-    for future, a, b in zip(futures, bounds[1:-1], bounds[2:]):
-        if future.cancel():
+    errors = []
+
+    def run(a, b):
+        _running_part.active = True
+        try:
             work(a, b)
-        else:
-            try:
-                future.result()
-            except BaseException as exc:      # wait for every part, then raise
-                error = error or exc
-    if error is not None:
-        raise error
+        except BaseException as exc:      # every part runs or is waited for, then it raises
+            errors.append(exc)
+        finally:
+            _running_part.active = False
+    futures = [_state['pool'].submit(run, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+    run(bounds[0], bounds[1])
+    for future, a, b in reversed(list(zip(futures, bounds[1:-1], bounds[2:]))):
+        if future.cancel():
+            run(a, b)
+    for future in futures:
+        if not future.cancelled():
+            future.result()
+    if errors:
+        raise errors[0]
 
 
 def split_elements(count, work):

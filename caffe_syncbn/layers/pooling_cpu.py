@@ -76,22 +76,33 @@ def forward(pool, x, top):
     return offsets
 
 
+def _tiles(pool):
+    """Whether the windows tile the input: every cell lies in exactly one window."""
+    return (pool.stride == pool.kernel and not any(pool.pad)
+            and all(o * k == s for o, k, s in zip(pool.out_hw, pool.kernel, pool.in_hw)))
+
+
 def backward(pool, offsets, dy, dx):
     """dx (N, C, H, W) of MAX pooling from the kept offsets and the top diff ``dy``."""
     n, c = dy.shape[:2]
     target, grad, kept = _planes(dx), _planes(dy), _planes(offsets)
     direct = pool.padded_hw == pool.in_hw
+    tiles = _tiles(pool)
 
     def work(r0, r1):
         if direct:
             padded = target[r0:r1]
-            padded[...] = 0
+            if not tiles:
+                padded[...] = 0
         else:
             padded = np.zeros((r1 - r0,) + pool.padded_hw, dy.dtype)
         g, where = grad[r0:r1], kept[r0:r1]
         for k, i, j in _offsets(pool):
             cells = _view(padded, pool, i, j)
-            cells += g * (where == k)
+            if tiles:           # each cell is written once
+                np.multiply(g, where == k, out=cells)
+            else:
+                cells += g * (where == k)
         if not direct:
             target[r0:r1] = padded[_inside(pool)]
     cpu_threads.blocks(np, n * c, pool.in_hw[0] * pool.in_hw[1], work, dy.dtype.itemsize)
