@@ -126,7 +126,7 @@ def _input_block(layer, x, chunk):
         if any(layer.pad):
             block[c0:c1] = 0
         block[c0:c1][cells] = source[c0:c1]
-    cpu_threads.split(layer.channels, fill)
+    cpu_threads.split_rows(layer.channels, block[0].size, fill)
     return block
 
 
@@ -152,9 +152,10 @@ def columns(layer, x, chunk):
         for offset in offsets[o0:o1]:
             cols[(slice(c0, c1),) + offset] = block[c0:c1][_window(layer, offset, chunk)]
     if c >= cpu_threads.threads():
-        cpu_threads.split(c, copy)
+        cpu_threads.split_rows(c, cols[0].size, copy)
     else:          # few channels (a first layer): the kernel offsets are split instead
-        cpu_threads.split(len(offsets), lambda o0, o1: copy(0, c, o0, o1))
+        cpu_threads.split_rows(len(offsets), cols.size // len(offsets),
+                               lambda o0, o1: copy(0, c, o0, o1))
     return cols
 
 
@@ -183,7 +184,7 @@ def add_columns_to_image(layer, dcols, dx, chunk):
             part[_window(layer, offset, chunk)] += source[(slice(c0, c1),) + offset]
         if not direct:
             target[c0:c1] += part[cells]
-    cpu_threads.split(c, add)
+    cpu_threads.split_rows(c, source[0].size, add)
 
 
 # ---- GEMMs --------------------------------------------------------------------------------
@@ -211,8 +212,10 @@ def _gathered_top(layer, dy, rows_per_group, chunk):
     gathered = scratch('per group', chunk.shape((g * rows_per_group,), (chunk.positions,)),
                        dy.dtype)
     source = chunk.order(dy[chunk.first:chunk.last])
-    cpu_threads.split(g * rows_per_group, lambda r0, r1: np.copyto(gathered[r0:r1],
-                                                                  source[r0:r1]))
+
+    def gather(r0, r1):
+        gathered[r0:r1] = source[r0:r1]
+    cpu_threads.split_rows(g * rows_per_group, gathered[0].size, gather)
     return gathered.reshape(g, rows_per_group, -1)
 
 
@@ -279,8 +282,8 @@ def forward(layer, x, y):
                                                    (chunk.positions,)), y.dtype)
             grouped_gemm(weight, cols, out.reshape(g, outputs_per_group, -1))
             target = chunk.order(y[chunk.first:chunk.last])
-            cpu_threads.split(g * outputs_per_group,
-                              lambda r0, r1: np.copyto(target[r0:r1], out[r0:r1]))
+            cpu_threads.split_rows(g * outputs_per_group, out[0].size,
+                                   lambda r0, r1: np.copyto(target[r0:r1], out[r0:r1]))
     _images_in_parallel(len(units), run)
     if layer.bias_term:
         add_channel_vector(y, layer.blobs[1].data)

@@ -106,11 +106,6 @@ def split(count, work, min_part=1, parts=None):
         raise errors[0]
 
 
-def split_elements(count, work):
-    """``split`` for elementwise passes: parts of at least PARALLEL_MIN_ELEMENTS."""
-    split(count, work, PARALLEL_MIN_ELEMENTS)
-
-
 def split_rows(rows, row_size, work):
     """``split`` of ``rows`` rows of ``row_size`` elements for elementwise passes."""
     split(rows, work, max(1, PARALLEL_MIN_ELEMENTS // max(1, row_size)))

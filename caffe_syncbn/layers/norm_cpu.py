@@ -4,7 +4,8 @@ The arithmetic of norm.py's named steps, but each pass walks the (N*C, S) rows o
 (N, C, S) array a cache-sized block at a time, split over cpu_threads, and writes into
 the arrays it is given, so no temporary of the blob's size exists and the several
 operations of a pass find their block in the cache. Per-channel sums are taken per row
-in the work dtype (numpy's pairwise sums) and added up in float64.
+in the work dtype (sums of products by einsum, which makes no temporary) and added up
+in float64.
 
 x_hat, which the backward needs, is either kept (``XHat.kept``: the layer runs in place,
 so its input is gone) or made again from the input, block by block (``XHat.remade``).
@@ -41,14 +42,16 @@ class Normalization:
     def __init__(self, x3, mean, inv_std, dtype):
         images = x3.shape[0]
         shift = mean.astype(dtype)
+        residual = (mean - shift.astype(STAT)).astype(dtype)
         self.shift = _tiled(shift, images, dtype)
-        self.residual = _tiled((mean - shift.astype(STAT)).astype(dtype), images, dtype)
+        self.residual = _tiled(residual, images, dtype) if residual.any() else None
         self.inv_std = _tiled(inv_std.astype(dtype), images, dtype)
 
     def into(self, x, out, r0, r1):
         """x_hat of the rows [r0, r1) of ``x`` (N*C, S) into ``out``."""
         np.subtract(x, self.shift[r0:r1], out=out)
-        out -= self.residual[r0:r1]
+        if self.residual is not None:
+            out -= self.residual[r0:r1]
         out *= self.inv_std[r0:r1]
         return out
 
@@ -88,8 +91,7 @@ def statistics(x3, dtype):
     def sums(r0, r1):
         d = np.subtract(x[r0:r1], shift_rows[r0:r1], dtype=dtype)
         s1[r0:r1] = d.sum(axis=1)
-        d *= d
-        s2[r0:r1] = d.sum(axis=1)
+        s2[r0:r1] = np.einsum('ij,ij->i', d, d)
     _blocks(x3, sums)
     return count, shift, _channel_sums(s1, x3), _channel_sums(s2, x3)
 
@@ -123,8 +125,7 @@ def gradient_sums(dy3, x_hat):
     def work(r0, r1):
         block = dy[r0:r1]
         sum_dy[r0:r1] = block.sum(axis=1)
-        product = x_hat.block(r0, r1) * block
-        sum_dy_x_hat[r0:r1] = product.sum(axis=1)
+        sum_dy_x_hat[r0:r1] = np.einsum('ij,ij->i', x_hat.block(r0, r1), block)
     _blocks(dy3, work)
     return _channel_sums(sum_dy, dy3), _channel_sums(sum_dy_x_hat, dy3)
 

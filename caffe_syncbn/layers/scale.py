@@ -132,7 +132,7 @@ class ScaleLayer(Layer):
             if sum_dy is not None:
                 sum_dy[r0:r1] = block.sum(axis=1)
             if sum_dy_x is not None:
-                sum_dy_x[r0:r1] = (block * x[r0:r1]).sum(axis=1)
+                sum_dy_x[r0:r1] = xp.einsum('ij,ij->i', block, x[r0:r1])
             if dx is not None:
                 xp.multiply(block, per_row[r0:r1], out=dx[r0:r1])
         blocks(xp, rows, inner, work)
