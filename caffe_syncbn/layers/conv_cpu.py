@@ -203,20 +203,22 @@ def grouped_gemm(a, b, out, accumulate=False):
     cpu_threads.split(a.shape[0], work)
 
 
-def _gathered_top(layer, dy, rows_per_group, chunk):
-    """``dy`` (N, G * rows, P) at the chunk as ``(G, rows, images and positions)``: a
-    view for one image, else gathered into a scratch buffer."""
-    g = layer.group
-    if chunk.images == 1:
-        return dy[chunk.first, :, chunk.columns].reshape(g, rows_per_group, chunk.positions)
-    gathered = scratch('per group', chunk.shape((g * rows_per_group,), (chunk.positions,)),
-                       dy.dtype)
-    source = chunk.order(dy[chunk.first:chunk.last])
+def _image_matrix(array, chunk, image, groups):
+    """Image ``image`` of the chunk in ``array`` (N, G * rows, P), as (G, rows, positions)."""
+    return array[chunk.first + image, :, chunk.columns].reshape(groups, -1, chunk.positions)
+
+
+def _gathered(array, chunk, groups):
+    """The chunk's images of ``array`` (N, G * rows, P), images last, as (G, rows,
+    positions * images) in a scratch buffer."""
+    rows = array.shape[1]
+    gathered = scratch('per group', (rows, chunk.positions, chunk.images), array.dtype)
+    source = chunk.order(array[chunk.first:chunk.last, :, chunk.columns])
 
     def gather(r0, r1):
         gathered[r0:r1] = source[r0:r1]
-    cpu_threads.split_rows(g * rows_per_group, gathered[0].size, gather)
-    return gathered.reshape(g, rows_per_group, -1)
+    cpu_threads.split_rows(rows, gathered[0].size, gather)
+    return gathered.reshape(groups, rows // groups, -1)
 
 
 def _images_in_parallel(count, work):
@@ -266,21 +268,25 @@ def _units(layer, kernel_rows):
 
 
 def forward(layer, x, y):
-    """``y`` (N, O, P) = the convolution of ``x`` (N, C, *spatial), bias included."""
+    """``y`` (N, O, P) = the convolution of ``x`` (N, C, *spatial), bias included. With
+    the images first in the columns, each image's GEMM writes into y directly; with the
+    images last, one GEMM covers the chunk and its output is copied into y."""
     weight = layer.grouped_weight()
     g, outputs_per_group, kernel_rows = weight.shape
     units = _units(layer, g * kernel_rows)
 
     def run(a, b):
         for chunk in (chunk for unit in units[a:b] for chunk in unit):
-            cols = columns(layer, x, chunk).reshape(g, kernel_rows, -1)
-            if chunk.images == 1:
-                out = y[chunk.first, :, chunk.columns].reshape(g, outputs_per_group, -1)
-                grouped_gemm(weight, cols, out)
+            cols = columns(layer, x, chunk)
+            if not chunk.images_last:
+                cols = cols.reshape(g, kernel_rows, chunk.images, chunk.positions)
+                for i in range(chunk.images):
+                    grouped_gemm(weight, cols[:, :, i], _image_matrix(y, chunk, i, g))
                 continue
-            out = scratch('per group', chunk.shape((g * outputs_per_group,),
-                                                   (chunk.positions,)), y.dtype)
-            grouped_gemm(weight, cols, out.reshape(g, outputs_per_group, -1))
+            out = scratch('per group', (g * outputs_per_group, chunk.positions, chunk.images),
+                          y.dtype)
+            grouped_gemm(weight, cols.reshape(g, kernel_rows, -1),
+                         out.reshape(g, outputs_per_group, -1))
             target = chunk.order(y[chunk.first:chunk.last])
             cpu_threads.split_rows(g * outputs_per_group, out[0].size,
                                    lambda r0, r1: np.copyto(target[r0:r1], out[r0:r1]))
@@ -299,16 +305,23 @@ def backward(layer, x, dy, dx, weight_grad):
 
     def run(a, b):
         for chunk in (chunk for unit in units[a:b] for chunk in unit):
-            dy_chunk = _gathered_top(layer, dy, outputs_per_group, chunk)
+            if chunk.images_last:        # (G, rows, positions * images) matrices, one GEMM each
+                top = [_gathered(dy, chunk, g)]
+            else:                        # one per image
+                top = [_image_matrix(dy, chunk, i, g) for i in range(chunk.images)]
+            pieces = len(top)
             if weight_grad is not None:
-                cols = columns(layer, x, chunk).reshape(g, kernel_rows, -1)
-                grouped_gemm(dy_chunk, cols.swapaxes(1, 2), gradient.target(), accumulate=True)
+                cols = columns(layer, x, chunk).reshape(g, kernel_rows, pieces, -1)
+                for i, dy_piece in enumerate(top):
+                    grouped_gemm(dy_piece, cols[:, :, i].swapaxes(1, 2), gradient.target(),
+                                 accumulate=True)
             if dx is not None:
                 if chunk.row == 0:
                     dx[chunk.first:chunk.last] = 0
-                dcols = scratch('columns', (g, kernel_rows, chunk.images * chunk.positions),
-                                dy.dtype)
-                grouped_gemm(weight.swapaxes(1, 2), dy_chunk, dcols)
+                dcols = scratch('columns', (g, kernel_rows, pieces,
+                                            chunk.images * chunk.positions // pieces), dy.dtype)
+                for i, dy_piece in enumerate(top):
+                    grouped_gemm(weight.swapaxes(1, 2), dy_piece, dcols[:, :, i])
                 add_columns_to_image(layer, dcols, dx, chunk)
     _images_in_parallel(len(units), run)
     gradient.finish()
