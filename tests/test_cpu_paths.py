@@ -226,7 +226,7 @@ NORMS = [
 ]
 
 
-def _run_norm(text, shape, phase, in_place, host):
+def _run_norm(text, shape, phase, in_place, host, learned=(True, True)):
     from caffe_syncbn.blob import Blob
     from caffe_syncbn.layer import LayerContext, create_layer
     from caffe_syncbn.testing import layer_param
@@ -239,6 +239,8 @@ def _run_norm(text, shape, phase, in_place, host):
     for i, blob in enumerate(layer.blobs):
         blob.data[...] = np.abs(_randn(*blob.shape, seed=i + 1)) + 0.5
     layer.host = lambda array: host and array.dtype == np.float64
+    if len(layer.blobs) == 4:
+        layer.param_propagate_down = list(learned) + [False, False]
     layer.forward([x], [top])
     y = top.data.copy()
     top.diff[...] = _randn(*shape, seed=9)
@@ -246,16 +248,19 @@ def _run_norm(text, shape, phase, in_place, host):
     return [y, x.diff] + [b.diff for b in layer.blobs] + [b.data for b in layer.blobs]
 
 
+@pytest.mark.parametrize('learned', [(True, True), (False, True), (True, False)],
+                         ids=['slope and bias', 'bias', 'slope'])
 @pytest.mark.parametrize('in_place', [False, True])
 @pytest.mark.parametrize('phase', [0, 1], ids=['TRAIN', 'TEST'])
 @pytest.mark.parametrize('body', NORMS)
-def test_host_batch_norm_matches_the_array_path(body, phase, in_place, threads, monkeypatch):
+def test_host_batch_norm_matches_the_array_path(body, phase, in_place, learned, threads,
+                                                monkeypatch):
     monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 64)       # many blocks
     monkeypatch.setattr(cpu_threads, 'PARALLEL_MIN_ELEMENTS', 1)
     text = 'name: "bn" %s bottom: "x" top: "%s"' % (body, 'x' if in_place else 'y')
     for shape in [(3, 4, 5, 2), (2, 3), (4, 2, 1, 1)]:
-        expected = _run_norm(text, shape, phase, in_place, host=False)
-        for got, want in zip(_run_norm(text, shape, phase, in_place, host=True), expected):
+        expected = _run_norm(text, shape, phase, in_place, False, learned)
+        for got, want in zip(_run_norm(text, shape, phase, in_place, True, learned), expected):
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 

@@ -358,10 +358,12 @@ class BN(_ChannelNorm):
             bottom[0].diff[...] = dx.reshape(bottom[0].shape)
 
     def host_backward(self, dy3, dx3, scale, propagate_down):
-        if self._x_hat is None:            # affine_frozen, or nothing reads it (SyncBN)
+        if self.affine_frozen:
             if propagate_down:
                 norm_cpu.input_gradient(dx3, dy3, scale)
             return
+        # without x_hat (a SyncBN on running statistics whose slope is not learned) only
+        # sum(dy) is taken
         sum_dy, sum_dy_x_hat = norm_cpu.gradient_sums(dy3, self._x_hat)
         if self.wants_param_gradient(self.SLOPE):
             self.add_param_gradient(self.SLOPE, sum_dy_x_hat)

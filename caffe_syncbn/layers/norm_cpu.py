@@ -118,16 +118,19 @@ def normalize(x3, y3, normalization, slope=None, bias=None, kept=None):
 
 
 def gradient_sums(dy3, x_hat):
-    """Per-channel sum(dy) and sum(dy * x_hat) (float64), as norm.gradient_sums."""
+    """Per-channel sum(dy) and sum(dy * x_hat) (float64), as norm.gradient_sums; the
+    second is None when ``x_hat`` is."""
     dy = _rows(dy3)
     sum_dy, sum_dy_x_hat = np.empty(dy.shape[0], STAT), np.empty(dy.shape[0], STAT)
 
     def work(r0, r1):
         block = dy[r0:r1]
         sum_dy[r0:r1] = block.sum(axis=1)
-        sum_dy_x_hat[r0:r1] = np.einsum('ij,ij->i', x_hat.block(r0, r1), block)
+        if x_hat is not None:
+            sum_dy_x_hat[r0:r1] = np.einsum('ij,ij->i', x_hat.block(r0, r1), block)
     _blocks(dy3, work)
-    return _channel_sums(sum_dy, dy3), _channel_sums(sum_dy_x_hat, dy3)
+    return (_channel_sums(sum_dy, dy3),
+            None if x_hat is None else _channel_sums(sum_dy_x_hat, dy3))
 
 
 def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, count=None):
