@@ -8,13 +8,6 @@ same result, whatever the thread timing. Small arrays are summed once by the las
 member to arrive; large ones are summed in parallel, each member taking one slice
 of the result (elementwise, so the order and the bits are the same).
 
-A member that arrives before the last one polls for it for up to SPIN_SECONDS, giving
-its core away at each poll (sched_yield, without the GIL), and only then blocks on the
-Condition: waking a blocked thread costs about 0.3 ms, and replicas of equal work arrive
-within far less of each other, some 30 times a step. Members block at once when the
-group has more members than the machine has cores, where polling would only take cores
-from the members still working.
-
 Waiting members wake at once when the group fails: ``abort(exc)`` from any member
 (or from the device pool), a mismatch of collectives, or a rendezvous that times
 out (``timeout`` seconds, a backstop for a replica that stopped issuing
@@ -24,7 +17,6 @@ collectives without failing). A failed group stays failed.
 of a member's collectives, async or blocking, run in the order they were issued,
 as on one NCCL stream.
 """
-import os
 import queue
 import threading
 import time
@@ -36,8 +28,6 @@ from .base import CollectiveMismatch, CommAborted, Communicator, Handle
 DEFAULT_TIMEOUT = 300.0
 #: arrays with at least this many elements are summed by all members in parallel
 PARALLEL_SUM_MIN_SIZE = 1 << 16
-#: how long a member polls for the last arrival at a rendezvous before it blocks
-SPIN_SECONDS = 1e-3
 
 
 class _Call:
@@ -76,7 +66,6 @@ class _Group:
     def __init__(self, size, timeout):
         self.size = size
         self.timeout = timeout
-        self.spin = SPIN_SECONDS if size <= len(os.sched_getaffinity(0)) else 0.0
         self._cond = threading.Condition()
         self._arrived = 0
         self._generation = 0
@@ -104,12 +93,18 @@ class _Group:
             self._calls[rank] = call
             self._arrived += 1
             if self._arrived == self.size:
-                self._complete(complete)
-                if self._failure is not None:
-                    self._raise(rank, call)
-                return self._published
-        self._poll(generation)
-        with self._cond:
+                calls, self._calls = self._calls, [None] * self.size
+                self._arrived = 0
+                self._generation += 1
+                message = _mismatch(calls)
+                if message is not None:
+                    self._failure = (CollectiveMismatch, message, None)
+                else:
+                    try:
+                        self._published = complete(calls) if complete else calls
+                    except Exception as exc:
+                        self._failure = (CommAborted, 'collective failed: %r' % exc, exc)
+                self._cond.notify_all()
             deadline = time.monotonic() + self.timeout
             while self._generation == generation and self._failure is None:
                 remaining = deadline - time.monotonic()
@@ -123,31 +118,6 @@ class _Group:
             if self._failure is not None:
                 self._raise(rank, call)
             return self._published
-
-    def _complete(self, complete):
-        """The last arrival's part, under the lock: check, publish, wake the others."""
-        calls, self._calls = self._calls, [None] * self.size
-        self._arrived = 0
-        message = _mismatch(calls)
-        if message is not None:
-            self._failure = (CollectiveMismatch, message, None)
-        else:
-            try:
-                self._published = complete(calls) if complete else calls
-            except Exception as exc:
-                self._failure = (CommAborted, 'collective failed: %r' % exc, exc)
-        self._generation += 1
-        self._cond.notify_all()
-
-    def _poll(self, generation):
-        """Poll, without the lock, until the rendezvous of ``generation`` completes or fails,
-        for at most ``self.spin`` seconds."""
-        if not self.spin:
-            return
-        end = time.monotonic() + self.spin
-        while self._generation == generation and self._failure is None \
-                and time.monotonic() < end:
-            os.sched_yield()
 
 
 def _sum_in_rank_order(calls):
