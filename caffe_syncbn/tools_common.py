@@ -37,8 +37,10 @@ def run_main(main):
 
 
 def build_timing_net(model, batch=None, phase='TRAIN'):
-    """A Net for timing: data layers become Input layers, every Input's first axis
-    ``batch``, backward forced (timing.timing_net_param)."""
+    """A Net for timing: data layers become Input layers (batch ``batch``), backward forced."""
     from . import TEST, TRAIN, Net
-    from .timing import timing_net_param
-    return Net(timing_net_param(model, batch), TRAIN if phase == 'TRAIN' else TEST)
+    from .net import load_net_param
+    from .upgrade import swap_data_layers_for_inputs
+    param = swap_data_layers_for_inputs(load_net_param(model), batch=batch)
+    param.force_backward = True
+    return Net(param, TRAIN if phase == 'TRAIN' else TEST)
