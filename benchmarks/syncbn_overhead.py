@@ -150,8 +150,8 @@ def main(argv=None):
         bn, sync = median['BN x%d' % devices], median['SyncBN x%d' % devices]
         print('%d virtual CPU devices, %d images each: per-device BN %.1f ms/step, SyncBN %.1f '
               'ms/step' % (devices, cfg['batch'] // devices, bn * 1e3, sync * 1e3))
-        print('SyncBN / BN step time, %d devices: %.3fx%s' % (
-            devices, sync / bn, ' (target <= 1.05x)' if devices == 2 else ''))
+        print('SyncBN / BN step time: %.3fx (%d devices%s)' % (
+            sync / bn, devices, ', target <= 1.05x' if devices == 2 else ''))
     print('SyncBN scaling at global batch %d:' % cfg['batch'])
     print('  devices  ms/step  images/s  speed-up')
     for devices in (1, 2, 4):

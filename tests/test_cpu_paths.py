@@ -315,3 +315,13 @@ def test_blob_diff_is_made_on_first_use():
     assert blob.diff.shape == (6,) and blob.diff.all()
     blob.reshape(4)
     assert blob.diff.shape == (4,) and not blob.diff.any()
+
+
+def test_host_convolution_with_bands_inside_the_padding(array_path, monkeypatch):
+    """FCN's first convolution pads by 100: whole bands of output rows read only padding."""
+    monkeypatch.setattr(conv_cpu, 'COLUMN_BYTES', 1)
+    monkeypatch.setattr(conv_cpu, 'MIN_POSITIONS', 1)
+    body, shape = 'num_output: 2 kernel_size: 3 pad: 7', (2, 1, 10, 3)
+    expected = _run_convolution(body, shape, host=False)
+    for got, want in zip(_run_convolution(body, shape, host=True), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

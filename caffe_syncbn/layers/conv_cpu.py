@@ -103,7 +103,8 @@ def _inside(layer, chunk):
     """(the spatial slices of the padded rows that the image fills, its rows)."""
     lo, hi = chunk.rows_in
     pad, spatial = layer.pad, layer.in_spatial
-    top, bottom = max(lo, pad[0]), min(hi, pad[0] + spatial[0])
+    top = max(lo, pad[0])
+    bottom = max(top, min(hi, pad[0] + spatial[0]))     # a band may lie in the padding
     cells = (slice(top - lo, bottom - lo),) + tuple(
         slice(p, p + s) for s, p in zip(spatial[1:], pad[1:]))
     return cells, slice(top - pad[0], bottom - pad[0])
