@@ -29,8 +29,9 @@ sys.exit(os.waitstatus_to_exitcode(status))
 '''
 
 
-class RunFailed(Exception):
-    pass
+def _error(message):
+    from caffe_syncbn.errors import CaffeError      # one line from run_main, no traceback
+    return CaffeError(message)
 
 
 def blas_env(threads):
@@ -51,7 +52,8 @@ def run_measured(command, env, timeout=1800):
     found = re.search(r'^PEAK_RSS_KB (\d+)$', proc.stderr, re.M)
     if proc.returncode != 0 or not found:
         tail = '\n'.join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise RunFailed('%s exited with %d:\n%s' % (command[0], proc.returncode, tail))
+        raise _error('%s exited with %d: %s' % (command[0], proc.returncode,
+                                                tail.replace('\n', ' | ')))
     return proc.stdout, proc.stderr, int(found.group(1))
 
 
@@ -80,7 +82,7 @@ def caffe_time(caffe, prototxt, iterations, env):
     for key, pattern in _CAFFE_TOTALS.items():
         found = re.search(pattern, log)
         if not found:
-            raise RunFailed('caffe time printed no "%s" line' % pattern.split(':')[0])
+            raise _error('caffe time printed no "%s" line' % pattern.split(':')[0])
         result[key] = float(found.group(1))
     for name, _, ms in _CAFFE_LAYER.findall(log):
         result['layers'][name] = result['layers'].get(name, 0.0) + float(ms)

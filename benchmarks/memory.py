@@ -69,7 +69,8 @@ def measure_ours(args):
         bases = {id(b): b.nbytes for b in (_base(getattr(blob, field)) for blob in blobs.values())}
         return sum(bases.values()) / MIB
 
-    print('params:      data %7.1f MiB, diff %7.1f MiB' % (held(params, 'data'), held(params, 'diff')))
+    print('params:      data %7.1f MiB, diff %7.1f MiB'
+          % (held(params, 'data'), held(params, 'diff')))
     print('activations: data %7.1f MiB, diff %7.1f MiB' % (held(activations, 'data'),
                                                            held(activations, 'diff')))
     total = sum(size for _, _, size in caches)

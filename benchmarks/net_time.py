@@ -63,7 +63,7 @@ def compare_with_caffe(args):
               'thread(s) each; load average %.2f %.2f %.2f'
               % (args.model, args.batch or "the prototxt's", args.iterations, args.threads,
                  *load_before))
-        print('pair  ours ms  Caffe ms  ratio   ours MiB  Caffe MiB  ratio')
+        print('  pair ours ms  Caffe ms  ratio   ours MiB  Caffe MiB  ratio')
         for pair in range(args.pairs):
             order = ('ours', 'caffe') if pair % 2 == 0 else ('caffe', 'ours')
             for who in order:
@@ -74,28 +74,27 @@ def compare_with_caffe(args):
                 else:
                     result = caffe_time(args.compare_caffe, prototxt, args.iterations, env)
                 runs[who].append(result)
-            ours, caffe = runs['ours'][-1], runs['caffe'][-1]
-            print('%4d %8.1f %9.1f %6.3f %10.1f %10.1f %6.3f'
-                  % (pair, ours['total_ms'], caffe['total_ms'], ours['total_ms'] / caffe['total_ms'],
-                     ours['peak_kb'] / 1024, caffe['peak_kb'] / 1024,
-                     ours['peak_kb'] / caffe['peak_kb']))
+            print(_row(str(pair), runs['ours'][-1], runs['caffe'][-1]))
     median = {who: {key: statistics.median(r[key] for r in results)
                     for key in ('forward_ms', 'backward_ms', 'total_ms', 'peak_kb')}
               for who, results in runs.items()}
     ours, caffe = median['ours'], median['caffe']
-    print('median %7.1f %9.1f %6.3f %10.1f %10.1f %6.3f'
-          % (ours['total_ms'], caffe['total_ms'], ours['total_ms'] / caffe['total_ms'],
-             ours['peak_kb'] / 1024, caffe['peak_kb'] / 1024, ours['peak_kb'] / caffe['peak_kb']))
-    print('  forward  ours %.1f ms, Caffe %.1f ms (%.3fx); backward ours %.1f ms, Caffe %.1f ms '
-          '(%.3fx)' % (ours['forward_ms'], caffe['forward_ms'], ours['forward_ms'] / caffe['forward_ms'],
-                       ours['backward_ms'], caffe['backward_ms'],
-                       ours['backward_ms'] / caffe['backward_ms']))
+    print(_row('median', ours, caffe))
+    for part in ('forward', 'backward'):
+        a, b = ours[part + '_ms'], caffe[part + '_ms']
+        print('  %-8s ours %.1f ms, Caffe %.1f ms (%.3fx)' % (part, a, b, a / b))
     print_by_type(runs)
     print('RATIO time %.3f memory %.3f (ours / Caffe, medians of %d pairs); load average '
           'after %.2f %.2f %.2f' % (ours['total_ms'] / caffe['total_ms'],
                                     ours['peak_kb'] / caffe['peak_kb'], args.pairs,
                                     *os.getloadavg()))
     return 0
+
+
+def _row(label, ours, caffe):
+    return '%6s %7.1f %9.1f %6.3f %10.1f %10.1f %6.3f' % (
+        label, ours['total_ms'], caffe['total_ms'], ours['total_ms'] / caffe['total_ms'],
+        ours['peak_kb'] / 1024, caffe['peak_kb'] / 1024, ours['peak_kb'] / caffe['peak_kb'])
 
 
 def print_by_type(runs):

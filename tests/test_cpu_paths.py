@@ -294,7 +294,8 @@ def test_host_lrn_matches_the_array_path(body, threads, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize('body', ['num_output: 3 kernel_size: 3 pad: 1', 'num_output: 3 kernel_size: 1'])
+@pytest.mark.parametrize('body', ['num_output: 3 kernel_size: 3 pad: 1',
+                                  'num_output: 3 kernel_size: 1'])
 def test_host_convolution_of_an_empty_batch(body):
     """A replica may hold no images of a batch: its convolution runs and adds nothing."""
     layer, bottom, top = build_layer(_conv_text(body), [np.zeros((0, 2, 5, 5))])

@@ -3,17 +3,18 @@
 A chunk is as many images as fill about COLUMN_BYTES of columns or, when one image's
 columns are larger, a band of output rows of one image. Its columns are written into a
 buffer of the calling thread that serves every layer, laid out
-``(C, *kernel, images, *output positions)`` or, for narrow outputs, with the images
-last, ``(C, *kernel, *output positions, images)``: each kernel offset's copy then runs
-over long contiguous rows, which numpy copies far faster than rows of a few values.
-Either way ``(G, K/G, images * positions)`` is the matrix of one GEMM per group.
+``(C, *kernel, images, *output positions)``, where each image's GEMM reads its own
+columns and writes its output straight into the top, or, for narrow outputs, with the
+images last, ``(C, *kernel, *output positions, images)``, where one GEMM per group
+covers the chunk and its output is copied into the top: each kernel offset's copy then
+runs over long contiguous rows, which numpy copies far faster than rows of a few values.
 
 The backward makes the columns again instead of keeping them (they are K times the
-input), so memory holds one chunk's columns, not a net's. GEMMs and copies are split
-over cpu_threads; weight gradients accumulate into the param diff without a temporary
-of its size. Units of whole images run on several threads at once, each with its own
-buffers (the weight gradient too, added up at the end); within a unit that runs alone,
-GEMMs and copies are split over the threads instead.
+input), so memory holds one chunk's columns per thread, not a net's. Weight gradients
+accumulate into the param diff without a temporary of its size. Units of whole images
+(all the bands of one image) run on several threads at once, each with its own buffers
+and its own weight-gradient sum, added to the param diff at the end; a unit that runs
+alone splits its GEMMs and copies over the threads instead.
 """
 import itertools
 import threading

@@ -51,10 +51,11 @@ class InnerProductLayer(Layer):
         dy = top[0].diff.reshape(-1, self.num_output)
         x = bottom[0].data.reshape(-1, self.inputs)
         if self.wants_param_gradient(0):
-            grad = self.blobs[0].diff.reshape(-1, self.num_output if self.transpose else self.inputs)
             if self.transpose:
+                grad = self.blobs[0].diff.reshape(self.inputs, self.num_output)
                 matmul(x.T, dy, out=grad, accumulate=True)
             else:
+                grad = self.blobs[0].diff.reshape(self.num_output, self.inputs)
                 matmul(dy.T, x, out=grad, accumulate=True)
         if self.bias_term and self.wants_param_gradient(1):
             self.blobs[1].diff += dy.sum(axis=0)

@@ -7,8 +7,8 @@ operations of a pass find their block in the cache. Per-channel sums are taken p
 in the work dtype (sums of products by einsum, which makes no temporary) and added up
 in float64.
 
-x_hat, which the backward needs, is either kept (``XHat.kept``: the layer runs in place,
-so its input is gone) or made again from the input, block by block (``XHat.remade``).
+x_hat, where the backward needs it, is either kept (the layer runs in place, so its
+input is gone) or made again from the input block by block: see ``XHat``.
 """
 import numpy as np
 
