@@ -26,7 +26,7 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 #: several passes over one block find it in the cache
 BLOCK_BYTES = 1 << 19
 #: a GEMM that accumulates into its output computes it this many bytes at a time
-ACCUMULATE_CHUNK_BYTES = 1 << 19
+ACCUMULATE_CHUNK_BYTES = 2 << 20
 
 _state = {'threads': None, 'pool': None, 'blas': None}
 _lock = threading.Lock()

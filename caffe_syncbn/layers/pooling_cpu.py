@@ -5,8 +5,7 @@ The forward keeps, per output, the offset of its maximum in the window (one byte
 kernels of up to 127 cells), not a flat index: the first maximum in row-major order wins,
 as in Caffe, because an offset replaces the kept one only where its value is strictly
 larger. Index updates are arithmetic (idx += better * (k - idx)): masked writes with
-random masks run many times slower. The backward adds each output's gradient at its
-offset, one strided view per kernel offset, so overlapping windows add up.
+random masks run many times slower.
 """
 import numpy as np
 
@@ -32,19 +31,14 @@ def _view(padded, pool, i, j):
     return padded[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
 
 
-def _inside(pool):
-    """The cells of the padded extent that the input fills."""
-    (ph, pw), (h, w) = pool.pad, pool.in_hw
-    return slice(None), slice(ph, ph + h), slice(pw, pw + w)
-
-
 def _padded(pool, planes):
     """``planes`` (P, H, W) within the padded extent that covers every window, -inf
     outside the input."""
     if pool.padded_hw == pool.in_hw:
         return planes
+    (ph, pw), (h, w) = pool.pad, pool.in_hw
     out = np.full((planes.shape[0],) + pool.padded_hw, -np.inf, planes.dtype)
-    out[_inside(pool)] = planes
+    out[:, ph:ph + h, pw:pw + w] = planes
     return out
 
 
@@ -83,29 +77,25 @@ def _tiles(pool):
 
 
 def backward(pool, offsets, dy, dx):
-    """dx (N, C, H, W) of MAX pooling from the kept offsets and the top diff ``dy``."""
+    """dx (N, C, H, W) of MAX pooling from the kept offsets and the top diff ``dy``. Where
+    the windows tile the input, each offset's cells are written once; elsewhere the
+    gradients are added at the maxima's flat indices (np.add.at sums repeats)."""
     n, c = dy.shape[:2]
     target, grad, kept = _planes(dx), _planes(dy), _planes(offsets)
-    direct = pool.padded_hw == pool.in_hw
     tiles = _tiles(pool)
+    plane = pool.in_hw[0] * pool.in_hw[1]
 
     def work(r0, r1):
-        if direct:
-            padded = target[r0:r1]
-            if not tiles:
-                padded[...] = 0
-        else:
-            padded = np.zeros((r1 - r0,) + pool.padded_hw, dy.dtype)
         g, where = grad[r0:r1], kept[r0:r1]
-        for k, i, j in _offsets(pool):
-            cells = _view(padded, pool, i, j)
-            if tiles:           # each cell is written once
-                np.multiply(g, where == k, out=cells)
-            else:
-                cells += g * (where == k)
-        if not direct:
-            target[r0:r1] = padded[_inside(pool)]
-    cpu_threads.blocks(np, n * c, pool.in_hw[0] * pool.in_hw[1], work, dy.dtype.itemsize)
+        if tiles:
+            for k, i, j in _offsets(pool):
+                np.multiply(g, where == k, out=_view(target[r0:r1], pool, i, j))
+            return
+        block = target[r0:r1].reshape(-1)
+        block[...] = 0
+        index = flat_index(pool, where) + (np.arange(r1 - r0) * plane).reshape(-1, 1, 1)
+        np.add.at(block, index.ravel(), g.ravel())
+    cpu_threads.blocks(np, n * c, plane, work, dy.dtype.itemsize)
 
 
 def flat_index(pool, offsets):
