@@ -279,8 +279,9 @@ def test_host_batch_norm_keeps_x_hat_only_in_place_when_its_backward_reads_it():
 @pytest.mark.parametrize('body', ['local_size: 5 alpha: 0.1 beta: 0.75 k: 2',
                                   'local_size: 3 alpha: 1e-4 beta: 0.75'])
 def test_host_lrn_matches_the_array_path(body, threads, monkeypatch):
+    from caffe_syncbn.layers import lrn
     from caffe_syncbn.layers.lrn import LRNLayer
-    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 64)
+    monkeypatch.setattr(lrn, 'BAND_BYTES', 64)          # bands of 2 positions
     text = 'name: "n" type: "LRN" bottom: "x" top: "y" lrn_param { %s }' % body
     results = []
     for host in (True, False):

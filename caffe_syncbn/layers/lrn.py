@@ -11,6 +11,9 @@ from .. import caffe_pb2
 from ..layer import Layer, register
 from . import cpu_threads
 
+#: the host path works on this many bytes of one image's positions at a time
+BAND_BYTES = 4 << 20
+
 
 def centered_window_sum(a, axis, size):
     """Sum over the ``size`` cells centred on each cell along ``axis`` (zeros outside)."""
@@ -54,10 +57,11 @@ class LRNLayer(Layer):
 
     def _bands(self, shape, work):
         """``work(n, band)`` over images and bands of positions of (N, C, H*W) arrays, about
-        BLOCK_BYTES each, split over threads: across channels, positions are independent."""
+        BAND_BYTES each, split over threads: across channels, positions are independent.
+        (Narrower bands, strided in memory, ran slower than whole images.)"""
         n, c = shape[:2]
         positions = int(np.prod(shape[2:]))
-        width = max(1, cpu_threads.BLOCK_BYTES // (4 * c))
+        width = max(1, BAND_BYTES // (4 * c))
         bands = [(i, slice(p, min(positions, p + width)))
                  for i in range(n) for p in range(0, positions, width)]
 
