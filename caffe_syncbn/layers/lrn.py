@@ -72,7 +72,9 @@ class LRNLayer(Layer):
 
     def _host_forward(self, x, y):
         x3, y3 = (a.reshape(a.shape[0], a.shape[1], -1) for a in (x, y))
-        scale = self._scale = np.empty_like(x3)
+        if self._scale is None or self._scale.shape != x3.shape or self._scale.dtype != x.dtype:
+            self._scale = np.empty_like(x3)          # kept from one forward to the next
+        scale = self._scale
 
         def work(i, band):
             s = scale[i, :, band]

@@ -99,9 +99,11 @@ def backward(pool, offsets, dy, dx):
 
 
 def flat_index(pool, offsets):
-    """Caffe's MAX mask: the index h * W + w in the input of each maximum."""
-    (sh, sw), (ph, pw), (oh, ow) = pool.stride, pool.pad, pool.out_hw
-    kw = pool.kernel[1]
-    rows = offsets // kw + np.arange(-ph, oh * sh - ph, sh).reshape(-1, 1)
-    cols = offsets % kw + np.arange(-pw, ow * sw - pw, sw)
-    return rows * pool.in_hw[1] + cols
+    """Caffe's MAX mask: the index h * W + w in the input of each maximum: where its
+    window starts, plus where in the window it lies."""
+    (sh, sw), (ph, pw), (oh, ow), (kh, kw) = pool.stride, pool.pad, pool.out_hw, pool.kernel
+    width = pool.in_hw[1]
+    starts = (np.arange(-ph, oh * sh - ph, sh).reshape(-1, 1) * width
+              + np.arange(-pw, ow * sw - pw, sw))
+    within = (np.arange(kh).reshape(-1, 1) * width + np.arange(kw)).ravel()
+    return starts + np.take(within, offsets)
