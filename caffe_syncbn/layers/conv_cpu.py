@@ -142,22 +142,33 @@ def _offsets(layer):
     return list(itertools.product(*[range(k) for k in layer.kernel]))
 
 
+def _windows(layer, block, chunk):
+    """A strided view of an input block as the chunk's columns: (C, *kernel, images and
+    positions) in the chunk's order, each cell the input cell it reads."""
+    steps = block.strides[1:-1] if chunk.images_last else block.strides[2:]
+    image_step = (block.strides[-1] if chunk.images_last else block.strides[1],)
+    kernel = tuple(t * d for t, d in zip(steps, layer.dilation))
+    outputs = tuple(t * s for t, s in zip(steps, layer.stride))
+    strides = ((block.strides[0],) + kernel
+               + (outputs + image_step if chunk.images_last else image_step + outputs))
+    shape = chunk.shape((layer.channels,) + layer.kernel, chunk.out_shape)
+    return np.lib.stride_tricks.as_strided(block, shape, strides, writeable=False)
+
+
 def columns(layer, x, chunk):
     """im2col: the chunk's columns ``(C, *kernel, images and positions)``, in a scratch
-    buffer."""
-    block = _input_block(layer, x, chunk)
-    c = layer.channels
-    cols = scratch('columns', chunk.shape((c,) + layer.kernel, chunk.out_shape), x.dtype)
-    offsets = _offsets(layer)
+    buffer, copied from a strided view of the input in one pass."""
+    windows = _windows(layer, _input_block(layer, x, chunk), chunk)
+    cols = scratch('columns', windows.shape, x.dtype)
+    c, rows = layer.channels, layer.kernel[0]
 
-    def copy(c0, c1, o0=0, o1=len(offsets)):
-        for offset in offsets[o0:o1]:
-            cols[(slice(c0, c1),) + offset] = block[c0:c1][_window(layer, offset, chunk)]
+    def copy(c0, c1):
+        cols[c0:c1] = windows[c0:c1]
     if c >= cpu_threads.threads():
         cpu_threads.split_rows(c, cols[0].size, copy)
-    else:          # few channels (a first layer): the kernel offsets are split instead
-        cpu_threads.split_rows(len(offsets), cols.size // len(offsets),
-                               lambda o0, o1: copy(0, c, o0, o1))
+    else:          # few channels (a first layer): the kernel rows are split instead
+        cpu_threads.split_rows(rows, cols.size // rows,
+                               lambda i0, i1: np.copyto(cols[:, i0:i1], windows[:, i0:i1]))
     return cols
 
 
