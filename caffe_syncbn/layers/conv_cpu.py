@@ -86,7 +86,9 @@ def chunks(layer, kernel_rows):
     budget = max(COLUMN_BYTES, min(MAX_COLUMN_BYTES, kernel_rows * MIN_POSITIONS * itemsize))
     per_row = kernel_rows * rest * itemsize
     if per_row * rows <= budget:
-        step = max(1, budget // (per_row * rows))
+        # ... and images enough for every thread to take two chunks
+        step = max(1, min(budget // (per_row * rows),
+                          -(-layer.batch // (2 * cpu_threads.threads()))))
         return [Chunk(n, min(layer.batch, n + step), 0, rows, layer)
                 for n in range(0, layer.batch, step)]
     band = max(1, budget // per_row)
