@@ -126,10 +126,14 @@ def array_path(monkeypatch):
         lambda self: self.__dict__.get('host', True)))
 
 
+@pytest.mark.parametrize('partial_sums', [True, False])
 @pytest.mark.parametrize('chunking', CHUNKINGS, ids=lambda c: 'bytes %d narrow %d' % c)
 @pytest.mark.parametrize('body, shape', GEOMETRIES)
-def test_host_convolution_matches_the_array_path(body, shape, chunking, threads, array_path,
-                                                monkeypatch):
+def test_host_convolution_matches_the_array_path(body, shape, chunking, partial_sums, threads,
+                                                array_path, monkeypatch):
+    """Every chunking, on 1 to 3 threads, with the weight gradient summed per thread or
+    the units run in turn."""
+    monkeypatch.setattr(conv_cpu, 'PARTIAL_SUM_MIN_POSITIONS', 0 if partial_sums else 10 ** 9)
     monkeypatch.setattr(conv_cpu, 'COLUMN_BYTES', chunking[0])
     monkeypatch.setattr(conv_cpu, 'MIN_POSITIONS', 1)
     monkeypatch.setattr(conv_cpu, 'NARROW', chunking[1])

@@ -33,6 +33,10 @@ MAX_COLUMN_BYTES = 16 << 20
 NARROW = 16
 #: above this many groups, the groups' GEMMs go to numpy's batched matmul in one call
 FEW_GROUPS = 4
+#: a backward runs its units on several threads when the batch has at least this many
+#: output positions: each thread's own weight-gradient sum costs about as much as that
+#: many positions' share of the GEMMs it parallelizes
+PARTIAL_SUM_MIN_POSITIONS = 256
 
 _buffers = threading.local()
 
@@ -236,9 +240,14 @@ def _gathered(array, chunk, groups):
     return gathered.reshape(groups, rows // groups, -1)
 
 
-def _images_in_parallel(count, work):
+def _images_in_parallel(count, work, weight_grad=None, positions=None):
     """``work(a, b)`` over ``count`` units of images (units hold disjoint images), split
-    over threads: a convolution's images are independent but for its weight gradient."""
+    over threads: a convolution's images are independent but for its weight gradient,
+    which is then summed per thread unless the batch has few positions for its size
+    (then the units run in turn and their GEMMs are split instead)."""
+    if weight_grad is not None and positions < PARTIAL_SUM_MIN_POSITIONS:
+        work(0, count)
+        return
     cpu_threads.split(count, work, parts=2 * cpu_threads.threads())
 
 
@@ -338,7 +347,7 @@ def backward(layer, x, dy, dx, weight_grad):
                 for i, dy_piece in enumerate(top):
                     grouped_gemm(weight.swapaxes(1, 2), dy_piece, dcols[:, :, i])
                 add_columns_to_image(layer, dcols, dx, chunk)
-    _images_in_parallel(len(units), run)
+    _images_in_parallel(len(units), run, weight_grad, layer.batch * dy.shape[2])
     gradient.finish()
 
 
@@ -370,7 +379,7 @@ def pointwise_backward(layer, x3, dy3, dx3, weight_grad):
                              gradient.target(), accumulate=True)
             if dx3 is not None:
                 grouped_gemm(weight.swapaxes(1, 2), dy, dx3[n].reshape(g, -1, dx3.shape[2]))
-    _images_in_parallel(layer.batch, run)
+    _images_in_parallel(layer.batch, run, weight_grad, layer.batch * dy3.shape[2])
     gradient.finish()
 
 
