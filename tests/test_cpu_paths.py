@@ -331,3 +331,19 @@ def test_host_convolution_with_bands_inside_the_padding(array_path, monkeypatch)
     expected = _run_convolution(body, shape, host=False)
     for got, want in zip(_run_convolution(body, shape, host=True), expected):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_interp_in_blocks_gives_the_forks_bits(monkeypatch):
+    """Interp's forward in blocks of planes: bit for bit the fork's float32 arithmetic,
+    w0 * a + w1 * b along W, then along H, over the whole array at once."""
+    from caffe_syncbn.layers.interp import interp_taps
+    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 64)
+    x = np.random.RandomState(5).standard_normal((2, 3, 6, 5)).astype(np.float32)
+    layer, bottom, top = build_layer('name: "i" type: "Interp" bottom: "x" top: "y" '
+                                     'interp_param { height: 11 width: 9 }', [x],
+                                     dtype=np.float32)
+    layer.forward(bottom, top)
+    (hf, hs, hw), (wf, ws, ww) = interp_taps(6, 11), interp_taps(5, 9)
+    along_w = (1 - ww) * x[:, :, :, wf] + ww * x[:, :, :, ws]
+    expected = (1 - hw)[:, None] * along_w[:, :, hf] + hw[:, None] * along_w[:, :, hs]
+    np.testing.assert_array_equal(top[0].data, expected)
