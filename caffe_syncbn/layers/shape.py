@@ -80,7 +80,11 @@ class ConcatLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        top[0].data[...] = self.xp.concatenate([b.data for b in bottom], axis=self.axis)
+        start = 0
+        for b in bottom:           # straight into the top: no concatenated temporary
+            size = b.shape[self.axis]
+            top[0].data[(slice(None),) * self.axis + (slice(start, start + size),)] = b.data
+            start += size
 
     def backward(self, top, propagate_down, bottom):
         start = 0
