@@ -7,7 +7,8 @@ import numpy as np
 def timing_net_param(model, batch=None, force_backward=True):
     """The NetParameter that `caffe time` should run to time ``model`` (a path or a
     NetParameter) as we do: data layers become Input layers, every Input's first axis
-    is ``batch`` (when given) and backward is forced, so both programs do the same work."""
+    is ``batch`` (when given) and backward is forced (unless ``force_backward`` is
+    False), so both programs do the same work."""
     from .net import load_net_param
     from .upgrade import swap_data_layers_for_inputs
     param = swap_data_layers_for_inputs(load_net_param(model), batch=batch)
