@@ -347,3 +347,19 @@ def test_interp_in_blocks_gives_the_forks_bits(monkeypatch):
     along_w = (1 - ww) * x[:, :, :, wf] + ww * x[:, :, :, ws]
     expected = (1 - hw)[:, None] * along_w[:, :, hf] + hw[:, None] * along_w[:, :, hs]
     np.testing.assert_array_equal(top[0].data, expected)
+
+
+def test_host_convolution_is_deterministic_whichever_thread_runs_what(monkeypatch):
+    """Weight-gradient sums go by part, not by thread: repeated runs agree bit for bit."""
+    monkeypatch.setattr(conv_cpu, 'PARTIAL_SUM_MIN_POSITIONS', 0)
+    monkeypatch.setattr(conv_cpu, 'COLUMN_BYTES', 1)
+    before = cpu_threads.threads()
+    cpu_threads.set_threads(3)
+    try:
+        runs = [_run_convolution('num_output: 4 kernel_size: 3 pad: 1', (6, 3, 9, 8), True)
+                for _ in range(12)]
+    finally:
+        cpu_threads.set_threads(before)
+    for run in runs[1:]:
+        for got, want in zip(run, runs[0]):
+            np.testing.assert_array_equal(got, want)

@@ -12,9 +12,10 @@ runs over long contiguous rows, which numpy copies far faster than rows of a few
 The backward makes the columns again instead of keeping them (they are K times the
 input), so memory holds one chunk's columns per thread, not a net's. Weight gradients
 accumulate into the param diff without a temporary of its size. Units of whole images
-(all the bands of one image) run on several threads at once, each with its own buffers
-and its own weight-gradient sum, added to the param diff at the end; a unit that runs
-alone splits its GEMMs and copies over the threads instead.
+(all the bands of one image) run on several threads at once, each thread with its own
+buffers; each part of the units sums its weight gradient apart, and the parts are added
+in order, so results do not depend on which thread ran what. A unit that runs alone
+splits its GEMMs and copies over the threads instead.
 """
 import itertools
 import threading
@@ -240,43 +241,35 @@ def _gathered(array, chunk, groups):
     return gathered.reshape(groups, rows // groups, -1)
 
 
-def _images_in_parallel(count, work, weight_grad=None, positions=None):
-    """``work(a, b)`` over ``count`` units of images (units hold disjoint images), split
-    over threads: a convolution's images are independent but for its weight gradient,
-    which is then summed per thread unless the batch has few positions for its size
-    (then the units run in turn and their GEMMs are split instead)."""
-    if weight_grad is not None and positions < PARTIAL_SUM_MIN_POSITIONS:
-        work(0, count)
+def _images_in_parallel(count, work, weight_grad=None, positions=0):
+    """``work(a, b, gradient)`` over ``count`` units of images (units hold disjoint
+    images), in parts split over threads. ``gradient`` is where a part adds its weight
+    gradient: the param diff for the first part, a zeroed buffer of the caller's for each
+    other one, added to the diff in part order at the end, so the sums are the same
+    whichever thread ran which part. A batch with few positions for the size of its
+    weight gradient runs as one part (its GEMMs are split instead)."""
+    parts = min(count, 2 * cpu_threads.threads())
+    if cpu_threads.threads() == 1 or (weight_grad is not None
+                                      and positions < PARTIAL_SUM_MIN_POSITIONS):
+        parts = 1
+    if parts <= 1:
+        work(0, count, weight_grad)
         return
-    cpu_threads.split(count, work, parts=2 * cpu_threads.threads())
+    bounds = [count * p // parts for p in range(parts + 1)]
+    gradients = [weight_grad] + [
+        None if weight_grad is None else
+        scratch('weight gradient %d' % p, weight_grad.shape, weight_grad.dtype)
+        for p in range(1, parts)]
 
-
-class _WeightGradient:
-    """The weight gradient of a backward whose images run on several threads: the calling
-    thread adds into the param diff, every other thread into a zeroed buffer of its own,
-    which ``finish`` adds to the diff."""
-
-    def __init__(self, total):
-        self.total = total
-        self.caller = threading.get_ident()
-        self.partials = {}
-        self.lock = threading.Lock()
-
-    def target(self):
-        thread = threading.get_ident()
-        if self.total is None or thread == self.caller:
-            return self.total
-        with self.lock:
-            partial = self.partials.get(thread)
-            if partial is None:
-                partial = self.partials[thread] = scratch('weight gradient', self.total.shape,
-                                                          self.total.dtype)
-                partial[...] = 0
-        return partial
-
-    def finish(self):
-        for partial in self.partials.values():
-            self.total += partial
+    def run(p0, p1):
+        for p in range(p0, p1):
+            if p and gradients[p] is not None:
+                gradients[p][...] = 0
+            work(bounds[p], bounds[p + 1], gradients[p])
+    cpu_threads.split(parts, run, parts=parts)
+    for gradient in gradients[1:]:
+        if gradient is not None:
+            weight_grad += gradient
 
 
 def _units(layer, kernel_rows):
@@ -299,7 +292,7 @@ def forward(layer, x, y):
     g, outputs_per_group, kernel_rows = weight.shape
     units = _units(layer, g * kernel_rows)
 
-    def run(a, b):
+    def run(a, b, _):
         for chunk in (chunk for unit in units[a:b] for chunk in unit):
             cols = columns(layer, x, chunk)
             if not chunk.images_last:
@@ -325,9 +318,8 @@ def backward(layer, x, dy, dx, weight_grad):
     weight = layer.grouped_weight()
     g, outputs_per_group, kernel_rows = weight.shape
     units = _units(layer, g * kernel_rows)
-    gradient = _WeightGradient(weight_grad)
 
-    def run(a, b):
+    def run(a, b, gradient):
         for chunk in (chunk for unit in units[a:b] for chunk in unit):
             if chunk.images_last:        # (G, rows, positions * images) matrices, one GEMM each
                 top = [_gathered(dy, chunk, g)]
@@ -337,7 +329,7 @@ def backward(layer, x, dy, dx, weight_grad):
             if weight_grad is not None:
                 cols = columns(layer, x, chunk).reshape(g, kernel_rows, pieces, -1)
                 for i, dy_piece in enumerate(top):
-                    grouped_gemm(dy_piece, cols[:, :, i].swapaxes(1, 2), gradient.target(),
+                    grouped_gemm(dy_piece, cols[:, :, i].swapaxes(1, 2), gradient,
                                  accumulate=True)
             if dx is not None:
                 if chunk.row == 0:
@@ -348,7 +340,6 @@ def backward(layer, x, dy, dx, weight_grad):
                     grouped_gemm(weight.swapaxes(1, 2), dy_piece, dcols[:, :, i])
                 add_columns_to_image(layer, dcols, dx, chunk)
     _images_in_parallel(len(units), run, weight_grad, layer.batch * dy.shape[2])
-    gradient.finish()
 
 
 # ---- 1x1 convolutions: the image is its own column matrix ---------------------------------
@@ -357,7 +348,7 @@ def pointwise_forward(layer, x3, y3):
     weight = layer.grouped_weight()
     g = layer.group
 
-    def run(a, b):
+    def run(a, b, _):
         for n in range(a, b):
             grouped_gemm(weight, x3[n].reshape(g, -1, x3.shape[2]),
                          y3[n].reshape(g, -1, y3.shape[2]))
@@ -369,18 +360,15 @@ def pointwise_forward(layer, x3, y3):
 def pointwise_backward(layer, x3, dy3, dx3, weight_grad):
     weight = layer.grouped_weight()
     g = layer.group
-    gradient = _WeightGradient(weight_grad)
-
-    def run(a, b):
+    def run(a, b, gradient):
         for n in range(a, b):
             dy = dy3[n].reshape(g, -1, dy3.shape[2])
             if weight_grad is not None:
                 grouped_gemm(dy, x3[n].reshape(g, -1, x3.shape[2]).swapaxes(1, 2),
-                             gradient.target(), accumulate=True)
+                             gradient, accumulate=True)
             if dx3 is not None:
                 grouped_gemm(weight.swapaxes(1, 2), dy, dx3[n].reshape(g, -1, dx3.shape[2]))
     _images_in_parallel(layer.batch, run, weight_grad, layer.batch * dy3.shape[2])
-    gradient.finish()
 
 
 # ---- per-channel vectors ------------------------------------------------------------------
