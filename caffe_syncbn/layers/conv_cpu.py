@@ -248,7 +248,8 @@ def _images_in_parallel(count, work, weight_grad=None, positions=0):
     other one, added to the diff in part order at the end, so the sums are the same
     whichever thread ran which part. A batch with few positions for the size of its
     weight gradient runs as one part (its GEMMs are split instead)."""
-    parts = min(count, 2 * cpu_threads.threads())
+    # two parts a thread balance a late start; one, when each part costs a gradient buffer
+    parts = min(count, (1 if weight_grad is not None else 2) * cpu_threads.threads())
     if cpu_threads.threads() == 1 or (weight_grad is not None
                                       and positions < PARTIAL_SUM_MIN_POSITIONS):
         parts = 1
