@@ -32,14 +32,17 @@ def _base(array):
 
 
 def kept_arrays(layer, xp, blob_memory):
-    """{attribute: bytes} of the arrays a layer holds that are no blob's memory (its caches)."""
-    kept = {}
+    """{attribute: bytes} of the arrays a layer holds that are no blob's memory (its
+    caches), each array counted once."""
+    kept, seen = {}, set(blob_memory)
     for name, value in vars(layer).items():
         values = value.values() if isinstance(value, dict) else \
             value if isinstance(value, (list, tuple)) else [value]
-        bases = {id(b): b for b in (_base(v) for v in values if isinstance(v, xp.ndarray))
-                 if id(b) not in blob_memory}
-        size = sum(b.nbytes for b in bases.values())
+        size = 0
+        for base in (_base(v) for v in values if isinstance(v, xp.ndarray)):
+            if id(base) not in seen:
+                seen.add(id(base))
+                size += base.nbytes
         if size:
             kept[name] = size
     return kept
