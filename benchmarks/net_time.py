@@ -1,35 +1,152 @@
 #!/usr/bin/env python3
-"""Forward, backward and per-layer times of a net, like `caffe time`.
+"""Forward, backward and per-layer times of a net, like `caffe time`, and against Caffe.
 
-    python benchmarks/net_time.py PROTOTXT --batch N --iterations K
+    python benchmarks/net_time.py PROTOTXT [--batch N] [--iterations K] [--threads T]
+    python benchmarks/net_time.py PROTOTXT --batch N --compare-caffe PATH/TO/caffe [--pairs P]
 
-Data layers are swapped for Input layers of the same tops; weights come from the
-prototxt's fillers. Reference: BVLC Caffe (CPU, OpenBLAS, 2 threads) took about
-505 ms for forward+backward of ResNet-50 deploy at batch 2 on a 2-core machine.
+Data layers become Input layers, every Input's first axis becomes --batch, backward is
+forced (unless --forward-only), weights come from the prototxt's fillers
+(timing.timing_net_param). The means
+over --iterations passes after one warm-up pass are printed per layer and in total,
+with this process's peak memory (VmHWM).
+
+--compare-caffe times BVLC Caffe's `caffe time` on the very same prototxt (TRAIN,
+forward+backward) and ours, each in a fresh process, in --pairs alternating pairs
+(ours first in even pairs, Caffe first in odd ones), both with --threads BLAS threads
+(OPENBLAS_NUM_THREADS, default 2: numpy's OpenBLAS and the one Caffe links read it).
+It prints every pair, the medians and the ratios ours / Caffe of the forward-backward
+time and of the peak resident memory (ru_maxrss of each process, taken alike), then
+where the time goes by layer type, and the load average before and after.
 """
 import argparse
+import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-from caffe_syncbn.tools_common import build_timing_net, run_main  # noqa: E402
-from caffe_syncbn.timing import format_timings, time_net  # noqa: E402
+
+def time_ours(args):
+    from caffe_syncbn import TEST, TRAIN, Net
+    from caffe_syncbn.timing import (format_timings, peak_memory_kb, time_net,
+                                     timing_net_param)
+    net = Net(timing_net_param(args.model, args.batch, force_backward=not args.forward_only),
+              TRAIN if args.phase == 'TRAIN' else TEST)
+    result = time_net(net, args.iterations, backward=not args.forward_only)
+    types = {name: layer.type for name, layer in zip(net._layer_names, net.layers)}
+    if args.json:
+        print(json.dumps({'forward_ms': result['forward_total'] * 1e3,
+                          'backward_ms': result['backward_total'] * 1e3,
+                          'total_ms': result['total'] * 1e3, 'peak_kb': peak_memory_kb(),
+                          'types': types,
+                          'layers': {name: (f + b) * 1e3 for (name, f), (_, b) in
+                                     zip(result['forward'], result['backward'])}}))
+        return 0
+    for line in format_timings(result, types):
+        print(line)
+    print('Peak memory: %.1f MiB (VmHWM)' % (peak_memory_kb() / 1024.0))
+    return 0
+
+
+def compare_with_caffe(args):
+    from caffe_reference import (blas_env, caffe_time, run_measured, temporary_folder,
+                                 write_timing_prototxt)
+    env = blas_env(args.threads)
+    load_before = os.getloadavg()
+    runs = {'ours': [], 'caffe': []}
+    with temporary_folder() as folder:
+        prototxt = write_timing_prototxt(args.model, args.batch, folder)
+        ours_command = [sys.executable, os.path.abspath(__file__), prototxt, '--json',
+                        '--iterations', str(args.iterations)]
+        print('%s, batch %s, TRAIN forward+backward, %d iterations per run, %d BLAS '
+              'thread(s) each; load average %.2f %.2f %.2f'
+              % (args.model, args.batch or "the prototxt's", args.iterations, args.threads,
+                 *load_before))
+        print('  pair ours ms  Caffe ms  ratio   ours MiB  Caffe MiB  ratio')
+        for pair in range(args.pairs):
+            order = ('ours', 'caffe') if pair % 2 == 0 else ('caffe', 'ours')
+            for who in order:
+                if who == 'ours':
+                    stdout, _, peak = run_measured(ours_command, env)
+                    result = json.loads(stdout.strip().splitlines()[-1])
+                    result['peak_kb'] = peak
+                else:
+                    result = caffe_time(args.compare_caffe, prototxt, args.iterations, env)
+                runs[who].append(result)
+            print(_row(str(pair), runs['ours'][-1], runs['caffe'][-1]))
+    median = {who: {key: statistics.median(r[key] for r in results)
+                    for key in ('forward_ms', 'backward_ms', 'total_ms', 'peak_kb')}
+              for who, results in runs.items()}
+    ours, caffe = median['ours'], median['caffe']
+    print(_row('median', ours, caffe))
+    for part in ('forward', 'backward'):
+        a, b = ours[part + '_ms'], caffe[part + '_ms']
+        print('  %-8s ours %.1f ms, Caffe %.1f ms (%.3fx)' % (part, a, b, a / b))
+    print_by_type(runs)
+    print('RATIO time %.3f memory %.3f (ours / Caffe, medians of %d pairs); load average '
+          'after %.2f %.2f %.2f' % (ours['total_ms'] / caffe['total_ms'],
+                                    ours['peak_kb'] / caffe['peak_kb'], args.pairs,
+                                    *os.getloadavg()))
+    return 0
+
+
+def _row(label, ours, caffe):
+    return '%6s %7.1f %9.1f %6.3f %10.1f %10.1f %6.3f' % (
+        label, ours['total_ms'], caffe['total_ms'], ours['total_ms'] / caffe['total_ms'],
+        ours['peak_kb'] / 1024, caffe['peak_kb'] / 1024, ours['peak_kb'] / caffe['peak_kb'])
+
+
+def print_by_type(runs):
+    """Forward+backward ms per layer type (median over runs), ours against Caffe's."""
+    types = runs['ours'][0]['types']
+
+    def by_type(result):
+        sums = {}
+        for name, ms in result['layers'].items():
+            kind = types.get(name, '?')
+            sums[kind] = sums.get(kind, 0.0) + ms
+        return sums
+
+    ours = [by_type(r) for r in runs['ours']]
+    caffe = [by_type(r) for r in runs['caffe']]
+    kinds = sorted(set(ours[0]) | set(caffe[0]), key=lambda k: -ours[0].get(k, 0.0))
+    print('by layer type (forward+backward, median ms):  ours   Caffe   ratio')
+    for kind in kinds:
+        a = statistics.median(r.get(kind, 0.0) for r in ours)
+        b = statistics.median(r.get(kind, 0.0) for r in caffe)
+        print('  %-24s %8.2f %8.2f %7s' % (kind, a, b, '%.3f' % (a / b) if b > 0.005 else '-'))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('model', help='net prototxt')
-    parser.add_argument('--batch', type=int, default=None, help='batch size (default: the prototxt\'s)')
+    parser.add_argument('--batch', type=int, default=None,
+                        help="batch size of every input (default: the prototxt's)")
     parser.add_argument('--iterations', type=int, default=10)
     parser.add_argument('--phase', choices=['TRAIN', 'TEST'], default='TRAIN')
+    parser.add_argument('--forward-only', action='store_true', help='time the forward pass only')
+    parser.add_argument('--threads', type=int, default=None,
+                        help='BLAS threads (default: as the environment says; with '
+                             '--compare-caffe, 2)')
+    parser.add_argument('--compare-caffe', metavar='CAFFE', help='path of the caffe binary')
+    parser.add_argument('--pairs', type=int, default=3, help='alternating pairs (default 3)')
+    parser.add_argument('--json', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    net = build_timing_net(args.model, args.batch, args.phase)
-    result = time_net(net, args.iterations)
-    types = {name: layer.type for name, layer in zip(net._layer_names, net.layers)}
-    for line in format_timings(result, types):
-        print(line)
+    if args.iterations < 1 or args.pairs < 1:
+        parser.error('--iterations and --pairs must be at least 1')
+    if args.compare_caffe:
+        if args.phase != 'TRAIN' or args.forward_only:
+            parser.error('--compare-caffe times the TRAIN forward+backward, as caffe time does')
+        if not os.access(args.compare_caffe, os.X_OK):
+            parser.error('%s is not an executable caffe binary' % args.compare_caffe)
+        args.threads = args.threads or 2
+    elif args.threads:
+        for name in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
+            os.environ[name] = str(args.threads)      # before numpy loads its BLAS
+    from caffe_syncbn.tools_common import run_main   # imports numpy
+    run_main(lambda: compare_with_caffe(args) if args.compare_caffe else time_ours(args))
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

@@ -78,7 +78,8 @@ class Blob:
     """Holds ``data`` and ``diff`` of one shape on one backend (``xp``).
 
     ``data``/``diff`` are plain arrays; pycaffe code that writes
-    ``blob.data[...] = x`` works unchanged.
+    ``blob.data[...] = x`` works unchanged. The diff is made (zeros) when first used, so
+    nets that never run backward hold none.
     """
 
     def __init__(self, shape=(), dtype=np.float32, xp=np):
@@ -86,7 +87,18 @@ class Blob:
         self.dtype = np.dtype(dtype)
         shape = checked_shape(shape, self.dtype)
         self.data = _zeros(xp, shape, self.dtype)
-        self.diff = _zeros(xp, shape, self.dtype)
+        self._diff = None
+
+    @property
+    def diff(self):
+        """The gradient, allocated on first use: a net that never runs backward holds none."""
+        if self._diff is None:
+            self._diff = _zeros(self.xp, self.data.shape, self.dtype)
+        return self._diff
+
+    @diff.setter
+    def diff(self, value):
+        self._diff = value
 
     @property
     def shape(self):
@@ -132,10 +144,11 @@ class Blob:
         shape = checked_shape(shape, self.dtype)
         if data_bytes(shape, self.dtype) == self.data.nbytes:
             self.data = self.data.reshape(shape)
-            self.diff = self.diff.reshape(shape)
+            if self._diff is not None:
+                self._diff = self._diff.reshape(shape)
         else:
             self.data = _zeros(self.xp, shape, self.dtype)
-            self.diff = _zeros(self.xp, shape, self.dtype)
+            self._diff = None
 
     def share_data(self, other):
         """Caffe's ShareData: this blob's data is the same memory as other's."""

@@ -59,34 +59,48 @@ def check_filler(param):
         raise CaffeError("filler 'gaussian': std must be >= 0, got %g" % param.std)
 
 
+#: fill() draws at most this many float64 values at a time
+FILL_CHUNK = 1 << 20
+
+
+def _independent_draws(param, shape):
+    """``draw(n)``: the next n values (float64) for fillers whose values are drawn one
+    after another, independently of where they go; None for the other fillers."""
+    r = rng()
+    kind = param.type
+    if kind == 'constant':
+        return lambda n: np.full(n, param.value)
+    if kind == 'uniform':
+        return lambda n: r.uniform(param.min, param.max, n)
+    if kind == 'gaussian' and param.sparse < 0:
+        return lambda n: r.normal(param.mean, param.std, n)
+    if kind == 'xavier':
+        bound = np.sqrt(3.0 / _variance_scale(param, shape))
+        return lambda n: r.uniform(-bound, bound, n)
+    if kind == 'msra':
+        return lambda n: r.normal(0.0, np.sqrt(2.0 / _variance_scale(param, shape)), n)
+    return None
+
+
 def filled_array(param, shape):
     """A float64 host array of ``shape`` drawn as ``param`` (a FillerParameter) says."""
     shape = tuple(int(s) for s in shape)
     check_filler(param)
     if 0 in shape:
         return np.zeros(shape)
+    draw = _independent_draws(param, shape)
+    if draw is not None:
+        return draw(int(np.prod(shape))).reshape(shape)
     r = rng()
     kind = param.type
-    if kind == 'constant':
-        return np.full(shape, param.value)
-    if kind == 'uniform':
-        return r.uniform(param.min, param.max, shape)
-    if kind == 'gaussian':
+    if kind == 'gaussian':          # sparse: a mask drawn after all the values
+        if len(shape) < 2:
+            raise CaffeError('gaussian filler with sparse needs a blob of >= 2 axes')
         values = r.normal(param.mean, param.std, shape)
-        if param.sparse >= 0:
-            if len(shape) < 2:
-                raise CaffeError('gaussian filler with sparse needs a blob of >= 2 axes')
-            keep = r.binomial(1, min(1.0, param.sparse / float(shape[0])), shape)
-            values = values * keep
-        return values
+        return values * r.binomial(1, min(1.0, param.sparse / float(shape[0])), shape)
     if kind == 'positive_unitball':
         values = r.uniform(0, 1, shape).reshape(shape[0] if shape else 1, -1)
         return (values / values.sum(axis=1, keepdims=True)).reshape(shape)
-    if kind == 'xavier':
-        bound = np.sqrt(3.0 / _variance_scale(param, shape))
-        return r.uniform(-bound, bound, shape)
-    if kind == 'msra':
-        return r.normal(0.0, np.sqrt(2.0 / _variance_scale(param, shape)), shape)
     if kind == 'bilinear':
         return _bilinear(shape).copy()
     raise CaffeError('unknown filler type %s (known: constant, uniform, gaussian, '
@@ -94,6 +108,15 @@ def filled_array(param, shape):
 
 
 def fill(param, blob):
-    """Fill ``blob.data`` in place."""
-    values = filled_array(param, blob.shape).astype(blob.dtype)
-    blob.data[...] = blob.xp.asarray(values)
+    """Fill ``blob.data`` in place, FILL_CHUNK values at a time where the values are
+    independent draws (the same values as one draw), so that no float64 copy of a large
+    blob is made."""
+    check_filler(param)
+    draw = _independent_draws(param, blob.shape)
+    if draw is None:
+        blob.data[...] = blob.xp.asarray(filled_array(param, blob.shape).astype(blob.dtype))
+        return
+    flat = blob.data.reshape(-1)
+    for start in range(0, flat.size, FILL_CHUNK):
+        values = draw(min(FILL_CHUNK, flat.size - start)).astype(blob.dtype)
+        flat[start:start + values.size] = blob.xp.asarray(values)

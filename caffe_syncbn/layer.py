@@ -120,6 +120,9 @@ class Layer:
 
     #: top 0 of a loss layer gets loss_weight 1 unless the prototxt says otherwise
     is_loss = False
+    #: set by the Net: False when this layer's backward never runs (it leads to no loss and
+    #: backward is not forced), so its forward need not keep what only the backward reads
+    backward_runs = True
 
     def __init__(self, param, ctx=None):
         self.param = param

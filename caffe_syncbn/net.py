@@ -229,6 +229,8 @@ class Net:
                                            for j, need in enumerate(bottom_need_backward[i])]
                 layer.param_propagate_down = [True] * len(layer.blobs)
         self._layer_need_backward = layer_need_backward
+        for layer, need in zip(self.layers, layer_need_backward):
+            layer.backward_runs = need
         self._bottom_need_backward = bottom_need_backward
 
     def _write_loss_weights(self):

@@ -1,7 +1,35 @@
-"""Per-layer forward/backward timings, as `caffe time` prints them."""
+"""Per-layer forward/backward timings, as `caffe time` prints them, and the nets they run."""
 import time
 
 import numpy as np
+
+
+def timing_net_param(model, batch=None, force_backward=True):
+    """The NetParameter that `caffe time` should run to time ``model`` (a path or a
+    NetParameter) as we do: data layers become Input layers, every Input's first axis
+    is ``batch`` (when given) and backward is forced (unless ``force_backward`` is
+    False), so both programs do the same work."""
+    from .net import load_net_param
+    from .upgrade import swap_data_layers_for_inputs
+    param = swap_data_layers_for_inputs(load_net_param(model), batch=batch)
+    if batch:
+        for layer in param.layer:
+            if layer.type == 'Input':
+                for shape in layer.input_param.shape:
+                    if len(shape.dim):
+                        shape.dim[0] = batch
+    param.force_backward = force_backward
+    return param
+
+
+def peak_memory_kb():
+    """This process's peak resident memory (VmHWM) in KiB: unlike ru_maxrss, it counts
+    nothing of a parent's memory that the process was forked or spawned from."""
+    with open('/proc/self/status') as status:
+        for line in status:
+            if line.startswith('VmHWM:'):
+                return int(line.split()[1])
+    raise OSError('no VmHWM in /proc/self/status')
 
 
 def _synchronize(net):
@@ -10,8 +38,8 @@ def _synchronize(net):
         xp.cuda.get_current_stream().synchronize()
 
 
-def time_net(net, iterations=10, warmup=1):
-    """Run forward+backward ``iterations`` times; return mean seconds per layer and in total.
+def time_net(net, iterations=10, warmup=1, backward=True):
+    """Run forward (+backward) ``iterations`` times; return mean seconds per layer and in total.
 
     Returns {'forward': [(layer name, s)], 'backward': [(layer name, s)],
              'forward_total': s, 'backward_total': s, 'total': s,
@@ -31,7 +59,7 @@ def time_net(net, iterations=10, warmup=1):
             if counted:
                 fwd[i] += time.perf_counter() - t0
         middle = time.perf_counter()
-        for i in reversed(range(n)):
+        for i in reversed(range(n if backward else 0)):
             t0 = time.perf_counter()
             net.backward_from(i, i)
             _synchronize(net)

@@ -114,10 +114,9 @@ def run_main(main):
 
 
 def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=()):
-    """A Net for timing: data layers become Input layers (batch ``batch``), backward forced."""
+    """A Net for timing (timing.timing_net_param: Input layers of batch ``batch``, backward
+    forced), as the benchmarks time it."""
     from . import TEST, TRAIN, Net
-    from .net import load_net_param
-    from .upgrade import swap_data_layers_for_inputs
-    param = swap_data_layers_for_inputs(load_net_param(model), batch=batch)
-    param.force_backward = True
-    return Net(param, TRAIN if phase == 'TRAIN' else TEST, level=level, stages=stages)
+    from .timing import timing_net_param
+    return Net(timing_net_param(model, batch), TRAIN if phase == 'TRAIN' else TEST, level=level,
+               stages=stages)

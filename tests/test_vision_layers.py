@@ -134,36 +134,13 @@ def test_deconvolution_is_the_adjoint_of_convolution():
 
 @pytest.mark.parametrize('wide', [0, 10 ** 9])
 def test_batched_and_folded_gemms_agree(wide, monkeypatch):
-    """Per-image GEMMs (wide images) and one GEMM over the folded batch give the same."""
-    text = _conv('num_output: 4 kernel_size: 3 pad: 1 group: 2')
-    x, dy = _randn(3, 4, 6, 5), _randn(3, 4, 6, 5, seed=2)
-    results = []
-    for threshold in (wide, 10 ** 9 - wide):
-        monkeypatch.setattr(conv_module, '_WIDE_IMAGE', threshold)
-        set_random_seed(5)
-        layer, bottom, top = _forward(text, [x])
-        top[0].diff[...] = dy
-        layer.backward(top, [True], bottom)
-        results.append([top[0].data.copy(), bottom[0].diff.copy(), layer.blobs[0].diff.copy()])
-    for a, b in zip(*results):
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
-
-
-def test_convolution_reuses_columns_only_for_the_same_input():
-    text = _conv('num_output: 2 kernel_size: 3')
-    layer, bottom, top = _forward(text, [_randn(1, 2, 4, 4)])
-    assert layer._kept_columns            # TRAIN on numpy keeps them for backward
-    bottom[0].data = bottom[0].data * 2   # a new array: the kept columns no longer apply
-    top[0].diff[...] = 1
-    layer.backward(top, [False], bottom)
-    fresh, fb, ft = _forward(text, [bottom[0].data])
-    fresh.blobs[0].data[...] = layer.blobs[0].data
-    ft[0].diff[...] = 1
-    fresh.blobs[0].diff[...] = 0
-    fresh.backward(ft, [False], fb)
-    np.testing.assert_allclose(layer.blobs[0].diff, fresh.blobs[0].diff)
-    test_layer, _, _ = _forward(text, [_randn(1, 2, 4, 4)], phase=TEST)
-    assert not test_layer._kept_columns
+    """The GEMMs of the array path (GPUs): per image (wide images) or over the folded batch."""
+    monkeypatch.setattr(conv_module, '_WIDE_IMAGE', wide)
+    w, x, a = _randn(2, 3, 4), _randn(3, 2, 4, 5, seed=1), _randn(3, 2, 3, 5, seed=2)
+    np.testing.assert_allclose(conv_module.grouped_matmul(w, x),
+                               np.einsum('gmk,ngkp->ngmp', w, x), rtol=1e-12)
+    np.testing.assert_allclose(conv_module.grouped_outer(a, x),
+                               np.einsum('ngmp,ngkp->gmk', a, x), rtol=1e-12)
 
 
 def test_convolution_skips_param_grads_with_lr_mult_zero():

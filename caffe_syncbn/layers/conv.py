@@ -7,7 +7,8 @@ group, channel-and-kernel-offset, output position) and the weights ``(G, O/G, C/
 import numpy as np
 
 from ..backend import get_array_module
-from ..layer import TRAIN, Layer, register
+from ..layer import Layer, register
+from . import conv_cpu
 from . import im2col as im2col_module
 from .im2col import conv_output_shape
 from .shape import canonical_axis
@@ -171,7 +172,6 @@ class _ConvolutionBase(_SpatialLayer):
         self.bias_term = cp.bias_term
         if self.bias_term:
             self.blobs.append(self.make_blob((self.num_output,), cp.bias_filler))
-        self._kept_columns = {}
 
     def reshape(self, bottom, top):
         self._reshape_input(bottom)
@@ -190,14 +190,15 @@ class _ConvolutionBase(_SpatialLayer):
         for t in top:
             t.reshape(shape)
 
-    def _grouped_weight(self):
+    def grouped_weight(self):
         """The weights as ``(G, rows, cols)`` matrices of the underlying convolution."""
         w = self.blobs[0].data
         return w.reshape(self.group, w.shape[0] // self.group, -1)
 
     def _grouped(self, array, positions):
         """``(N, G, rows, positions)`` view of a per-image matrix stack (N may be 0)."""
-        rows = int(np.prod(array.shape[1:])) // (self.group * positions)
+        per_image = array.size // self.batch if self.batch else int(np.prod(array.shape[1:]))
+        rows = per_image // (self.group * positions)
         return array.reshape(self.batch, self.group, rows, positions)
 
     def _add_bias(self, out):
@@ -223,38 +224,66 @@ class ConvolutionLayer(_ConvolutionBase):
         return self._grouped(col, int(np.prod(self.out_spatial)))
 
     def forward(self, bottom, top):
-        weight = self._grouped_weight()
+        weight = self.grouped_weight()
         positions = int(np.prod(self.out_spatial))
-        # numpy recomputes im2col slowly; keep the columns for a TRAIN backward (GPUs redo them)
-        keep = self.phase == TRAIN and self.xp is np and not self.pointwise
-        self._kept_columns = {}
-        for i, (b, t) in enumerate(zip(bottom, top)):
+        for b, t in zip(bottom, top):
+            if self.host:       # in place, the input must outlive the first written output
+                self._host_forward(b.data.copy() if t is b else b.data, t.data)
+                continue
             col = self._grouped_columns(b.data)
             if t is b and self.pointwise:     # in place, and the columns are the input
                 col = col.copy()
             grouped_matmul(weight, col, out=self._grouped(t.data, positions))
             self._add_bias(t.data.reshape(self.batch, self.num_output, positions))
-            if keep:
-                self._kept_columns[i] = (b.data, col)
 
     def backward(self, top, propagate_down, bottom):
-        weight = self._grouped_weight()
+        weight = self.grouped_weight()
         positions = int(np.prod(self.out_spatial))
+        weight_grad = self.blobs[0].diff.reshape(weight.shape) \
+            if self.wants_param_gradient(0) else None
         for i, (t, b) in enumerate(zip(top, bottom)):
             dy = t.diff.reshape(self.batch, self.num_output, positions)
-            grouped_dy = self._grouped(dy, positions)
             self._accumulate_bias_grad(dy)
-            if self.wants_param_gradient(0):
-                source, col = self._kept_columns.pop(i, (None, None))
-                if source is not b.data:
-                    col = self._grouped_columns(b.data)
-                self._accumulate_weight_grad(grouped_dy, col)
+            if self.host:
+                dx = b.diff if propagate_down[i] else None
+                self._host_backward(b.data, dy.copy() if t is b and dx is not None else dy, dx,
+                                    weight_grad)
+                continue
+            grouped_dy = self._grouped(dy, positions)
+            if weight_grad is not None:
+                self._accumulate_weight_grad(grouped_dy, self._grouped_columns(b.data))
             if propagate_down[i]:
                 dcol = grouped_matmul(weight.swapaxes(1, 2), grouped_dy)
                 dcol = dcol.reshape((self.batch, self.channels) + self.kernel + self.out_spatial)
                 dx = self._image_from_columns(dcol, self.in_spatial)
                 b.diff[...] = dx.reshape(b.shape)
-        self._kept_columns = {}
+
+    @property
+    def host(self):
+        """Whether the numpy path of conv_cpu runs this layer."""
+        return self.xp is np and not self.cuda_kernels
+
+    def _matrices(self, array, rows):
+        """``array`` as (N, rows, positions): a 1x1 convolution's input is its own columns."""
+        return array.reshape(self.batch, rows, int(np.prod(self.in_spatial)))
+
+    def _host_forward(self, x, y):
+        y3 = y.reshape(self.batch, self.num_output, int(np.prod(self.out_spatial)))
+        if self.pointwise:
+            conv_cpu.pointwise_forward(self, self._matrices(x, self.channels), y3)
+        else:
+            conv_cpu.forward(self, self._image(x, self.channels, self.in_spatial), y3)
+
+    def _host_backward(self, x, dy, dx, weight_grad):
+        if not self.pointwise:
+            conv_cpu.backward(self, self._image(x, self.channels, self.in_spatial), dy,
+                              None if dx is None else self._image(dx, self.channels,
+                                                                  self.in_spatial),
+                              weight_grad)
+        else:
+            conv_cpu.pointwise_backward(self, self._matrices(x, self.channels), dy,
+                                        None if dx is None else
+                                        self._matrices(dx, self.channels), weight_grad)
 
 
 @register('Deconvolution')
@@ -263,7 +292,7 @@ class DeconvolutionLayer(_ConvolutionBase):
     transposed = True
 
     def forward(self, bottom, top):
-        weight = self._grouped_weight()
+        weight = self.grouped_weight()
         positions = int(np.prod(self.in_spatial))
         for b, t in zip(bottom, top):
             x = self._grouped(b.data, positions)
@@ -275,7 +304,7 @@ class DeconvolutionLayer(_ConvolutionBase):
             self._add_bias(out)
 
     def backward(self, top, propagate_down, bottom):
-        weight = self._grouped_weight()
+        weight = self.grouped_weight()
         positions = int(np.prod(self.in_spatial))
         for i, (t, b) in enumerate(zip(top, bottom)):
             dy = t.diff.reshape(self.batch, self.num_output, int(np.prod(self.out_spatial)))

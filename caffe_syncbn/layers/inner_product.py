@@ -2,6 +2,7 @@
 import numpy as np
 
 from ..layer import Layer, register
+from .cpu_threads import matmul
 from .pooling import scatter_add
 from .shape import canonical_axis
 
@@ -42,21 +43,25 @@ class InnerProductLayer(Layer):
 
     def forward(self, bottom, top):
         x = bottom[0].data.reshape(-1, self.inputs)
-        y = x @ self._weight_nk().T
+        y = top[0].data.reshape(-1, self.num_output)
+        matmul(x, self._weight_nk().T, out=y)
         if self.bias_term:
             y += self.blobs[1].data
-        top[0].data[...] = y.reshape(top[0].shape)
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff.reshape(-1, self.num_output)
         x = bottom[0].data.reshape(-1, self.inputs)
         if self.wants_param_gradient(0):
-            grad = x.T @ dy if self.transpose else dy.T @ x
-            self.blobs[0].diff += grad.reshape(self.blobs[0].shape)
+            if self.transpose:
+                grad = self.blobs[0].diff.reshape(self.inputs, self.num_output)
+                matmul(x.T, dy, out=grad, accumulate=True)
+            else:
+                grad = self.blobs[0].diff.reshape(self.num_output, self.inputs)
+                matmul(dy.T, x, out=grad, accumulate=True)
         if self.bias_term and self.wants_param_gradient(1):
             self.blobs[1].diff += dy.sum(axis=0)
         if propagate_down[0]:
-            bottom[0].diff[...] = (dy @ self._weight_nk()).reshape(bottom[0].shape)
+            matmul(dy, self._weight_nk(), out=bottom[0].diff.reshape(-1, self.inputs))
 
 
 @register('Embed')

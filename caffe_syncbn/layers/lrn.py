@@ -5,8 +5,14 @@ x^2)``, where m is the window's cell count (local_size, or local_size^2 within a
 where k is 1 as in Caffe).  Windows are centred, zero-padded sums; being symmetric, the
 same sum serves the backward pass.
 """
+import numpy as np
+
 from .. import caffe_pb2
 from ..layer import Layer, register
+from . import cpu_threads
+
+#: the host path works on this many bytes of one image's positions at a time
+BAND_BYTES = 4 << 20
 
 
 def centered_window_sum(a, axis, size):
@@ -46,12 +52,65 @@ class LRNLayer(Layer):
             return centered_window_sum(a, 1, self.size)
         return centered_window_sum(centered_window_sum(a, 2, self.size), 3, self.size)
 
+    def _host(self, array):
+        return self.across and isinstance(array, np.ndarray) and not self.cuda_kernels
+
+    def _bands(self, shape, work):
+        """``work(n, band)`` over images and bands of positions of (N, C, H*W) arrays, about
+        BAND_BYTES each, split over threads: across channels, positions are independent.
+        (Narrower bands, strided in memory, ran slower than whole images.)"""
+        n, c = shape[:2]
+        positions = int(np.prod(shape[2:]))
+        width = max(1, BAND_BYTES // (4 * c))
+        bands = [(i, slice(p, min(positions, p + width)))
+                 for i in range(n) for p in range(0, positions, width)]
+
+        def part(a, b):
+            for i, band in bands[a:b]:
+                work(i, band)
+        cpu_threads.split(len(bands), part)
+
+    def _host_forward(self, x, y):
+        x3, y3 = (a.reshape(a.shape[0], a.shape[1], -1) for a in (x, y))
+        if self._scale is None or self._scale.shape != x3.shape or self._scale.dtype != x.dtype:
+            self._scale = np.empty_like(x3)          # kept from one forward to the next
+        scale = self._scale
+
+        def work(i, band):
+            s = scale[i, :, band]
+            xs = x3[i, :, band]
+            np.multiply(xs, xs, out=s)
+            s[...] = centered_window_sum(s, 0, self.size)
+            s *= self.alpha / self.cells
+            s += self.k
+            np.multiply(xs, s ** -self.beta, out=y3[i, :, band])
+        self._bands(x.shape, work)
+
+    def _host_backward(self, x, y, dy, dx):
+        x3, y3, dy3, dx3 = (a.reshape(a.shape[0], a.shape[1], -1) for a in (x, y, dy, dx))
+        factor = 2 * self.alpha * self.beta / self.cells
+
+        def work(i, band):
+            s, g = self._scale[i, :, band], dy3[i, :, band]
+            through = g * y3[i, :, band]
+            through /= s
+            through = centered_window_sum(through, 0, self.size)
+            through *= x3[i, :, band]
+            through *= factor
+            # dy is read before dx is written (in place they are one array)
+            np.multiply(g, s ** -self.beta, out=dx3[i, :, band])
+            dx3[i, :, band] -= through
+        self._bands(x.shape, work)
+
     def forward(self, bottom, top):
         if self.cuda_kernels and self.across:
             from ..gpu import lrn_gpu
             lrn_gpu.forward(self, bottom, top)
             return
         x = bottom[0].data
+        if self._host(x):
+            self._host_forward(x, top[0].data)
+            return
         self._scale = self.k + (self.alpha / self.cells) * self._window_sum(x * x)
         top[0].data[...] = x * self._scale ** -self.beta
 
@@ -61,6 +120,9 @@ class LRNLayer(Layer):
             lrn_gpu.backward(self, top, propagate_down, bottom)
             return
         if not propagate_down[0]:
+            return
+        if self._host(bottom[0].data):
+            self._host_backward(bottom[0].data, top[0].data, top[0].diff, bottom[0].diff)
             return
         x, y, dy, scale = bottom[0].data, top[0].data, top[0].diff, self._scale
         through_scale = self._window_sum(dy * y / scale)

@@ -3,6 +3,7 @@ import math
 
 from .. import caffe_pb2
 from ..layer import TRAIN, Layer, register
+from .cpu_threads import blocks
 
 
 class NeuronLayer(Layer):
@@ -41,18 +42,36 @@ class NeuronLayer(Layer):
 
 @register('ReLU')
 class ReLULayer(NeuronLayer):
+    """max(x, 0), or x * negative_slope below 0; written in place, block by block."""
+
     def setup(self, bottom, top):
         self.slope = self.param.relu_param.negative_slope
 
-    def activate(self, x):
+    def forward(self, bottom, top):
         xp = self.xp
-        if self.slope == 0:
-            return xp.maximum(x, 0)
-        return xp.where(x > 0, x, x * self.slope)
+        x, y = bottom[0].data.reshape(-1), top[0].data.reshape(-1)
 
-    def gradient(self, x, y, dy):
+        def work(a, b):
+            if self.slope == 0:
+                xp.maximum(x[a:b], 0, out=y[a:b])
+            else:
+                y[a:b] = xp.where(x[a:b] > 0, x[a:b], x[a:b] * self.slope)
+        blocks(xp, x.size, 1, work)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = self.xp
         # in place, x is the output, whose sign matches the input's for a slope >= 0
-        return self.xp.where(x > 0, dy, dy * self.slope)
+        x, dy = bottom[0].data.reshape(-1), top[0].diff.reshape(-1)
+        dx = bottom[0].diff.reshape(-1)
+
+        def work(a, b):
+            if self.slope == 0:
+                xp.multiply(dy[a:b], x[a:b] > 0, out=dx[a:b])
+            else:
+                dx[a:b] = xp.where(x[a:b] > 0, dy[a:b], dy[a:b] * self.slope)
+        blocks(xp, x.size, 1, work)
 
 
 @register('PReLU')

@@ -50,6 +50,7 @@ GPU backend can replace them with fused kernels.
 import numpy as np
 
 from ..layer import TEST, Layer, register
+from . import norm_cpu
 
 STAT = np.float64   # dtype of every per-channel statistic
 
@@ -136,7 +137,9 @@ def inverse_std(var, eps, xp):
 
 
 class _ChannelNorm(Layer):
-    """What the three layers share: shapes, in-place-safe output, the cached x_hat."""
+    """What the three layers share: shapes, in-place-safe output, the cached x_hat, and the
+    numpy path of norm_cpu (x_hat kept only when the backward reads it and the layer runs
+    in place, else made again from the input)."""
 
     def setup_channels(self, bottom, top):
         self.check_bottoms(bottom, exact=1)
@@ -163,6 +166,30 @@ class _ChannelNorm(Layer):
     def add_param_gradient(self, j, values):
         blob = self.blobs[j]
         blob.diff += values.reshape(blob.shape).astype(self.dtype)
+
+    def host(self, array):
+        """Whether norm_cpu runs this layer on ``array``."""
+        return self.xp is np and not self.cuda_kernels and array.dtype in (np.float32, np.float64)
+
+    def local_statistics(self, x3):
+        if self.host(x3):
+            return norm_cpu.statistics(x3, work_dtype(x3.dtype))
+        return local_statistics(x3, self.xp)
+
+    def host_normalize(self, bottom, top, mean, inv_std, keep_x_hat, slope=None, bias=None):
+        """y (and the x_hat the backward will read) on the host."""
+        x3, y3 = channel_view(bottom[0].data), channel_view(top[0].data)
+        normalization = norm_cpu.Normalization(x3, mean, inv_std, work_dtype(x3.dtype))
+        in_place = top[0] is bottom[0] or top[0].data is bottom[0].data
+        keep_x_hat = keep_x_hat and self.backward_runs
+        kept = None
+        if keep_x_hat and in_place:
+            kept = getattr(self, '_x_hat_buffer', None)
+            if kept is None or kept.shape != x3.shape or kept.dtype != x3.dtype:
+                kept = self._x_hat_buffer = np.empty_like(x3)
+        norm_cpu.normalize(x3, y3, normalization, slope, bias, kept)
+        self._x_hat = None if not keep_x_hat else norm_cpu.XHat(
+            kept, None if kept is not None else x3, normalization)
 
 
 @register('BatchNorm')
@@ -196,7 +223,7 @@ class BatchNorm(_ChannelNorm):
             factor = 0.0 if factor == 0 else 1.0 / factor
             mean, var = self.stat(0) * factor, self.stat(1) * factor
         else:
-            count, shift, s1, s2 = local_statistics(x3, xp)
+            count, shift, s1, s2 = self.local_statistics(x3)
             if count == 0:
                 raise self.error('cannot take batch statistics of an empty batch (shape %s)'
                                  % (bottom[0].shape,))
@@ -207,6 +234,9 @@ class BatchNorm(_ChannelNorm):
             self.set_stat(1, self.stat(1) * self.fraction + var * correction)
             self._count = count
         self._inv_std = inverse_std(var, self.eps, xp)
+        if self.host(x3):      # the global-statistics backward reads no x_hat
+            self.host_normalize(bottom, top, mean, self._inv_std, not self.use_global_stats)
+            return
         self._x_hat = normalize(x3, mean, self._inv_std)
         self.write_top(top, self._x_hat)
 
@@ -214,6 +244,15 @@ class BatchNorm(_ChannelNorm):
         if not propagate_down[0]:
             return
         dy3 = channel_view(top[0].diff)
+        if self.host(dy3):
+            dx3 = channel_view(bottom[0].diff)
+            if self.use_global_stats:
+                norm_cpu.input_gradient(dx3, dy3, self._inv_std)
+            else:
+                norm_cpu.input_gradient(dx3, dy3, self._inv_std, self._x_hat,
+                                        *norm_cpu.gradient_sums(dy3, self._x_hat),
+                                        count=self._count)
+            return
         if self.use_global_stats:
             dx = dy3 * _per_channel(self._inv_std.astype(work_dtype(dy3.dtype)))
         else:
@@ -251,7 +290,7 @@ class BN(_ChannelNorm):
 
     def batch_moments(self, x3):
         """(global count, mean, biased var) of this forward's batch."""
-        count, shift, s1, s2 = local_statistics(x3, self.xp)
+        count, shift, s1, s2 = self.local_statistics(x3)
         if count == 0:
             raise self.error('cannot take batch statistics of an empty batch (shape %s)'
                              % (x3.shape,))
@@ -281,11 +320,18 @@ class BN(_ChannelNorm):
             self.set_stat(self.VAR, keep * self.stat(self.VAR)
                           + (1 - keep) * self.running_variance(var, self._count))
         self._inv_std = inverse_std(var, self.eps, self.xp)
+        if self.host(x3):
+            self.host_normalize(bottom, top, mean, self._inv_std, self.backward_reads_x_hat(),
+                                self.stat(self.SLOPE), self.stat(self.BIAS))
+            return
         self._x_hat = normalize(x3, mean, self._inv_std)
         dtype = self._x_hat.dtype
         y3 = self._x_hat * _per_channel(self.blobs[self.SLOPE].data.reshape(-1).astype(dtype))
         y3 += _per_channel(self.blobs[self.BIAS].data.reshape(-1).astype(dtype))
         self.write_top(top, y3)
+
+    def backward_reads_x_hat(self):
+        return not self.affine_frozen
 
     def backward(self, top, propagate_down, bottom):
         if self.cuda_kernels:
@@ -294,6 +340,9 @@ class BN(_ChannelNorm):
             return
         dy3 = channel_view(top[0].diff)
         scale = self.stat(self.SLOPE) * self._inv_std
+        if self.host(dy3):
+            self.host_backward(dy3, channel_view(bottom[0].diff), scale, propagate_down[0])
+            return
         if self.affine_frozen:
             if propagate_down[0]:
                 dx = dy3 * _per_channel(scale.astype(work_dtype(dy3.dtype)))
@@ -308,8 +357,31 @@ class BN(_ChannelNorm):
             dx = self.input_gradient(dy3, scale, sum_dy, sum_dy_x_hat)
             bottom[0].diff[...] = dx.reshape(bottom[0].shape)
 
+    def host_backward(self, dy3, dx3, scale, propagate_down):
+        if self.affine_frozen:
+            if propagate_down:
+                norm_cpu.input_gradient(dx3, dy3, scale)
+            return
+        # without x_hat (a SyncBN on running statistics whose slope is not learned) only
+        # sum(dy) is taken
+        sum_dy, sum_dy_x_hat = norm_cpu.gradient_sums(dy3, self._x_hat)
+        if self.wants_param_gradient(self.SLOPE):
+            self.add_param_gradient(self.SLOPE, sum_dy_x_hat)
+        if self.wants_param_gradient(self.BIAS):
+            self.add_param_gradient(self.BIAS, sum_dy)
+        if propagate_down:
+            sums = self.batch_gradient_sums(sum_dy, sum_dy_x_hat)
+            if sums is None:
+                norm_cpu.input_gradient(dx3, dy3, scale)
+            else:
+                norm_cpu.input_gradient(dx3, dy3, scale, self._x_hat, *sums, count=self._count)
+
+    def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
+        """The sums dx takes with the batch-statistics formula, or None for dx = dy * scale.
+        The forks apply that formula in TEST too (with the running x_hat)."""
+        return sum_dy, sum_dy_x_hat
+
     def input_gradient(self, dy3, scale, sum_dy, sum_dy_x_hat):
-        # the forks apply the batch-statistics formula in TEST too (with running x_hat)
         return batch_input_gradient(dy3, self._x_hat, scale, sum_dy, sum_dy_x_hat, self._count)
 
 
@@ -321,7 +393,7 @@ class SyncBN(BN):
 
     def batch_moments(self, x3):
         xp = self.xp
-        count, shift, s1, s2 = local_statistics(x3, xp)
+        count, shift, s1, s2 = self.local_statistics(x3)
         reference = self.stat(self.MEAN)          # identical on every replica
         s1, s2 = rebase_sums(count, s1, s2, shift, reference)
         if self.ctx.comm is not None:
@@ -338,11 +410,20 @@ class SyncBN(BN):
     def running_variance(self, var, count):
         return var * (count / (count - 1.0)) if count > 1 else var
 
-    def input_gradient(self, dy3, scale, sum_dy, sum_dy_x_hat):
+    def backward_reads_x_hat(self):
+        return not self.use_running_stats or self.wants_param_gradient(self.SLOPE)
+
+    def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
         if self.use_running_stats:               # the true gradient of the TEST forward
-            return dy3 * _per_channel(scale.astype(work_dtype(dy3.dtype)))
+            return None
         if self.ctx.comm is not None:
             packed = self.xp.concatenate([sum_dy, sum_dy_x_hat])
             self.ctx.comm.allreduce(packed, tag=self.name)
             sum_dy, sum_dy_x_hat = packed[:self.channels], packed[self.channels:]
-        return batch_input_gradient(dy3, self._x_hat, scale, sum_dy, sum_dy_x_hat, self._count)
+        return sum_dy, sum_dy_x_hat
+
+    def input_gradient(self, dy3, scale, sum_dy, sum_dy_x_hat):
+        sums = self.batch_gradient_sums(sum_dy, sum_dy_x_hat)
+        if sums is None:
+            return dy3 * _per_channel(scale.astype(work_dtype(dy3.dtype)))
+        return batch_input_gradient(dy3, self._x_hat, scale, *sums, self._count)

@@ -10,6 +10,7 @@ import numpy as np
 from .. import caffe_pb2
 from ..backend import get_array_module
 from ..layer import TRAIN, Layer, register
+from . import pooling_cpu
 
 
 def pooled_size(size, kernel, stride, pad, ceil_mode=True):
@@ -95,6 +96,7 @@ class Pool2d:
                                zip(in_hw, kernel, stride, pad, self.out_hw))
         self.overlapping = any(s < k for s, k in zip(stride, kernel))
         self._index = None
+        self._offsets = None          # of the maxima, on the host path (pooling_cpu)
         self._divisor = None
 
     def _padded(self, x, fill):
@@ -129,7 +131,21 @@ class Pool2d:
         w = cols + xp.arange(-pw, ow * sw - pw, sw)
         return h * self.in_hw[1] + w
 
-    def forward(self, x, phase, rng):
+    def forward(self, x, phase, rng, out=None):
+        """The pooled ``x``; ``out`` (optional) receives it."""
+        self._offsets = None
+        if pooling_cpu.applies(self, x):
+            if out is None:
+                out = np.empty(x.shape[:2] + self.out_hw, x.dtype)
+            self._offsets = pooling_cpu.forward(self, x, out)
+            return out
+        result = self._forward(x, phase, rng)
+        if out is None:
+            return result
+        out[...] = result
+        return out
+
+    def _forward(self, x, phase, rng):
         xp = get_array_module(x)
         if self.method == 'AVE':
             return self._window_sums(x) / self._ave_divisor(xp, x.dtype)
@@ -170,9 +186,24 @@ class Pool2d:
 
     def mask(self):
         """The MAX top mask: index ``h * W + w`` of each maximum, as Caffe writes it."""
+        if self._offsets is not None:
+            return pooling_cpu.flat_index(self, self._offsets)
         return self._index
 
-    def backward(self, dy, phase):
+    def backward(self, dy, phase, out=None):
+        """dx from the top diff ``dy``; ``out`` (optional) receives it."""
+        if self._offsets is not None:
+            if out is None:
+                out = np.empty(dy.shape[:2] + self.in_hw, dy.dtype)
+            pooling_cpu.backward(self, self._offsets, dy, out)
+            return out
+        result = self._backward(dy, phase)
+        if out is None:
+            return result
+        out[...] = result
+        return out
+
+    def _backward(self, dy, phase):
         xp = get_array_module(dy)
         n, c = dy.shape[:2]
         if self.method == 'AVE':
@@ -256,10 +287,9 @@ class PoolingLayer(Layer):
     def forward(self, bottom, top):
         kernels = self._kernel_path()
         if kernels is not None:
-            result = kernels.forward(self.pool, bottom[0].data)
+            top[0].data[...] = kernels.forward(self.pool, bottom[0].data)
         else:
-            result = self.pool.forward(bottom[0].data, self.phase, self.ctx.rng)
-        top[0].data[...] = result
+            self.pool.forward(bottom[0].data, self.phase, self.ctx.rng, out=top[0].data)
         if len(top) > 1:
             top[1].data[...] = self.pool.mask()
 
@@ -268,11 +298,12 @@ class PoolingLayer(Layer):
             return
         kernels = self._kernel_path()
         try:
-            dx = (kernels.backward(self.pool, top[0].diff) if kernels is not None
-                  else self.pool.backward(top[0].diff, self.phase))
+            if kernels is not None:
+                bottom[0].diff[...] = kernels.backward(self.pool, top[0].diff)
+            else:
+                self.pool.backward(top[0].diff, self.phase, out=bottom[0].diff)
         except ValueError as e:
             raise self.error(str(e)) from None
-        bottom[0].diff[...] = dx
 
 
 @register('SPP')

@@ -3,6 +3,7 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..layer import Layer, register
+from .cpu_threads import blocks
 from .shape import canonical_axis
 
 
@@ -137,10 +138,9 @@ class EltwiseLayer(Layer):
         xp = self.xp
         data = [b.data for b in bottom]
         if self.op == self.OPS.SUM:
-            result = data[0] * self.coeff[0] if self.coeff[0] != 1 else data[0].copy()
-            for c, d in zip(self.coeff[1:], data[1:]):
-                result += d * c if c != 1 else d
-        elif self.op == self.OPS.PROD:
+            self._sum_forward(bottom, top)
+            return
+        if self.op == self.OPS.PROD:
             result = data[0] * data[1]
             for d in data[2:]:
                 result *= d
@@ -155,15 +155,53 @@ class EltwiseLayer(Layer):
                 self.argmax = xp.where(larger, k, self.argmax)
         top[0].data[...] = result
 
+    def _sum_forward(self, bottom, top):
+        """top = sum of coeff * bottom, block by block into the top; a bottom that is the
+        top (in place) goes first, before the top is written."""
+        xp = self.xp
+        terms = sorted(zip(self.coeff, bottom), key=lambda term: term[1] is not top[0])
+        out = top[0].data.reshape(-1)
+        flat = [(c, b.data.reshape(-1)) for c, b in terms]
+
+        def work(a, b):
+            block = out[a:b]
+            (c0, x0), (c1, x1) = flat[0], flat[1]
+            if c0 == 1 and c1 == 1:
+                xp.add(x0[a:b], x1[a:b], out=block)
+            else:
+                xp.multiply(x0[a:b], c0, out=block)
+                block += x1[a:b] * c1 if c1 != 1 else x1[a:b]
+            for c, x in flat[2:]:
+                block += x[a:b] * c if c != 1 else x[a:b]
+        blocks(xp, out.size, 1, work)
+
+    def _sum_backward(self, top, propagate_down, bottom):
+        """bottom diff = coeff * top diff, block by block; the one that is the top's own
+        diff (in place) is written last in each block."""
+        xp = self.xp
+        dy = top[0].diff.reshape(-1)
+        targets = sorted(((c, b.diff.reshape(-1), b.diff is top[0].diff)
+                          for c, b, down in zip(self.coeff, bottom, propagate_down) if down),
+                         key=lambda target: target[2])
+
+        def work(a, b):
+            for c, dx, in_place in targets:
+                if c != 1:
+                    xp.multiply(dy[a:b], c, out=dx[a:b])
+                elif not in_place:
+                    dx[a:b] = dy[a:b]
+        blocks(xp, dy.size, 1, work)
+
     def backward(self, top, propagate_down, bottom):
+        if self.op == self.OPS.SUM:
+            self._sum_backward(top, propagate_down, bottom)
+            return
         p = self.param.eltwise_param
         dy = top[0].diff
         grads = []
         for i, (b, down) in enumerate(zip(bottom, propagate_down)):
             if not down:
                 grads.append(None)
-            elif self.op == self.OPS.SUM:
-                grads.append(dy * self.coeff[i] if self.coeff[i] != 1 else dy.copy())
             elif self.op == self.OPS.PROD:
                 if p.stable_prod_grad:
                     others = [o.data for j, o in enumerate(bottom) if j != i]

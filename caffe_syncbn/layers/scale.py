@@ -3,8 +3,11 @@
 The operand (a learned blob, or the second bottom) covers the bottom's axes
 [axis, axis + operand axes); an operand with no axes is a scalar.
 """
+import numpy as np
+
 from .. import caffe_pb2
 from ..layer import Layer, register
+from .cpu_threads import blocks
 from .shape import canonical_axis
 
 
@@ -30,9 +33,9 @@ def broadcast_dims(layer, x, operand_shape, axis):
     return x.count_range(0, start), x.count_range(start, end), x.count_range(end)
 
 
-def operand_sum(dy3, shape):
-    """Sum a (outer, dim, inner) array to the operand's shape."""
-    return dy3.sum(axis=(0, 2)).reshape(shape)
+def operand_sum(row_sums, outer, operand):
+    """Per-row sums over (outer * dim) rows added up to the operand's shape and dtype."""
+    return row_sums.reshape(outer, -1).sum(axis=0).reshape(operand.shape).astype(operand.dtype)
 
 
 @register('Scale')
@@ -72,34 +75,75 @@ class ScaleLayer(Layer):
             top[0].reshape(x.shape)
 
     def forward(self, bottom, top):
-        x = bottom[0].data
-        # in place, the input is overwritten but the scale gradient needs it
-        self._saved_input = x.copy() if top[0] is bottom[0] else None
         outer, dim, inner = self.dims
-        y = x.reshape(outer, dim, inner) * self._scale_blob(bottom).data.reshape(1, dim, 1)
-        if self.bias_index is not None:
-            y += self.blobs[self.bias_index].data.reshape(1, dim, 1)
-        top[0].data[...] = y.reshape(x.shape)
+        learned = len(bottom) == 1
+        x = bottom[0].data.reshape(outer * dim, inner)
+        y = top[0].data.reshape(outer * dim, inner)
+        # in place, the input is overwritten but the scale gradient needs it
+        keep = top[0] is bottom[0] and self.backward_runs and \
+            (not learned or self.wants_param_gradient(0))
+        saved = self._saved_buffer(x) if keep else None
+        scale = self._per_row(self._scale_blob(bottom).data)
+        bias = self._per_row(self.blobs[self.bias_index].data) \
+            if self.bias_index is not None else None
+
+        def work(r0, r1):
+            if saved is not None:
+                saved[r0:r1] = x[r0:r1]
+            self.xp.multiply(x[r0:r1], scale[r0:r1], out=y[r0:r1])
+            if bias is not None:
+                y[r0:r1] += bias[r0:r1]
+        blocks(self.xp, outer * dim, inner, work)
+        self._saved_input = saved
+
+    def _per_row(self, operand):
+        """The operand (dim values) repeated for each of the ``outer`` slices, as a column."""
+        outer = self.dims[0]
+        return self.xp.tile(operand.reshape(-1).astype(self.dtype), outer).reshape(-1, 1)
+
+    def _saved_buffer(self, x):
+        """The array the input is copied into, kept from one forward to the next."""
+        buffer = getattr(self, '_input_copy', None)
+        if buffer is None or buffer.shape != x.shape or buffer.dtype != x.dtype:
+            buffer = self._input_copy = self.xp.empty_like(x)
+        return buffer
 
     def backward(self, top, propagate_down, bottom):
+        xp = self.xp
         scale = self._scale_blob(bottom)
         outer, dim, inner = self.dims
-        dy3 = top[0].diff.reshape(outer, dim, inner)
-        # read the top diff fully before writing bottom 0's diff: in place they are one array
-        if self.bias_index is not None and self.wants_param_gradient(self.bias_index):
-            bias = self.blobs[self.bias_index]
-            bias.diff += operand_sum(dy3, bias.shape)
+        rows = outer * dim
+        dy = top[0].diff.reshape(rows, inner)
         learned = len(bottom) == 1
-        if (learned and self.wants_param_gradient(0)) or (not learned and propagate_down[1]):
-            x = self._saved_input if self._saved_input is not None else bottom[0].data
-            scale_grad = operand_sum(dy3 * x.reshape(outer, dim, inner), scale.shape)
+        bias_grad = self.bias_index is not None and self.wants_param_gradient(self.bias_index)
+        scale_grad = (learned and self.wants_param_gradient(0)) or \
+            (not learned and propagate_down[1])
+        x = (self._saved_input if self._saved_input is not None
+             else bottom[0].data.reshape(rows, inner))
+        dx = bottom[0].diff.reshape(rows, inner) if propagate_down[0] else None
+        per_row = self._per_row(scale.data) if dx is not None else None
+        sum_dy = xp.empty(rows, np.float64) if bias_grad else None
+        sum_dy_x = xp.empty(rows, np.float64) if scale_grad else None
+
+        # each block's top diff is read before bottom 0's diff is written: in place they
+        # are one array
+        def work(r0, r1):
+            block = dy[r0:r1]
+            if sum_dy is not None:
+                sum_dy[r0:r1] = block.sum(axis=1)
+            if sum_dy_x is not None:
+                sum_dy_x[r0:r1] = xp.einsum('ij,ij->i', block, x[r0:r1])
+            if dx is not None:
+                xp.multiply(block, per_row[r0:r1], out=dx[r0:r1])
+        blocks(xp, rows, inner, work)
+        if bias_grad:
+            bias = self.blobs[self.bias_index]
+            bias.diff += operand_sum(sum_dy, outer, bias)
+        if scale_grad:
             if learned:
-                scale.diff += scale_grad
+                scale.diff += operand_sum(sum_dy_x, outer, scale)
             else:
-                scale.diff[...] = scale_grad
-        if propagate_down[0]:
-            dx = dy3 * scale.data.reshape(1, dim, 1)
-            bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+                scale.diff[...] = operand_sum(sum_dy_x, outer, scale)
 
 
 @register('Bias')
@@ -132,11 +176,12 @@ class BiasLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         bias = self._bias_blob(bottom)
-        dy3 = top[0].diff.reshape(self.dims)
+        outer, dim, inner = self.dims
+        row_sums = top[0].diff.reshape(outer * dim, inner).sum(axis=1)
         if len(bottom) == 1:
             if self.wants_param_gradient(0):
-                bias.diff += operand_sum(dy3, bias.shape)
+                bias.diff += operand_sum(row_sums, outer, bias)
         elif propagate_down[1]:
-            bias.diff[...] = operand_sum(dy3, bias.shape)
+            bias.diff[...] = operand_sum(row_sums, outer, bias)
         if propagate_down[0] and bottom[0] is not top[0]:
             bottom[0].diff[...] = top[0].diff

@@ -4,6 +4,7 @@ import numpy as np
 
 from ..backend import to_numpy
 from ..layer import Layer, register
+from .cpu_threads import blocks
 
 
 def canonical_axis(layer, blob, axis):
@@ -38,11 +39,19 @@ class SplitLayer(Layer):
             t.data = bottom[0].data
 
     def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            total = top[0].diff.copy()
-            for t in top[1:]:
-                total += t.diff
-            bottom[0].diff[...] = total
+        if not propagate_down[0]:
+            return
+        out = bottom[0].diff.reshape(-1)
+        diffs = [t.diff.reshape(-1) for t in top]
+
+        def work(a, b):
+            if len(diffs) == 1:
+                out[a:b] = diffs[0][a:b]
+                return
+            self.xp.add(diffs[0][a:b], diffs[1][a:b], out=out[a:b])
+            for d in diffs[2:]:
+                out[a:b] += d[a:b]
+        blocks(self.xp, out.size, 1, work)
 
 
 @register('Concat')
@@ -71,7 +80,11 @@ class ConcatLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        top[0].data[...] = self.xp.concatenate([b.data for b in bottom], axis=self.axis)
+        start = 0
+        for b in bottom:           # straight into the top: no concatenated temporary
+            size = b.shape[self.axis]
+            top[0].data[(slice(None),) * self.axis + (slice(start, start + size),)] = b.data
+            start += size
 
     def backward(self, top, propagate_down, bottom):
         start = 0

@@ -1,0 +1,386 @@
+"""Convolution on the host (numpy): the columns of one chunk at a time, in reused buffers.
+
+A chunk is as many images as fill about COLUMN_BYTES of columns or, when one image's
+columns are larger, a band of output rows of one image. Its columns are written into a
+buffer of the calling thread that serves every layer, laid out
+``(C, *kernel, images, *output positions)``, where each image's GEMM reads its own
+columns and writes its output straight into the top, or, for narrow outputs, with the
+images last, ``(C, *kernel, *output positions, images)``, where one GEMM per group
+covers the chunk and its output is copied into the top: each kernel offset's copy then
+runs over long contiguous rows, which numpy copies far faster than rows of a few values.
+
+The backward makes the columns again instead of keeping them (they are K times the
+input), so memory holds one chunk's columns per thread, not a net's. Weight gradients
+accumulate into the param diff without a temporary of its size. Units of whole images
+(all the bands of one image) run on several threads at once, each thread with its own
+buffers; each part of the units sums its weight gradient apart, and the parts are added
+in order, so results do not depend on which thread ran what. A unit that runs alone
+splits its GEMMs and copies over the threads instead.
+"""
+import itertools
+import threading
+
+import numpy as np
+
+from . import cpu_threads
+
+#: about how many bytes of columns one chunk makes
+COLUMN_BYTES = 2 << 20
+#: ... but at least this many output positions, so that its GEMMs stay wide, as long as
+#: that takes no more than MAX_COLUMN_BYTES (and one row of outputs in any case)
+MIN_POSITIONS = 512
+MAX_COLUMN_BYTES = 16 << 20
+#: outputs narrower than this put the images last in the columns of a chunk
+NARROW = 16
+#: above this many groups, the groups' GEMMs go to numpy's batched matmul in one call
+FEW_GROUPS = 4
+#: a backward runs its units on several threads when the batch has at least this many
+#: output positions: each thread's own weight-gradient sum costs about as much as that
+#: many positions' share of the GEMMs it parallelizes
+PARTIAL_SUM_MIN_POSITIONS = 256
+
+_buffers = threading.local()
+
+
+def scratch(name, shape, dtype):
+    """A buffer of the calling thread for ``name``; it grows to the largest size asked."""
+    pool = _buffers.__dict__.setdefault('pool', {})
+    size = int(np.prod(shape))
+    buffer = pool.get((name, dtype))
+    if buffer is None or buffer.size < size:
+        buffer = pool[(name, dtype)] = np.empty(size, dtype)
+    return buffer[:size].reshape(shape)
+
+
+class Chunk:
+    """Images [first, last) and, along the first output axis, rows [row, row_end)."""
+
+    def __init__(self, first, last, row, row_end, layer):
+        self.first, self.last, self.row, self.row_end = first, last, row, row_end
+        self.images = last - first
+        self.images_last = self.images > 1 and layer.out_spatial[-1] < NARROW
+        self.out_shape = (row_end - row,) + tuple(layer.out_spatial[1:])
+        rest = int(np.prod(layer.out_spatial[1:], dtype=np.int64))
+        self.positions = (row_end - row) * rest          # per image
+        self.columns = slice(row * rest, row_end * rest)
+        s, d, k = layer.stride[0], layer.dilation[0], layer.kernel[0]
+        self.rows_in = (row * s, (row_end - 1) * s + d * (k - 1) + 1)   # of the padded input
+
+    def order(self, array):
+        """``array`` (images, C, ...) viewed as (C, ...) with the images where the
+        chunk's columns have them."""
+        return np.moveaxis(array, 0, -1) if self.images_last else array.swapaxes(0, 1)
+
+    def shape(self, leading, spatial):
+        """The shape (*leading, images and spatial axes in the chunk's order)."""
+        images = (self.images,)
+        return leading + (spatial + images if self.images_last else images + spatial)
+
+    def cells(self, spatial):
+        """An index of a (C, images and spatial axes) array by spatial slices."""
+        every = (slice(None),)
+        return every + (spatial + every if self.images_last else every + spatial)
+
+
+def chunks(layer, kernel_rows):
+    """The chunks of a forward or backward over ``layer``'s batch; ``kernel_rows`` is
+    the number of rows of its column matrix (C/G * K for every group, stacked)."""
+    out = layer.out_spatial
+    rows, rest = out[0], int(np.prod(out[1:], dtype=np.int64))
+    itemsize = np.dtype(layer.dtype).itemsize
+    budget = max(COLUMN_BYTES, min(MAX_COLUMN_BYTES, kernel_rows * MIN_POSITIONS * itemsize))
+    per_row = kernel_rows * rest * itemsize
+    if per_row * rows <= budget:
+        # ... and images enough for every thread to take two chunks
+        step = max(1, min(budget // (per_row * rows),
+                          -(-layer.batch // (2 * cpu_threads.threads()))))
+        return [Chunk(n, min(layer.batch, n + step), 0, rows, layer)
+                for n in range(0, layer.batch, step)]
+    band = max(1, budget // per_row)
+    return [Chunk(n, n + 1, r, min(rows, r + band), layer)
+            for n in range(layer.batch) for r in range(0, rows, band)]
+
+
+# ---- columns ------------------------------------------------------------------------------
+def _padded_spatial(layer, chunk):
+    lo, hi = chunk.rows_in
+    return (hi - lo,) + tuple(s + 2 * p for s, p in zip(layer.in_spatial[1:], layer.pad[1:]))
+
+
+def _inside(layer, chunk):
+    """(the spatial slices of the padded rows that the image fills, its rows)."""
+    lo, hi = chunk.rows_in
+    pad, spatial = layer.pad, layer.in_spatial
+    top = max(lo, pad[0])
+    bottom = max(top, min(hi, pad[0] + spatial[0]))     # a band may lie in the padding
+    cells = (slice(top - lo, bottom - lo),) + tuple(
+        slice(p, p + s) for s, p in zip(spatial[1:], pad[1:]))
+    return cells, slice(top - pad[0], bottom - pad[0])
+
+
+def _input_block(layer, x, chunk):
+    """The chunk's rows of ``x`` (N, C, *spatial), zero-padded, in the chunk's order: a
+    view of x for one unpadded image."""
+    images = x[chunk.first:chunk.last]
+    if chunk.images == 1 and not any(layer.pad):
+        lo, hi = chunk.rows_in
+        return chunk.order(images[:, :, lo:hi])
+    block = scratch('block', chunk.shape((layer.channels,), _padded_spatial(layer, chunk)),
+                    x.dtype)
+    cells, rows = _inside(layer, chunk)
+    cells = chunk.cells(cells)
+    source = chunk.order(images[:, :, rows])
+
+    def fill(c0, c1):
+        if any(layer.pad):
+            block[c0:c1] = 0
+        block[c0:c1][cells] = source[c0:c1]
+    cpu_threads.split_rows(layer.channels, block[0].size, fill)
+    return block
+
+
+def _window(layer, offset, chunk):
+    """The cells of an input block that kernel offset ``offset`` reads, per output."""
+    return chunk.cells(tuple(slice(o * d, o * d + s * (n - 1) + 1, s) for o, d, s, n in
+                             zip(offset, layer.dilation, layer.stride, chunk.out_shape)))
+
+
+def _offsets(layer):
+    return list(itertools.product(*[range(k) for k in layer.kernel]))
+
+
+def _windows(layer, block, chunk):
+    """A strided view of an input block as the chunk's columns: (C, *kernel, images and
+    positions) in the chunk's order, each cell the input cell it reads."""
+    steps = block.strides[1:-1] if chunk.images_last else block.strides[2:]
+    image_step = (block.strides[-1] if chunk.images_last else block.strides[1],)
+    kernel = tuple(t * d for t, d in zip(steps, layer.dilation))
+    outputs = tuple(t * s for t, s in zip(steps, layer.stride))
+    strides = ((block.strides[0],) + kernel
+               + (outputs + image_step if chunk.images_last else image_step + outputs))
+    shape = chunk.shape((layer.channels,) + layer.kernel, chunk.out_shape)
+    return np.lib.stride_tricks.as_strided(block, shape, strides, writeable=False)
+
+
+def columns(layer, x, chunk):
+    """im2col: the chunk's columns ``(C, *kernel, images and positions)``, in a scratch
+    buffer, copied from a strided view of the input in one pass."""
+    windows = _windows(layer, _input_block(layer, x, chunk), chunk)
+    cols = scratch('columns', windows.shape, x.dtype)
+    c, rows = layer.channels, layer.kernel[0]
+
+    def copy(c0, c1):
+        cols[c0:c1] = windows[c0:c1]
+    if c >= cpu_threads.threads():
+        cpu_threads.split_rows(c, cols[0].size, copy)
+    else:          # few channels (a first layer): the kernel rows are split instead
+        cpu_threads.split_rows(rows, cols.size // rows,
+                               lambda i0, i1: np.copyto(cols[:, i0:i1], windows[:, i0:i1]))
+    return cols
+
+
+def add_columns_to_image(layer, dcols, dx, chunk):
+    """col2im: the chunk's column gradients ``dcols`` summed into ``dx`` (N, C, *spatial),
+    which holds zeros (or the sums of earlier bands of the same image)."""
+    c = layer.channels
+    source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
+    direct = chunk.images == 1 and not any(layer.pad)
+    images = dx[chunk.first:chunk.last]
+    if direct:
+        lo, hi = chunk.rows_in
+        block = chunk.order(images[:, :, lo:hi])
+    else:
+        block = scratch('block', chunk.shape((c,), _padded_spatial(layer, chunk)), dx.dtype)
+        cells, rows = _inside(layer, chunk)
+        cells = chunk.cells(cells)
+        target = chunk.order(images[:, :, rows])
+    offsets = _offsets(layer)
+
+    def add(c0, c1):
+        if not direct:
+            block[c0:c1] = 0
+        part = block[c0:c1]
+        for offset in offsets:
+            part[_window(layer, offset, chunk)] += source[(slice(c0, c1),) + offset]
+        if not direct:
+            target[c0:c1] += part[cells]
+    cpu_threads.split_rows(c, source[0].size, add)
+
+
+# ---- GEMMs --------------------------------------------------------------------------------
+def grouped_gemm(a, b, out, accumulate=False):
+    """``out[g] = a[g] @ b[g]`` (or +=) for each group g of 3-D operands."""
+    if a.shape[0] <= FEW_GROUPS:
+        for g in range(a.shape[0]):
+            cpu_threads.matmul(a[g], b[g], out=out[g], accumulate=accumulate)
+        return
+
+    def work(g0, g1):
+        if accumulate:
+            out[g0:g1] += np.matmul(a[g0:g1], b[g0:g1])
+        else:
+            np.matmul(a[g0:g1], b[g0:g1], out=out[g0:g1])
+    cpu_threads.split(a.shape[0], work)
+
+
+def _image_matrix(array, chunk, image, groups):
+    """Image ``image`` of the chunk in ``array`` (N, G * rows, P), as (G, rows, positions)."""
+    return array[chunk.first + image, :, chunk.columns].reshape(groups, -1, chunk.positions)
+
+
+def _gathered(array, chunk, groups):
+    """The chunk's images of ``array`` (N, G * rows, P), images last, as (G, rows,
+    positions * images) in a scratch buffer."""
+    rows = array.shape[1]
+    gathered = scratch('per group', (rows, chunk.positions, chunk.images), array.dtype)
+    source = chunk.order(array[chunk.first:chunk.last, :, chunk.columns])
+
+    def gather(r0, r1):
+        gathered[r0:r1] = source[r0:r1]
+    cpu_threads.split_rows(rows, gathered[0].size, gather)
+    return gathered.reshape(groups, rows // groups, -1)
+
+
+def _images_in_parallel(count, work, weight_grad=None, positions=0):
+    """``work(a, b, gradient)`` over ``count`` units of images (units hold disjoint
+    images), in parts split over threads. ``gradient`` is where a part adds its weight
+    gradient: the param diff for the first part, a zeroed buffer of the caller's for each
+    other one, added to the diff in part order at the end, so the sums are the same
+    whichever thread ran which part. A batch with few positions for the size of its
+    weight gradient runs as one part (its GEMMs are split instead)."""
+    # two parts a thread balance a late start; one, when each part costs a gradient buffer
+    parts = min(count, (1 if weight_grad is not None else 2) * cpu_threads.threads())
+    if cpu_threads.threads() == 1 or (weight_grad is not None
+                                      and positions < PARTIAL_SUM_MIN_POSITIONS):
+        parts = 1
+    if parts <= 1:
+        work(0, count, weight_grad)
+        return
+    bounds = [count * p // parts for p in range(parts + 1)]
+    gradients = [weight_grad] + [
+        None if weight_grad is None else
+        scratch('weight gradient %d' % p, weight_grad.shape, weight_grad.dtype)
+        for p in range(1, parts)]
+
+    def run(p0, p1):
+        for p in range(p0, p1):
+            if p and gradients[p] is not None:
+                gradients[p][...] = 0
+            work(bounds[p], bounds[p + 1], gradients[p])
+    cpu_threads.split(parts, run, parts=parts)
+    for gradient in gradients[1:]:
+        if gradient is not None:
+            weight_grad += gradient
+
+
+def _units(layer, kernel_rows):
+    """The chunks in runs that share their images: the bands of one image, which add into
+    the same rows of dx, stay on one thread."""
+    units = []
+    for chunk in chunks(layer, kernel_rows):
+        if units and units[-1][-1].first == chunk.first:
+            units[-1].append(chunk)
+        else:
+            units.append([chunk])
+    return units
+
+
+def forward(layer, x, y):
+    """``y`` (N, O, P) = the convolution of ``x`` (N, C, *spatial), bias included. With
+    the images first in the columns, each image's GEMM writes into y directly; with the
+    images last, one GEMM covers the chunk and its output is copied into y."""
+    weight = layer.grouped_weight()
+    g, outputs_per_group, kernel_rows = weight.shape
+    units = _units(layer, g * kernel_rows)
+
+    def run(a, b, _):
+        for chunk in (chunk for unit in units[a:b] for chunk in unit):
+            cols = columns(layer, x, chunk)
+            if not chunk.images_last:
+                cols = cols.reshape(g, kernel_rows, chunk.images, chunk.positions)
+                for i in range(chunk.images):
+                    grouped_gemm(weight, cols[:, :, i], _image_matrix(y, chunk, i, g))
+                continue
+            out = scratch('per group', (g * outputs_per_group, chunk.positions, chunk.images),
+                          y.dtype)
+            grouped_gemm(weight, cols.reshape(g, kernel_rows, -1),
+                         out.reshape(g, outputs_per_group, -1))
+            target = chunk.order(y[chunk.first:chunk.last])
+            cpu_threads.split_rows(g * outputs_per_group, out[0].size,
+                                   lambda r0, r1: np.copyto(target[r0:r1], out[r0:r1]))
+    _images_in_parallel(len(units), run)
+    if layer.bias_term:
+        add_channel_vector(y, layer.blobs[1].data)
+
+
+def backward(layer, x, dy, dx, weight_grad):
+    """Accumulate the weight gradient into ``weight_grad`` (grouped like the weights, or
+    None) and write ``dx`` (N, C, *spatial, or None) from ``dy`` (N, O, P)."""
+    weight = layer.grouped_weight()
+    g, outputs_per_group, kernel_rows = weight.shape
+    units = _units(layer, g * kernel_rows)
+
+    def run(a, b, gradient):
+        for chunk in (chunk for unit in units[a:b] for chunk in unit):
+            if chunk.images_last:        # (G, rows, positions * images) matrices, one GEMM each
+                top = [_gathered(dy, chunk, g)]
+            else:                        # one per image
+                top = [_image_matrix(dy, chunk, i, g) for i in range(chunk.images)]
+            pieces = len(top)
+            if weight_grad is not None:
+                cols = columns(layer, x, chunk).reshape(g, kernel_rows, pieces, -1)
+                for i, dy_piece in enumerate(top):
+                    grouped_gemm(dy_piece, cols[:, :, i].swapaxes(1, 2), gradient,
+                                 accumulate=True)
+            if dx is not None:
+                if chunk.row == 0:
+                    dx[chunk.first:chunk.last] = 0
+                dcols = scratch('columns', (g, kernel_rows, pieces,
+                                            chunk.images * chunk.positions // pieces), dy.dtype)
+                for i, dy_piece in enumerate(top):
+                    grouped_gemm(weight.swapaxes(1, 2), dy_piece, dcols[:, :, i])
+                add_columns_to_image(layer, dcols, dx, chunk)
+    _images_in_parallel(len(units), run, weight_grad, layer.batch * dy.shape[2])
+
+
+# ---- 1x1 convolutions: the image is its own column matrix ---------------------------------
+def pointwise_forward(layer, x3, y3):
+    """``x3`` (N, C, P) -> ``y3`` (N, O, P), one GEMM per image and group."""
+    weight = layer.grouped_weight()
+    g = layer.group
+
+    def run(a, b, _):
+        for n in range(a, b):
+            grouped_gemm(weight, x3[n].reshape(g, -1, x3.shape[2]),
+                         y3[n].reshape(g, -1, y3.shape[2]))
+    _images_in_parallel(layer.batch, run)
+    if layer.bias_term:
+        add_channel_vector(y3, layer.blobs[1].data)
+
+
+def pointwise_backward(layer, x3, dy3, dx3, weight_grad):
+    weight = layer.grouped_weight()
+    g = layer.group
+    def run(a, b, gradient):
+        for n in range(a, b):
+            dy = dy3[n].reshape(g, -1, dy3.shape[2])
+            if weight_grad is not None:
+                grouped_gemm(dy, x3[n].reshape(g, -1, x3.shape[2]).swapaxes(1, 2),
+                             gradient, accumulate=True)
+            if dx3 is not None:
+                grouped_gemm(weight.swapaxes(1, 2), dy, dx3[n].reshape(g, -1, dx3.shape[2]))
+    _images_in_parallel(layer.batch, run, weight_grad, layer.batch * dy3.shape[2])
+
+
+# ---- per-channel vectors ------------------------------------------------------------------
+def add_channel_vector(y, vector):
+    """``y`` (N, C, ...) += ``vector`` (C,) along axis 1, in place."""
+    n, c = y.shape[:2]
+    if y.size == 0:
+        return
+    rows = y.reshape(n * c, -1)
+    per_row = np.tile(vector.astype(y.dtype, copy=False), n).reshape(-1, 1)
+
+    def add(r0, r1):
+        rows[r0:r1] += per_row[r0:r1]
+    cpu_threads.split_rows(n * c, rows.shape[1], add)

@@ -1,0 +1,155 @@
+"""Batch normalization's passes on the host (numpy), block by block.
+
+The arithmetic of norm.py's named steps, but each pass walks the (N*C, S) rows of an
+(N, C, S) array a cache-sized block at a time, split over cpu_threads, and writes into
+the arrays it is given, so no temporary of the blob's size exists and the several
+operations of a pass find their block in the cache. Per-channel sums are taken per row
+in the work dtype (sums of products by einsum, which makes no temporary) and added up
+in float64.
+
+x_hat, where the backward needs it, is either kept (the layer runs in place, so its
+input is gone) or made again from the input block by block: see ``XHat``.
+"""
+import numpy as np
+
+from . import cpu_threads
+
+STAT = np.float64
+
+
+def _rows(a3):
+    return a3.reshape(-1, a3.shape[2])
+
+
+def _tiled(vector, images, dtype):
+    """A per-channel vector repeated for every image: one value per row, as a column."""
+    return np.tile(np.asarray(vector).astype(dtype), images).reshape(-1, 1)
+
+
+def _blocks(a3, work):
+    cpu_threads.blocks(np, a3.shape[0] * a3.shape[1], a3.shape[2], work, a3.dtype.itemsize)
+
+
+def _channel_sums(row_sums, a3):
+    """Per-row sums of an (N, C, S) array added up per channel."""
+    return row_sums.reshape(a3.shape[:2]).sum(axis=0, dtype=STAT)
+
+
+class Normalization:
+    """x_hat = ((x - K) - (mean - K)) * inv_std with K the mean in the work dtype, as
+    norm.normalize computes it, one block of rows at a time."""
+
+    def __init__(self, x3, mean, inv_std, dtype):
+        images = x3.shape[0]
+        shift = mean.astype(dtype)
+        residual = (mean - shift.astype(STAT)).astype(dtype)
+        self.shift = _tiled(shift, images, dtype)
+        self.residual = _tiled(residual, images, dtype) if residual.any() else None
+        self.inv_std = _tiled(inv_std.astype(dtype), images, dtype)
+
+    def into(self, x, out, r0, r1):
+        """x_hat of the rows [r0, r1) of ``x`` (N*C, S) into ``out``."""
+        np.subtract(x, self.shift[r0:r1], out=out)
+        if self.residual is not None:
+            out -= self.residual[r0:r1]
+        out *= self.inv_std[r0:r1]
+        return out
+
+
+class XHat:
+    """Where the backward finds x_hat: a kept copy, or the input and its normalization."""
+
+    def __init__(self, kept=None, x3=None, normalization=None):
+        self.kept, self.x3, self.normalization = kept, x3, normalization
+
+    def block(self, r0, r1):
+        if self.kept is not None:
+            return _rows(self.kept)[r0:r1]
+        x = _rows(self.x3)[r0:r1]
+        return self.normalization.into(x, np.empty_like(x), r0, r1)
+
+
+def statistics(x3, dtype):
+    """(count, shift, s1, s2) as norm.local_statistics: sums of (x - shift) and
+    (x - shift)^2 per channel (float64) about the shift, this batch's mean rounded to
+    ``dtype``."""
+    images, channels, _ = x3.shape
+    count = images * x3.shape[2]
+    if count == 0:
+        zero = np.zeros(channels, STAT)
+        return 0, zero.astype(dtype), zero, zero
+    x = _rows(x3)
+    totals = np.empty(x.shape[0], STAT)
+
+    def add_up(r0, r1):
+        totals[r0:r1] = x[r0:r1].sum(axis=1, dtype=dtype)
+    _blocks(x3, add_up)
+    shift = (_channel_sums(totals, x3) / count).astype(dtype)
+    shift_rows = _tiled(shift, images, dtype)
+    s1, s2 = np.empty(x.shape[0], STAT), np.empty(x.shape[0], STAT)
+
+    def sums(r0, r1):
+        d = np.subtract(x[r0:r1], shift_rows[r0:r1], dtype=dtype)
+        s1[r0:r1] = d.sum(axis=1)
+        s2[r0:r1] = np.einsum('ij,ij->i', d, d)
+    _blocks(x3, sums)
+    return count, shift, _channel_sums(s1, x3), _channel_sums(s2, x3)
+
+
+def normalize(x3, y3, normalization, slope=None, bias=None, kept=None):
+    """y = x_hat (* slope + bias) into ``y3`` (which may be ``x3``); x_hat also into
+    ``kept`` when given."""
+    x, y = _rows(x3), _rows(y3)
+    images = x3.shape[0]
+    dtype = y3.dtype
+    slope = None if slope is None else _tiled(slope, images, dtype)
+    bias = None if bias is None else _tiled(bias, images, dtype)
+    kept = None if kept is None else _rows(kept)
+
+    def work(r0, r1):
+        out = y[r0:r1]
+        normalization.into(x[r0:r1], out, r0, r1)
+        if kept is not None:
+            kept[r0:r1] = out
+        if slope is not None:
+            out *= slope[r0:r1]
+            out += bias[r0:r1]
+    _blocks(x3, work)
+
+
+def gradient_sums(dy3, x_hat):
+    """Per-channel sum(dy) and sum(dy * x_hat) (float64), as norm.gradient_sums; the
+    second is None when ``x_hat`` is."""
+    dy = _rows(dy3)
+    sum_dy, sum_dy_x_hat = np.empty(dy.shape[0], STAT), np.empty(dy.shape[0], STAT)
+
+    def work(r0, r1):
+        block = dy[r0:r1]
+        sum_dy[r0:r1] = block.sum(axis=1)
+        if x_hat is not None:
+            sum_dy_x_hat[r0:r1] = np.einsum('ij,ij->i', x_hat.block(r0, r1), block)
+    _blocks(dy3, work)
+    return (_channel_sums(sum_dy, dy3),
+            None if x_hat is None else _channel_sums(sum_dy_x_hat, dy3))
+
+
+def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, count=None):
+    """dx = scale * dy, or with batch statistics over ``count`` values
+    scale * (dy - sum(dy)/m - x_hat * sum(dy*x_hat)/m) as norm.batch_input_gradient, into
+    ``dx3`` (which may be ``dy3``)."""
+    dx, dy = _rows(dx3), _rows(dy3)
+    images, dtype = dy3.shape[0], dx3.dtype
+    per_row = _tiled(scale, images, dtype)
+    if sum_dy is not None:
+        m = max(count, 1)
+        along_x_hat = _tiled(scale * sum_dy_x_hat / m, images, dtype)
+        constant = _tiled(scale * sum_dy / m, images, dtype)
+
+    def work(r0, r1):
+        x_hat_block = x_hat.block(r0, r1) if sum_dy is not None else None
+        out = dx[r0:r1]
+        np.multiply(dy[r0:r1], per_row[r0:r1], out=out)
+        if sum_dy is not None:
+            out -= x_hat_block * along_x_hat[r0:r1]
+            out -= constant[r0:r1]
+    _blocks(dy3, work)
