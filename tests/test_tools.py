@@ -130,6 +130,14 @@ def test_time_net_on_lenet():
         assert re.search(r'\] %s: [\d.e-]+ ms\.$' % line, err, re.M), err
 
 
+def test_timing_nets_take_the_batch_also_for_input_layers():
+    from caffe_syncbn.tools_common import build_timing_net
+    model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet.prototxt')   # an Input layer
+    assert build_timing_net(str(model), batch=3).blobs['data'].shape == (3, 1, 28, 28)
+    model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet_train_test.prototxt')
+    assert build_timing_net(str(model), batch=3).blobs['data'].shape == (3, 1, 28, 28)
+
+
 def test_time_net_bad_inputs(tmp_path):
     check_one_error_line(run_tool('tools/time_net.py', '--model', tmp_path / 'nope.prototxt'),
                          'nope.prototxt')
