@@ -63,3 +63,18 @@ def test_net_time_forward_only_and_memory_report():
     for line in ('after imports:', 'after building:', 'after step 1:', 'params:      data',
                  'activations: data', 'kept by layers'):
         assert line in out, out
+
+
+def test_gemm_share_counts_every_multiply_add_of_a_step():
+    """A TRAIN step of LeNet (forced backward) runs each layer's forward GEMM again as the
+    weight gradient and as the bottom gradient: three times the forward's multiply-adds,
+    counted here from the layer shapes (conv1 20x1x5x5 over 24x24 outputs, conv2 50x20x5x5
+    over 8x8, ip1 800->500, ip2 500->10)."""
+    require(LENET)
+    out = run('gemm_share.py', LENET, '--iterations', 1)
+    per_image = 20 * 25 * 24 * 24 + 50 * 500 * 8 * 8 + 800 * 500 + 500 * 10
+    counted = re.search(r'^GEMMs +([\d.]+) ms +\((\d+) % of the step\), ([\d.]+) G', out, re.M)
+    assert counted, out
+    assert abs(float(counted.group(3)) * 1e9 / (3 * 64 * per_image) - 1) < 1e-3, out
+    assert 0 < int(counted.group(2)) <= 100
+    assert re.search(r'^peak, \d+x\d+x\d+ alone +[\d.]+ G multiply-adds/s', out, re.M), out
