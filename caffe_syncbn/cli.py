@@ -115,17 +115,18 @@ def parse(command, argv):
 
 # ---- train ---------------------------------------------------------------------------------
 class SignalRequests:
-    """Turns SIGINT/SIGHUP into requests the training loop reads between iterations; the
-    previous handlers come back on close."""
+    """Turns SIGINT/SIGHUP into requests the training loop reads between iterations; an
+    effect of ``none`` catches the signal and ignores it, as Caffe does. The previous
+    handlers come back on close."""
 
     def __init__(self, sigint_effect, sighup_effect):
         self.pending = None
         self.effects = {signal.SIGINT: sigint_effect, signal.SIGHUP: sighup_effect}
-        self._previous = {signum: signal.signal(signum, self._handle)
-                          for signum, effect in self.effects.items() if effect != 'none'}
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.effects}
 
     def _handle(self, signum, frame):
-        self.pending = self.effects[signum]
+        if self.effects[signum] != 'none':
+            self.pending = self.effects[signum]
 
     def take(self):
         request, self.pending = self.pending, None
@@ -350,7 +351,10 @@ def usage():
 
 def _unknown_command(argv):
     import difflib
-    word = next((a for a in argv if not a.startswith('-')), argv[0])
+    if argv[0].startswith('-'):        # flags, then perhaps their values: no command at all
+        return '%s: no command given before or after %s; the commands are %s' % (
+            PROG, argv[0], ', '.join(COMMANDS))
+    word = argv[0]
     close = difflib.get_close_matches(word, list(COMMANDS), n=1)
     return '%s: unknown command %r; %s' % (
         PROG, word, 'did you mean %s?' % close[0] if close else

@@ -12,7 +12,7 @@ def train_devices(args, solver_param):
     """The devices argument of get_solver: -gpu, -cpu_devices, or the solver's solver_mode
     and device_id, which caffe train follows when -gpu is not given."""
     if args.gpu is not None:
-        return 'gpu:' + gpu_spec(args.gpu)
+        return 'gpu:' + gpu_spec(args.gpu, 'for virtual CPU devices use -cpu_devices N')
     if args.cpu_devices is not None:
         return 'cpu:%d' % args.cpu_devices
     from . import caffe_pb2
@@ -26,14 +26,15 @@ def train_devices(args, solver_param):
     return 'cpu:1'
 
 
-def gpu_spec(gpu):
-    """'0,1' or 'all' for a -gpu value, once a GPU is known to be there."""
+def gpu_spec(gpu, instead='leave out -gpu to run on the CPU'):
+    """'0,1' or 'all' for a -gpu value, once a GPU is known to be there; without one, the
+    error suggests ``instead``."""
     from .backend import gpu_count
     shown = 'all' if gpu == 'all' else ','.join(map(str, gpu))
     count = gpu_count()
     if not count:
-        raise CaffeError('-gpu %s: no GPU is available here (%s); for virtual CPU devices use '
-                         '-cpu_devices N' % (shown, no_gpu_reason()))
+        raise CaffeError('-gpu %s: no GPU is available here (%s); %s'
+                         % (shown, no_gpu_reason(), instead))
     missing = [] if gpu == 'all' else sorted({i for i in gpu if i >= count})
     if missing:
         raise CaffeError('-gpu %s: GPU %d does not exist (%d visible: 0 to %d)'

@@ -47,7 +47,10 @@ def setup_logging(log_file=None, level=None):
     logger.handlers[:] = []
     handlers = [logging.StreamHandler(sys.stderr)]
     if log_file:
-        handlers.append(logging.FileHandler(log_file, mode='a'))
+        try:
+            handlers.append(logging.FileHandler(log_file, mode='a'))
+        except OSError as exc:
+            raise CaffeError('-log_file %s: %s' % (log_file, exc.strerror or exc)) from None
     for handler in handlers:
         handler.setFormatter(GlogFormatter())
         logger.addHandler(handler)

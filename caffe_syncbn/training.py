@@ -114,14 +114,6 @@ class DataParallelSolver(PycaffeSolver):
         return self.replication.nets
 
     @property
-    def pool(self):
-        return self.replication.pool
-
-    @property
-    def comms(self):
-        return self.replication.comms
-
-    @property
     def pipeline(self):
         return self.replication.pipeline
 
@@ -192,6 +184,10 @@ class DataParallelSolver(PycaffeSolver):
     def _layer_feed(self, rank, layer):
         parts = self._parts[rank]
         if parts is None or layer.name not in parts['layers']:
+            if layer.type == 'Input':
+                raise CaffeError("Input layer '%s' has no data to train on: give the net a "
+                                 'data layer (Data, ImageData, HDF5Data, ...) or the solver a '
+                                 'source (solver.set_data_source)' % layer.name)
             raise CaffeError("data layer '%s' has no batch from the input pipeline" % layer.name)
         return parts['layers'][layer.name]
 
@@ -300,14 +296,17 @@ class DataParallelSolver(PycaffeSolver):
                 before = json.load(f)
         except (OSError, ValueError):
             return
+        batches = before.get('global_batches') if isinstance(before, dict) else None
+        if not isinstance(batches, dict):       # not a file of ours: nothing to compare
+            return
         now = self.global_batches()
-        changed = {name: (before['global_batches'][name], batch) for name, batch in now.items()
-                   if before.get('global_batches', {}).get(name, batch) != batch}
+        changed = {name: (batches[name], batch) for name, batch in now.items()
+                   if batches.get(name, batch) != batch}
         for name, (old, new) in changed.items():
-            log.warning("Resuming with %d replicas where the snapshot was written by %d: the "
+            log.warning("Resuming with %d replicas where the snapshot was written by %s: the "
                         "global batch of data layer '%s' changes from %d to %d (batch_size is per "
                         'device); adjust base_lr or batch_size if that is not what you want',
-                        self.replication.total, before.get('replicas', 0), name, old, new)
+                        self.replication.total, before.get('replicas', '?'), name, old, new)
 
     def snapshot(self):
         """Caffe's snapshot, written by process 0 alone, with a line saying how long it took
@@ -331,12 +330,6 @@ class DataParallelSolver(PycaffeSolver):
             return super().make_file_terms()
         from .convert.terms import UserTerms
         return UserTerms(self._user_train_param, self.net)
-
-    def copy_weights(self, path):
-        """Finetune: load a caffemodel into every replica (by layer name). Under --sync-bn
-        it may hold BatchNorm+Scale, BN or SyncBN layers."""
-        self.file_terms.load_weights(self.net, path)
-        self.broadcast_params()
 
     def solve(self, resume_file=None):
         if self.strategy.follows_process_0():

@@ -95,15 +95,42 @@ def test_lmdb_record_with_a_damaged_size_is_an_error_not_sigbus(worker, tmp_path
     assert answer['outcome'] == 'CaffeError', answer
 
 
+def current_meta(data, page_size=4096):
+    """The offset of the meta page in force: of the two, the one of the later transaction."""
+    return max((0, page_size), key=lambda at: struct.unpack_from('<Q', data, at + 144)[0])
+
+
+def without_root(data):
+    """Both meta pages say the main database has no tree, but keep its record count."""
+    data = bytearray(data)
+    for meta in (0, 4096):
+        struct.pack_into('<Q', data, meta + 128, 2 ** 64 - 1)
+    return bytes(data)
+
+
 @pytest.mark.parametrize('damage, words', [
     (lambda d: d[:4096 * 2] + bytes(4096), 'page 2 says it is page 0'),        # CorruptedError
     (lambda d: d[:128] + struct.pack('<Q', 7) + d[136:], 'root page 7'),      # PageNotFound
     (lambda d: d[:16] + b'\0\0\0\0' + d[20:], 'not an LMDB data file'),
+    (lambda d: without_root(d), 'records but has no tree'),
 ])
 def test_damaged_lmdb_is_one_error(tmp_path, damage, words):
     folder, model = lmdb_copy(tmp_path, damage)
     message = error_of(lambda: caffe.Net(model, caffe.TEST).forward())
     one_line(message, folder / 'data.mdb', words)
+
+
+def test_lmdb_branch_pointing_past_the_file_is_one_error(tmp_path):
+    from caffe_syncbn.data.datum import LMDBReader, write_lmdb
+    folder = tmp_path / 'db'
+    write_lmdb(str(folder), [[(b'%08d' % i, bytes(100)) for i in range(200)]])
+    data = bytearray((folder / 'data.mdb').read_bytes())
+    root = struct.unpack_from('<Q', data, current_meta(data) + 128)[0]   # a branch page
+    first_node = struct.unpack_from('<H', data, root * 4096 + 16)[0]
+    struct.pack_into('<HHH', data, root * 4096 + first_node, 0xFFFF, 0xFFFF, 0xFFFF)
+    (folder / 'data.mdb').write_bytes(bytes(data))
+    message = error_of(lambda: LMDBReader(str(folder)).next_records(3))
+    one_line(message, folder / 'data.mdb', 'points to page 281474976710655, outside pages')
 
 
 def test_lmdb_is_still_read_as_caffe_wrote_it(tmp_path):

@@ -129,6 +129,19 @@ def test_cli_errors_speak_the_cli(tmp_path):
     assert '-cpu_devices' in line and "'0'" in line
     line = one_error_line(run_cli('trian', '-solver', solver))
     assert "unknown command 'trian'; did you mean train?" in line
+    line = one_error_line(run_cli('-solver', solver))
+    assert 'no command given before or after -solver; the commands are train,' in line, line
+    solver.write_text('net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\nmax_iter: 2\n')
+    (tmp_path / 'net.prototxt').write_text(
+        'layer { name: "d" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }'
+        'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
+        'inner_product_param { num_output: 2 } }'
+        'layer { name: "l" type: "Reduction" bottom: "y" top: "loss" loss_weight: 1 }')
+    result = run_cli('train', '-solver', solver, cwd=tmp_path)   # after the start-up log
+    assert result.returncode == 1 and result.stderr.splitlines()[-1].startswith(
+        "error: Input layer 'd' has no data to train on: give the net a data layer"), result.stderr
+    line = one_error_line(run_cli('-log_file', tmp_path, 'train', '-solver', solver))
+    assert line == 'error: -log_file %s: Is a directory' % tmp_path, line
 
 
 def test_usage_device_query_and_the_console_script():
@@ -241,3 +254,26 @@ def test_draw_writes_the_diagram(tmp_path):
     result = run_cli('draw', net, tmp_path / 'net.png')      # rendered by graphviz-pure
     assert result.returncode == 0, result.stderr
     assert (tmp_path / 'net.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_signal_effect_none_ignores_the_signal_as_caffe_does():
+    """An effect of none (an option of -sigint_effect and -sighup_effect) catches the
+    signal and keeps training; other effects become the loop's next request."""
+    import signal
+    from caffe_syncbn.cli import SignalRequests
+    requests = SignalRequests('none', 'none')
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)          # would end this process uncaught
+        os.kill(os.getpid(), signal.SIGINT)          # would raise KeyboardInterrupt
+        assert requests.take() is None
+    finally:
+        requests.close()
+    requests = SignalRequests('stop', 'snapshot')
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert requests.take() == 'snapshot' and requests.take() is None
+        os.kill(os.getpid(), signal.SIGINT)
+        assert requests.take() == 'stop'
+    finally:
+        requests.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -135,17 +135,20 @@ class LMDBFile:
     def records(self):
         """Every (key, value) of the main database in key order, as bytes."""
         if self.root == _NO_PAGE:
+            if self.entries:
+                raise self._damaged('its main database counts %d records but has no tree'
+                                    % self.entries)
             return
         visited = bytearray((self.last_page >> 3) + 1)
         count = 0
         stack = [(self.root, 0)]
         while stack:
             number, depth = stack.pop()
+            page, flags, offsets = self._page(number, 'branch page' if depth else 'meta page')
             if visited[number >> 3] & 1 << (number & 7) or depth >= _MAX_DEPTH:
                 raise self._damaged('page %d is reached twice or too deep: the tree has a loop'
                                     % number)
             visited[number >> 3] |= 1 << (number & 7)
-            page, flags, offsets = self._page(number, 'branch page' if depth else 'meta page')
             if flags & _P_BRANCH:
                 children = []
                 for offset in offsets:
