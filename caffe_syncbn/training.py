@@ -114,6 +114,10 @@ class DataParallelSolver(PycaffeSolver):
         return self.replication.nets
 
     @property
+    def pool(self):
+        return self.replication.pool
+
+    @property
     def pipeline(self):
         return self.replication.pipeline
 
