@@ -14,7 +14,7 @@ from .backend import mode_array_module, to_numpy
 from .blob import Blob, format_bytes, memory_limit
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
-from .netgraph import filter_net, insert_splits
+from .netgraph import filter_net, insert_splits, net_state
 from .prototxt import read_prototxt
 
 log = logging.getLogger('caffe_syncbn')
@@ -51,12 +51,7 @@ class Net:
         self.context = context
         self.phase = phase
         param = load_net_param(model)
-        state = caffe_pb2.NetState()
-        state.CopyFrom(param.state)
-        state.phase, state.level = phase, level
-        del state.stage[:]
-        state.stage.extend(list(param.state.stage) + list(stages))
-        self.net_param = insert_splits(filter_net(param, state))
+        self.net_param = insert_splits(filter_net(param, net_state(param, phase, level, stages)))
         self.name = param.name
         if isinstance(model, caffe_pb2.NetParameter):
             self._build()

@@ -27,6 +27,16 @@ def layer_included(layer, state):
     return not any(state_meets_rule(state, r) for r in layer.exclude)
 
 
+def net_state(net_param, phase, level=0, stages=()):
+    """The state a net is built in, as Caffe makes it: the prototxt's own ``state`` with
+    the phase and level given, and ``stages`` added to its stages."""
+    state = caffe_pb2.NetState()
+    state.CopyFrom(net_param.state)
+    state.phase, state.level = phase, level
+    state.stage.extend(stages)
+    return state
+
+
 def filter_net(net_param, state):
     """A copy of ``net_param`` with only the layers that ``state`` includes."""
     filtered = caffe_pb2.NetParameter()

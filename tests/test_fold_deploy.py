@@ -6,8 +6,10 @@ train_val net of the corpus.
 """
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 import caffe_syncbn as caffe
+from caffe_syncbn import caffe_pb2
 from caffe_syncbn.convert import fold_bn, to_deploy
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.net import load_net_param
@@ -120,6 +122,12 @@ def test_fold_bn_needs_the_statistics():
     del weights['bn']
     with pytest.raises(CaffeError, match="nothing for batch norm 'bn'"):
         fold_bn(net.net_param, weights)
+    net = build(CASES['conv_batchnorm_scale_in_place'][0], caffe.TEST)
+    weights = random_weights(net, np.random.RandomState(0))
+    weights['c'] = [np.ones((5, 3, 3, 3)), np.ones(5)]           # another net's weights
+    with pytest.raises(CaffeError, match="layer 'c' has 5 outputs in the weights, but its "
+                                         'batch norm has 4 channels'):
+        fold_bn(net.net_param, weights)
 
 
 # ---- to_deploy ----------------------------------------------------------------------------
@@ -168,3 +176,46 @@ def test_to_deploy_of_lenet_and_its_weights():
     prob = caffe.Net(shaped, caffe.TEST, weights=kept).forward(data=x)['prob']
     net = caffe.Net(shaped, caffe.TEST, weights=weights)
     np.testing.assert_array_equal(prob, net.forward(data=x)['prob'])
+
+
+# ---- HDF5 weights with shared params ------------------------------------------------------
+def test_converters_read_hdf5_weights_whose_shared_params_only_the_owner_holds(tmp_path):
+    """Caffe's HDF5 stores a shared param under its owner only: c2, which shares c's weight
+    but has its own bias, holds blob 1 alone. Every converter must put the weight back in
+    place, not move the bias to blob 0, and write the result as Caffe would."""
+    import h5py
+    from caffe_syncbn.convert import to_batchnorm, to_syncbn
+    from caffe_syncbn.convert.command import write_net
+    text = (INPUT % IMAGE + CONV % ('c', 'data', 'c', 'param { name: "w" }', '')
+            + CONV % ('c2', 'data', 'c2', 'param { name: "w" }', '')
+            + BN % ('bn', 'BatchNorm', 'c2', 'c2') + SCALE % ('s', 'c2', 'c2'))
+    net = build(text, caffe.TEST, dtype=np.float64)
+    rs = np.random.RandomState(0)
+    random_weights(net, rs)
+    path = str(tmp_path / 'shared.caffemodel.h5')
+    net.save_hdf5(path)
+    with h5py.File(path, 'r') as f:
+        assert sorted(f['data/c2']) == ['1']           # as Caffe writes it
+    inputs = {'data': rs.randn(*net.blobs['data'].shape)}
+    expected = net.forward(**inputs)['c2'].copy()
+    for convert in (to_deploy, fold_bn, to_syncbn, to_batchnorm):
+        param, weights = convert(net.net_param, path)
+        for hdf5 in (False, True):
+            prefix = str(tmp_path / ('%s_%d' % (convert.__name__, hdf5)))
+            _, written = write_net(prefix, param, weights, hdf5=hdf5)
+            got = outputs(prefix + '.prototxt', written, inputs)['c2']
+            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9, err_msg=prefix)
+
+
+def test_the_prototxts_own_stages_count_as_in_a_net():
+    """``state { stage: ... }`` in the file selects layers for Net, fold_bn and to_deploy
+    alike, with the stages given added to it."""
+    text = ('state { stage: "deploy" }\n' + INPUT % IMAGE
+            + 'layer { name: "r" type: "ReLU" bottom: "data" top: "r" include { stage: "deploy" } }\n'
+            + 'layer { name: "t" type: "TanH" bottom: "data" top: "t" include { stage: "fast" } }\n')
+    assert build(text, caffe.TEST).outputs == ['r']
+    assert build(text, caffe.TEST, stages=['fast']).outputs == ['r', 't']
+    source = text_format.Parse(text, caffe_pb2.NetParameter())
+    assert [l.name for l in to_deploy(source)[0].layer] == ['data', 'r']
+    assert [l.name for l in to_deploy(source, stages=['fast'])[0].layer] == ['data', 'r', 't']
+    assert [l.name for l in fold_bn(source, {})[0].layer] == ['data', 'r']

@@ -8,6 +8,9 @@ trainer, tools/convert_model.py and the tests share these functions.
   to_batchnorm  BN and SyncBN become BatchNorm + Scale, which stock Caffe and OpenCV run
   fold_bn       TEST-mode batch norms fold into the Convolution/InnerProduct before them
   to_deploy     a train_val or test net becomes a deploy net
+
+Beside them: ``terms.py`` adapts a --sync-bn solver's files to the user's prototxt with
+these rewrites, and ``command.py`` is the command line that writes their results.
 """
 from .deploy import to_deploy
 from .fold import fold_bn

@@ -18,7 +18,7 @@ from google.protobuf import text_format
 
 from ..errors import CaffeError
 from ..io.atomic import atomic_write
-from ..io.caffemodel import Record, write_records, write_records_hdf5
+from ..io.caffemodel import Record, shared_param_owners, write_records, write_records_hdf5
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -70,17 +70,19 @@ def convert(command, model, weights=None, input_shape=None, stages=()):
 
 
 def write_net(prefix, net_param, weights, hdf5=False):
-    """OUT.prototxt (and OUT.caffemodel[.h5]); returns the paths written."""
+    """OUT.prototxt (and OUT.caffemodel[.h5]); returns the paths written. The weights go
+    first, the larger write and the likelier to fail, so that a failure leaves the previous
+    pair as it was."""
     paths = [prefix + '.prototxt']
-    with atomic_write(paths[0]) as f:
-        f.write(text_format.MessageToString(net_param).encode('utf-8'))
     if weights is not None:
         records = [Record(layer, weights.get(layer.name, []), None) for layer in net_param.layer]
         paths.append(prefix + ('.caffemodel.h5' if hdf5 else '.caffemodel'))
-        if hdf5:
-            write_records_hdf5(paths[1], records)
+        if hdf5:      # as Caffe writes it: a shared param under its owner only
+            write_records_hdf5(paths[1], records, set(shared_param_owners(net_param.layer)))
         else:
             write_records(paths[1], records, net_param.name)
+    with atomic_write(paths[0]) as f:
+        f.write(text_format.MessageToString(net_param).encode('utf-8'))
     return paths
 
 

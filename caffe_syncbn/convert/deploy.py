@@ -12,7 +12,7 @@ import collections
 
 from .. import caffe_pb2
 from ..layer import TEST, layer_class
-from ..netgraph import filter_net
+from ..netgraph import filter_net, net_state
 from ..upgrade import is_data_layer, swap_data_layers_for_inputs
 
 
@@ -48,11 +48,11 @@ def _without_dependents(layers, labels):
 def to_deploy(net_param, weights=None, input_shape=None, stages=()):
     """``(net_param, weights)`` of the deploy net (module docstring). ``input_shape``
     (N, C, H, W) sizes the first top of every data and Input layer."""
-    from ..io.caffemodel import arrays_of, read_weights
+    from ..io.caffemodel import arrays_of, read_weights, with_shared_params
     from ..net import load_net_param
     param = load_net_param(net_param)
-    state = caffe_pb2.NetState(phase=TEST, stage=list(stages))
-    param = filter_net(param, state)
+    written_for = list(param.layer)
+    param = filter_net(param, net_state(param, TEST, stages=stages))
     param.ClearField('state')
     data_layers = [layer for layer in param.layer if is_data_layer(layer)]
     images = [layer.top[0] for layer in param.layer
@@ -70,7 +70,7 @@ def to_deploy(net_param, weights=None, input_shape=None, stages=()):
         elif layer.type != 'Accuracy' and not _is_loss(layer):
             layers.append(layer)
     layers = _without_dependents(layers, labels)
-    for layer in layers:           # Input layers keep the tops that are still read
+    for layer in layers:           # Input layers drop their label tops (and shapes)
         if layer.type == 'Input' and labels & set(layer.top):
             keep = [k for k, top in enumerate(layer.top) if top not in labels]
             shapes = list(layer.input_param.shape)
@@ -85,6 +85,6 @@ def to_deploy(net_param, weights=None, input_shape=None, stages=()):
     param.layer.extend(layers)
     if weights is None:
         return param, None
-    arrays = arrays_of(read_weights(weights))
+    arrays = arrays_of(with_shared_params(read_weights(weights), written_for))
     return param, collections.OrderedDict((l.name, arrays[l.name]) for l in layers
                                           if arrays.get(l.name))

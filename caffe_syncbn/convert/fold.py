@@ -16,7 +16,7 @@ import numpy as np
 from .. import caffe_pb2
 from ..errors import CaffeError
 from ..layer import TEST
-from ..netgraph import filter_net
+from ..netgraph import filter_net, net_state
 from .norm import norm_units, stored_stats
 
 log = logging.getLogger('caffe_syncbn')
@@ -78,6 +78,14 @@ def _fold_into(target, arrays, a, c):
     """The target's arrays with the affine folded in (float64 math, stored dtype kept)."""
     weight = np.asarray(arrays[0], np.float64)
     dtype = np.asarray(arrays[0]).dtype
+    if target.type == 'Deconvolution':
+        outputs = weight.shape[1] * target.convolution_param.group
+    else:
+        outputs = weight.shape[-1 if target.inner_product_param.transpose else 0]
+    if outputs != a.size:
+        raise CaffeError("fold_bn: layer '%s' has %d outputs in the weights, but its batch norm "
+                         'has %d channels: the weights are not for this net'
+                         % (target.name, outputs, a.size))
     if target.type == 'Convolution':
         scaled = weight * a.reshape((-1,) + (1,) * (weight.ndim - 1))
     elif target.type == 'Deconvolution':    # (C_in, C_out / group, kh, kw)
@@ -95,7 +103,7 @@ def _fold_into(target, arrays, a, c):
 
 
 def _bias_on(target):
-    """``target`` with bias_term set, and a ParamSpec for the new bias if it lists specs."""
+    """Set ``target``'s bias_term, and add a ParamSpec for the new bias if it lists specs."""
     field = 'inner_product_param' if target.type == 'InnerProduct' else 'convolution_param'
     params = getattr(target, field)
     if not params.bias_term:
@@ -108,12 +116,14 @@ def fold_bn(net_param, weights):
     """``(net_param, weights)`` of the TEST net with every batch norm folded (module
     docstring). ``weights`` (a caffemodel path or {layer name: [arrays]}) must hold the
     norms' statistics and the weights of the layers they fold into."""
-    from ..io.caffemodel import arrays_of, read_weights
+    from ..io.caffemodel import arrays_of, read_weights, with_shared_params
     from ..net import load_net_param
     if weights is None:
         raise CaffeError('fold_bn needs the weights: folding changes them')
-    weights = collections.OrderedDict(arrays_of(read_weights(weights)))
-    param = filter_net(load_net_param(net_param), caffe_pb2.NetState(phase=TEST))
+    param = load_net_param(net_param)
+    weights = collections.OrderedDict(arrays_of(with_shared_params(read_weights(weights),
+                                                                   param.layer)))
+    param = filter_net(param, net_state(param, TEST))
     param.ClearField('state')
     layers = list(param.layer)
     for layer in layers:

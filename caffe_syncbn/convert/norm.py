@@ -183,8 +183,8 @@ def _kept(layers, weights):
 def _fitted(out, weights, source_layers):
     if weights is None:
         return None
-    from ..io.caffemodel import arrays_of, read_weights
-    stored = read_weights(weights)
+    from ..io.caffemodel import arrays_of, read_weights, with_shared_params
+    stored = with_shared_params(read_weights(weights), source_layers)
     fitted = fit_norm_weights(list(out.layer), stored.blobs, stored.layers or source_layers,
                               stored.source)
     return arrays_of(stored._replace(blobs=fitted))

@@ -5,8 +5,6 @@ weights the rules read. Caffe's in-place layers write one blob several times; ON
 are written once, so each write gets a tensor of its own and the LAST write of a blob
 carries the blob's name (graph outputs are the net's outputs, by name).
 """
-import logging
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -15,10 +13,8 @@ from .. import caffe_pb2
 from ..errors import CaffeError
 from ..layer import TEST, LayerContext
 from ..net import Net, load_net_param
-from ..netgraph import filter_net
+from ..netgraph import filter_net, net_state
 from .graph import Graph, LayerExport, Unsupported, rule_for
-
-log = logging.getLogger('caffe_syncbn')
 
 MIN_OPSET = 17
 
@@ -85,10 +81,7 @@ def _with_input_shapes(param, input_shapes):
 
 def _refuse_types_without_rule(param):
     """Before building anything: one error naming every layer whose type has no rule."""
-    state = caffe_pb2.NetState()
-    state.CopyFrom(param.state)
-    state.phase = TEST
-    missing = [(lp, _hint(lp.type)) for lp in filter_net(param, state).layer
+    missing = [(lp, _hint(lp.type)) for lp in filter_net(param, net_state(param, TEST)).layer
                if rule_for(lp.type) is None]
     if missing:
         raise _refusal(param.name, missing)

@@ -57,14 +57,49 @@ def as_array(item):
 
 
 def arrays_of(stored):
-    """{layer name: [numpy arrays]} of a StoredWeights (blobs missing from HDF5 are dropped)."""
+    """{layer name: [numpy arrays]} of a StoredWeights whose shared params, if it is an
+    HDF5 file, were filled in (``with_shared_params``)."""
     out = collections.OrderedDict()
     for name, items in stored.blobs.items():
+        missing = [j for j, item in enumerate(items) if item is None]
+        if missing:
+            raise CaffeError("%s: layer '%s' has no blob %d; an HDF5 file stores a shared param "
+                             'only under the layer that owns it, and the prototxt names no '
+                             'owner for it' % (stored.source, name, missing[0]))
         try:
-            out[name] = [as_array(item) for item in items if item is not None]
+            out[name] = [as_array(item) for item in items]
         except CaffeError as exc:
             raise CaffeError("%s: layer '%s': %s" % (stored.source, name, exc)) from None
     return out
+
+
+def shared_param_owners(layers):
+    """{(layer name, blob index): (owner's name, blob index)} for the params of
+    ``layers`` (LayerParameters) that share one named by an earlier layer (ParamSpec.name)."""
+    owners, shared = {}, {}
+    for layer in layers:
+        for j, spec in enumerate(layer.param):
+            if spec.name:
+                owner = owners.setdefault(spec.name, (layer.name, j))
+                if owner != (layer.name, j):
+                    shared[(layer.name, j)] = owner
+    return shared
+
+
+def with_shared_params(stored, layers):
+    """``stored`` with each shared param of ``layers`` under every layer that shares it: an
+    HDF5 file holds it only under its owner, as Caffe writes it."""
+    if not stored.partial:
+        return stored
+    blobs = collections.OrderedDict((name, list(items)) for name, items in stored.blobs.items())
+    for (name, j), (owner, k) in shared_param_owners(layers).items():
+        items, source = blobs.get(name), blobs.get(owner, [])
+        if items is None:
+            continue
+        items.extend([None] * (j + 1 - len(items)))
+        if items[j] is None and k < len(source):
+            items[j] = source[k]
+    return stored._replace(blobs=blobs)
 
 
 def read_weights(source):
