@@ -31,6 +31,11 @@ def _base(array):
     return array
 
 
+def _stored(blob):
+    """The arrays a blob holds (its diff only once made: asking for it would make it)."""
+    return [blob.data] + ([blob.diff_if_made] if blob.diff_if_made is not None else [])
+
+
 def kept_arrays(layer, xp, blob_memory):
     """{attribute: bytes} of the arrays a layer holds that are no blob's memory (its
     caches), each array counted once."""
@@ -58,8 +63,8 @@ def measure_ours(args):
     for step in range(args.steps):
         net.forward_prefilled()
         if step == args.steps - 1:
-            blob_memory = {id(_base(getattr(b, f))) for b in list(net.blobs.values())
-                           + net.learnable_params for f in ('data', 'diff')}
+            blob_memory = {id(_base(array)) for b in list(net.blobs.values())
+                           + net.learnable_params for array in _stored(b)}
             caches = [(layer_name, attr, size) for layer_name, layer in
                       zip(net._layer_names, net.layers)
                       for attr, size in kept_arrays(layer, net.context.xp, blob_memory).items()]
@@ -69,7 +74,8 @@ def measure_ours(args):
     activations = {id(b): b for b in net.blobs.values()}
 
     def held(blobs, field):
-        bases = {id(b): b.nbytes for b in (_base(getattr(blob, field)) for blob in blobs.values())}
+        arrays = (blob.data if field == 'data' else blob.diff_if_made for blob in blobs.values())
+        bases = {id(b): b.nbytes for b in (_base(a) for a in arrays if a is not None)}
         return sum(bases.values()) / MIB
 
     print('params:      data %7.1f MiB, diff %7.1f MiB'

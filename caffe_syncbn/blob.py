@@ -101,6 +101,11 @@ class Blob:
         self._diff = value
 
     @property
+    def diff_if_made(self):
+        """The gradient if it has been used, else None (nothing is allocated)."""
+        return self._diff
+
+    @property
     def shape(self):
         return tuple(self.data.shape)
 

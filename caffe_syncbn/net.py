@@ -73,7 +73,7 @@ class Net:
         blob_need_backward = {}
         layer_need_backward, bottom_need_backward = [], []
         available = set()             # Caffe's rule for outputs: produced and not consumed since
-        sized, total_bytes, limit = set(), 0, memory_limit()
+        sized, total_bytes, limit = {}, 0, memory_limit()
         for lp in self.net_param.layer:
             # Caffe accepts repeated layer names (mnist_autoencoder has two 'loss' layers);
             # lookups by name then find the last one, as Caffe's layer_by_name does.
@@ -111,10 +111,11 @@ class Net:
                 if exc.layer is not None:
                     raise
                 raise layer_error(lp, str(exc)) from None
-            for blob in tops + layer.blobs:
-                if id(blob) not in sized:
-                    sized.add(id(blob))
-                    total_bytes += blob.data.nbytes
+            for blob in tops + layer.blobs:      # views (Split, Reshape tops) count once
+                owner = blob.data if blob.data.base is None else blob.data.base
+                if id(owner) not in sized:
+                    sized[id(owner)] = owner         # kept, so that no other array takes its id
+                    total_bytes += owner.nbytes
             if total_bytes > limit:
                 raise layer_error(lp, "the net's blobs up to this layer need %s, more than the "
                                   'memory limit of %s' % (format_bytes(total_bytes),

@@ -315,6 +315,20 @@ layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
     one_line(message, path, "layer 'ip'", "the net's blobs up to this layer need 11.4 MiB")
 
 
+def test_net_memory_limit_counts_views_once(tmp_path):
+    """Flatten, Reshape and Split tops are views of their bottom: 4 MB of data, once."""
+    from caffe_syncbn.blob import set_memory_limit
+    path = write(tmp_path / 'net.prototxt', NET % ('', 'dim: 1000 dim: 1000') + '''
+layer { name: "f" type: "Flatten" bottom: "data" top: "f" }
+layer { name: "r" type: "Reshape" bottom: "f" top: "r" reshape_param { shape { dim: -1 } } }
+layer { name: "s" type: "Split" bottom: "r" top: "s1" top: "s2" top: "s3" }''')
+    set_memory_limit(5 << 20)
+    try:
+        assert caffe.Net(path, caffe.TEST).blobs['s3'].count == 10 ** 6
+    finally:
+        set_memory_limit(None)
+
+
 def test_same_layer_name_with_one_and_two_bottoms(tmp_path):
     """The issue's IndexError at net.py:201 (Caffe accepts repeated layer names)."""
     path = write(tmp_path / 'net.prototxt', NET % ('top: "b"', 'dim: 2 dim: 3') + '''

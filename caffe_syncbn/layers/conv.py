@@ -1,14 +1,14 @@
 """Convolution, Deconvolution and Im2col layers (N-D, grouped, dilated).
 
-A convolution is im2col + GEMM.  Columns are laid out ``(N, G, C/G * K, P)`` (image,
-group, channel-and-kernel-offset, output position) and the weights ``(G, O/G, C/G * K)``.
-1x1 stride-1 unpadded kernels use the image itself as its columns.
+A convolution is im2col + GEMM. On numpy, Convolution runs chunk by chunk in conv_cpu.py.
+Elsewhere (CuPy), and for Deconvolution, columns are laid out ``(N, G, C/G * K, P)``
+(image, group, channel-and-kernel-offset, output position) and the weights
+``(G, O/G, C/G * K)``; 1x1 stride-1 unpadded kernels use the image itself as its columns.
 """
 import numpy as np
 
-from ..backend import get_array_module
 from ..layer import Layer, register
-from . import conv_cpu
+from . import conv_cpu, cpu_threads
 from . import im2col as im2col_module
 from .im2col import conv_output_shape
 from .shape import canonical_axis
@@ -29,9 +29,9 @@ def grouped_matmul(w, x, out=None):
     """
     n, g, k, p = x.shape
     if _per_image(n, p):
-        return get_array_module(x).matmul(w, x, out=out)
+        return cpu_threads.batched_matmul(w, x, out=out)
     folded = x.transpose(1, 2, 0, 3).reshape(g, k, n * p)
-    y = (w @ folded).reshape(g, w.shape[1], n, p).transpose(2, 0, 1, 3)
+    y = cpu_threads.batched_matmul(w, folded).reshape(g, w.shape[1], n, p).transpose(2, 0, 1, 3)
     if out is None:
         return y
     out[...] = y
@@ -42,12 +42,12 @@ def grouped_outer(a, b):
     """``sum_n a[n, g] @ b[n, g].T``: a ``(N, G, M, P)``, b ``(N, G, K, P)`` -> ``(G, M, K)``."""
     n, g, m, p = a.shape
     if n == 1:
-        return a[0] @ b[0].swapaxes(1, 2)
+        return cpu_threads.batched_matmul(a[0], b[0].swapaxes(1, 2))
     if p >= _WIDE_IMAGE and n <= 4:     # a few per-image products, summed
-        return (a @ b.swapaxes(2, 3)).sum(axis=0)
+        return cpu_threads.batched_matmul(a, b.swapaxes(2, 3)).sum(axis=0)
     fold_a = a.transpose(1, 2, 0, 3).reshape(g, m, n * p)
     fold_b = b.transpose(1, 2, 0, 3).reshape(g, b.shape[2], n * p)
-    return fold_a @ fold_b.swapaxes(1, 2)
+    return cpu_threads.batched_matmul(fold_a, fold_b.swapaxes(1, 2))
 
 
 def conv_geometry(layer, cp, num_spatial):

@@ -166,3 +166,32 @@ def matmul(a, b, out=None, accumulate=False):
     else:
         split(n, lambda s, e: np.matmul(a, b[:, s:e], out=out[:, s:e]), parts=parts)
     return out
+
+
+def batched_matmul(a, b, out=None):
+    """``a @ b`` over leading axes that broadcast as numpy's matmul broadcasts them. numpy
+    operands are split over threads, a product per part (or, for one product, by rows
+    or columns: ``matmul``); others (CuPy) are left to their library."""
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        if out is None:
+            return a @ b
+        out[...] = a @ b
+        return out
+    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if out is None:
+        out = np.empty(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+    a = np.broadcast_to(a, lead + a.shape[-2:])
+    b = np.broadcast_to(b, lead + b.shape[-2:])
+    cells = list(np.ndindex(*lead))
+    if len(cells) == 1:
+        matmul(a[cells[0]], b[cells[0]], out=out[cells[0]])
+        return out
+    threads()
+    _single_threaded_blas()
+
+    def work(start, stop):
+        for cell in cells[start:stop]:
+            np.matmul(a[cell], b[cell], out=out[cell])
+    flops = out.size * a.shape[-1]
+    split(len(cells), work, parts=threads() if flops >= PARALLEL_GEMM_MIN_FLOPS else 1)
+    return out
