@@ -29,6 +29,7 @@ computed on params some updates old ("stale").
 import contextlib
 import logging
 import threading
+from concurrent import futures
 
 import numpy as np
 
@@ -204,16 +205,20 @@ class Asynchronous:
         replicas, holder = self.replicas, self.holder
         for rank in range(len(replicas)):
             self._loops.append(replicas.pool.submit(rank, self._guarded, rank, holder))
-        link = replicas.link
-        if link is not None:
-            local = set(range(replicas.first, replicas.first + len(replicas)))
-            owners = [p for p, count in enumerate(replicas.counts) for _ in range(count)]
-            for rank in range(replicas.total):
-                if rank not in local:
-                    thread = threading.Thread(target=self._proxy, args=(rank, owners[rank]),
-                                              name='async-proxy-%d' % rank, daemon=True)
-                    thread.start()
-                    self._proxies.append(thread)
+        for rank, process in self._remote_replicas():
+            thread = threading.Thread(target=self._proxy, args=(rank, process),
+                                      name='async-proxy-%d' % rank, daemon=True)
+            thread.start()
+            self._proxies.append(thread)
+
+    def _remote_replicas(self):
+        """(rank, process) of every replica of the other processes."""
+        replicas = self.replicas
+        if replicas.link is None:
+            return []
+        owners = [p for p, count in enumerate(replicas.counts) for _ in range(count)]
+        return [(rank, owners[rank]) for rank in range(replicas.total)
+                if not replicas.first <= rank < replicas.first + len(replicas)]
 
     def _check_loops(self):
         for future in self._loops:
@@ -271,6 +276,11 @@ class Asynchronous:
         self._loops = [replicas.pool.submit(rank, self._guarded, rank,
                                             RemoteHolder(replicas.link, replicas.first + rank))
                        for rank in range(len(replicas))]
+        # the first to fail ends this process's part (and, through the launcher, the job)
+        futures.wait(self._loops, return_when=futures.FIRST_EXCEPTION)
+        for future in self._loops:
+            if future.done() and future.exception() is not None:
+                raise future.exception()
         for future in self._loops:
             future.result()
 
@@ -278,6 +288,10 @@ class Asynchronous:
         holder = self.holder
         if holder is None:
             return
+        if not self._loops:      # no iteration ran: the other processes wait for params
+            for rank, process in self._remote_replicas():
+                self.replicas.link.send_object(None, process, _REPLY + 2 * rank,
+                                               'the end of training')
         holder.close()
         for future in self._loops:
             try:

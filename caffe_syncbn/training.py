@@ -341,6 +341,10 @@ class DataParallelSolver(PycaffeSolver):
         return super().solve(resume_file)
 
     def step(self, iters):
+        if self.strategy.name == 'async' and self.nan_effect != 'none':
+            raise CaffeError('-nan_effect %s needs synchronous updates: under -async each '
+                             "replica's update is applied as it arrives, so there is no "
+                             'iteration to stop or snapshot before' % self.nan_effect)
         if self.strategy.follows_process_0():
             return self.strategy.follow()
         return super().step(iters)

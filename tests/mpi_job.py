@@ -184,6 +184,11 @@ def asynchronous(out, link):
         result.update(version=holder.version, clocks=holder.clocks, spread=holder.spread,
                       staleness=holder.staleness)
     solver.close()
+    # process 0 ends without an iteration (a resume at max_iter): the others, which wait
+    # for their first params, end with it
+    solver = DataParallelSolver(solver_param('BN'), devices='cpu:2', mode='async', link=link)
+    solver.step(0)
+    solver.close()
     np.savez(out / ('async-rank%d.npz' % link.rank), **result)
     link.barrier()
 
@@ -229,7 +234,8 @@ def fault(out, link, solver_path):
                 f.flush()
                 strike()
         solver_module.write_solver_state = half_written
-    run_main(lambda: main(['train', '-solver', solver_path, '-cpu_devices', '2', '-sync_bn']))
+    mode = '-async' if os.environ.get('FAULT_MODE') == 'async' else '-sync_bn'
+    run_main(lambda: main(['train', '-solver', solver_path, '-cpu_devices', '2', mode]))
 
 
 def uncaught(link):

@@ -115,6 +115,17 @@ def test_async_refuses_sync_bn():
         get_solver(solver_param('BN'), devices='cpu:2', max_staleness=1)
 
 
+def test_async_refuses_a_nan_effect():
+    """There is no iteration before which to stop: updates apply as they arrive."""
+    solver = get_solver(solver_param('BN'), devices='cpu:2', mode='async')
+    try:
+        solver.nan_effect = 'stop'
+        with pytest.raises(CaffeError, match='-nan_effect stop needs synchronous updates'):
+            solver.step(1)
+    finally:
+        solver.close()
+
+
 @pytest.mark.timeout(60)
 def test_a_failing_asynchronous_replica_raises_the_original_error():
     solver = get_solver(solver_param('BN'), devices='cpu:2', mode='async')

@@ -237,9 +237,9 @@ def test_asynchronous_updates_across_processes_go_through_process_0(job):
 
 
 # ---- faults --------------------------------------------------------------------------------------
-def fault_run(tmp_path, fault, where, rank, at=3, env=None, processes=2):
+def fault_run(tmp_path, fault, where, rank, at=3, env=None, processes=2, max_iter=4):
     from test_train_net import make_job
-    solver = make_job(tmp_path / 'job', 2, max_iter=4)
+    solver = make_job(tmp_path / 'job', 2, max_iter=max_iter)
     result, seconds = launch(tmp_path, 'fault', solver, processes=processes, timeout=120,
                              env=dict({'FAULT': fault, 'FAULT_WHERE': where,
                                        'FAULT_RANK': str(rank), 'FAULT_AT': str(at)},
@@ -253,6 +253,19 @@ def test_a_raising_rank_ends_the_job_with_the_original_error(tmp_path):
     assert result.returncode != 0
     assert '[rank 1]' in result.stderr and 'ValueError: injected fault on rank 1' in result.stderr
     assert seconds < 30, seconds
+
+
+@needs_mpi
+@pytest.mark.parametrize('at', [3, 4])
+def test_a_raising_replica_ends_an_asynchronous_job_while_the_others_go_on(tmp_path, at):
+    """Under -async, one replica of process 1 raises while its neighbour keeps training
+    (its updates need nobody else): the job still ends at once with that error. The 3rd
+    and 4th forward-backward of process 1 belong to different replicas, mostly."""
+    result, seconds, _ = fault_run(tmp_path, 'raise', 'forward', rank=1, at=at, max_iter=100000,
+                                   env={'FAULT_MODE': 'async'})
+    assert result.returncode != 0
+    assert '[rank 1]' in result.stderr and 'ValueError: injected fault on rank 1' in result.stderr
+    assert seconds < 15, seconds
 
 
 @needs_mpi
