@@ -171,21 +171,27 @@ class InputPipeline:
     replicas first ... first + replicas - 1 of ``total``: its readers then decode only
     those replicas' rows of each global batch, and skip the rest. Their random draws come
     from ``rngs`` (one per layer), the same in every process, so the processes' shares
-    make up exactly the global batch that one process would read."""
+    make up exactly the global batch that one process would read.
+
+    A layer that must not be read ahead (``prefetch = False``: MemoryData, whose arrays the
+    user sets between steps) is read when its batch is asked for, in the caller's thread."""
 
     def __init__(self, data_layers, replicas, prefetch=2, place=None, rngs=None):
         import queue
         self.replicas = replicas
         self._layers = data_layers
-        self._queues = {}
+        self._queues, self._unbuffered = {}, {}
         self._threads = []
         self._stop = threading.Event()
         first, total = place or (0, replicas)
         for layer, rng in zip(data_layers, rngs or [None] * len(data_layers)):
-            q = queue.Queue(maxsize=prefetch)
             reader = layer.make_reader(rng)
             sizes = [layer.batch_size] * replicas
             shard = (first * layer.batch_size, total * layer.batch_size)
+            if not getattr(layer, 'prefetch', True):
+                self._unbuffered[layer.name] = (reader, sizes, shard)
+                continue
+            q = queue.Queue(maxsize=prefetch)
             thread = threading.Thread(target=self._produce, args=(reader, sizes, shard, q),
                                       name='prefetch-%s' % layer.name, daemon=True)
             thread.start()
@@ -215,6 +221,9 @@ class InputPipeline:
             if isinstance(item, Exception):
                 raise item
             for rank, piece in enumerate(item):
+                parts[rank][name] = piece
+        for name, (reader, sizes, shard) in self._unbuffered.items():
+            for rank, piece in enumerate(read_parts(reader, sizes, shard)):
                 parts[rank][name] = piece
         return parts
 

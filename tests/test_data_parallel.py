@@ -198,3 +198,30 @@ def test_logged_train_output_is_the_global_batch_loss(caplog):
     outputs = [float(x) for x in re.findall(r'Train net output #0: loss = (\S+) ', text)]
     assert len(shown) == len(outputs) == 3
     np.testing.assert_allclose(outputs, shown, rtol=1e-5)
+
+
+MEMORY_NET = '''layer { name: "d" type: "MemoryData" top: "data" top: "label"
+  memory_data_param { batch_size: %d channels: 3 height: 2 width: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }'''
+
+
+def test_memory_data_feeds_every_replica_from_the_arrays_set_on_the_net():
+    """MemoryData is read when its batch is due, not ahead, so the arrays set between steps
+    count: 2 devices of 3 rows train as 1 device of 6 on the same arrays."""
+    weights = {}
+    for devices, batch in (('cpu:2', 3), ('cpu:1', 6)):
+        param = parse_text('base_lr: 0.5 lr_policy: "fixed" random_seed: 1 display: 0',
+                           caffe_pb2.SolverParameter())
+        param.net_param.CopyFrom(parse_text(MEMORY_NET % batch, caffe_pb2.NetParameter()))
+        solver = get_solver(param, devices=devices, dtype=np.float64)
+        try:
+            for step in range(3):
+                rows = np.random.RandomState(step).standard_normal((12, 3, 2, 2))
+                solver.net.set_input_arrays(rows, (rows[:, 0, 0, 0] > 0).astype(float))
+                solver.step(1)
+            weights[devices] = to_numpy(solver.net.params['ip'][0].data).copy()
+        finally:
+            solver.close()
+    np.testing.assert_allclose(weights['cpu:2'], weights['cpu:1'], rtol=1e-12, atol=1e-12)
