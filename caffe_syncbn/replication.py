@@ -75,6 +75,7 @@ class Replicas:
                                  % ', '.join('process %d: %s' % (p, 'GPU' if gpu else 'CPU')
                                              for p, gpu in enumerate(kinds)))
         self.first, self.total = sum(self.counts[:self.process]), sum(self.counts)
+        self.communicate = communicate
         self.comms = make_comms(devices, link) if communicate else \
             [SoloComm() for _ in devices]
         self.pool = DevicePool(devices, self.comms)
@@ -158,6 +159,8 @@ class Replicas:
             for a in arrays[1:]:
                 total += a
             return total
+        if not self.communicate:         # each replica's communicator holds it alone
+            raise RuntimeError('replicas without communicators cannot sum across processes')
         return self.pool.run(lambda rank: self.comms[rank].allreduce(arrays[rank], tag='sums'))[0]
 
     def close(self):

@@ -14,8 +14,9 @@ reductions may regroup a sum, so they are not used for it: the processes pass a 
 sum along in rank order (process p waits for the sum of the ranks before it, adds its own
 replicas' arrays in order and passes it on), and the last one broadcasts the total.
 
-**Faults.** An MPI call blocks for ever when a peer dies, so nothing here blocks in MPI:
-every wait polls a non-blocking request and gives up when the local group failed, when the
+**Faults.** An MPI call blocks for ever when a peer dies, so nothing here blocks in MPI
+once the link is up (counting the processes on each node, when it starts, is a blocking
+collective): every wait polls a non-blocking request and gives up when the local group failed, when the
 link failed, or at a deadline. A watchdog thread exchanges heartbeats with every other
 process; a process silent for ``peer_timeout`` seconds (killed, out of memory, stopped)
 fails the link with a message naming it, every wait raises ``CommAborted``, and the job
@@ -33,6 +34,7 @@ import time
 
 import numpy as np
 
+from ..errors import CaffeError
 from .base import CommAborted
 from .thread import DEFAULT_TIMEOUT, GroupMember, _Call, new_group
 
@@ -102,7 +104,9 @@ class MpiLink:
         self.MPI = MPI
         world = MPI.COMM_WORLD
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            raise RuntimeError('the MPI library does not support MPI_THREAD_MULTIPLE')
+            raise CaffeError("the MPI library gives no MPI_THREAD_MULTIPLE, which the replicas' "
+                             'threads need: use an MPI built with thread support (pip install '
+                             "'caffe-syncbn[mpi]' brings one)")
         self.comm, self._heartbeats = world.Dup(), world.Dup()
         self.rank, self.size = world.Get_rank(), world.Get_size()
         self.timeout, self.peer_timeout = float(timeout), float(peer_timeout)
@@ -262,11 +266,12 @@ class _Processes:
 
     def owner(self, rank):
         """(process, local index) of global ``rank``."""
+        left = rank
         for process, count in enumerate(self.counts):
-            if rank < count:
-                return process, rank
-            rank -= count
-        raise ValueError('rank out of range')
+            if left < count:
+                return process, left
+            left -= count
+        raise ValueError('rank %d out of range: the job has %d replicas' % (rank, self.total))
 
 
 class ProcessGroupComm(GroupMember):

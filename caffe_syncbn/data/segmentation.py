@@ -109,16 +109,18 @@ class SegTransformer:
         rngs = rngs if rngs is not None else [own] * len(pairs)
         pairs = [(image.reshape(image.shape[:2] + (-1,)), labels) for image, labels in pairs]
         scaled = []
-        for rng, (image, labels) in zip(rngs, pairs):
-            self.rng = rng
-            scaled.append(self._rescale(image, labels))
-        out, start = [], 0
-        for size in sizes:
-            group = list(range(start, start + size))
-            out.append(self._assemble(pairs, scaled, group, dtype, balance, rngs)
-                       if group else None)
-            start += size
-        self.rng = own
+        try:
+            for rng, (image, labels) in zip(rngs, pairs):
+                self.rng = rng
+                scaled.append(self._rescale(image, labels))
+            out, start = [], 0
+            for size in sizes:
+                group = list(range(start, start + size))
+                out.append(self._assemble(pairs, scaled, group, dtype, balance, rngs)
+                           if group else None)
+                start += size
+        finally:
+            self.rng = own
         return out
 
     def _assemble(self, pairs, scaled, group, dtype, balance, rngs):

@@ -156,12 +156,13 @@ class HDF5Reader:
         name = listed(self.files[self.file_order[self.position]], self.source, self.error)
         where = quote(name)
         with reading(where, 'HDF5 data file', self.error), h5py.File(name, 'r') as f:
-            missing = [d for d in self.datasets if d not in f]
-            if missing:
-                raise self.error('%s has no dataset %s (it has: %s)'
-                                 % (where, name_list(missing), name_list(list(f.keys()))))
-            self.arrays = [np.asarray(read_dataset(f[d], '%s: dataset %s' % (where, quote(d))),
-                                      self.dtype) for d in self.datasets]
+            missing, present = [d for d in self.datasets if d not in f], list(f.keys())
+            if not missing:
+                self.arrays = [np.asarray(read_dataset(f[d], '%s: dataset %s' % (where, quote(d))),
+                                          self.dtype) for d in self.datasets]
+        if missing:           # raised outside, where reading() would not wrap it again
+            raise self.error('%s has no dataset %s (it has: %s)'
+                             % (where, name_list(missing), name_list(present)))
         rows = {a.shape[0] if a.ndim else 0 for a in self.arrays}
         if len(rows) != 1 or 0 in rows:
             raise self.error('%s: datasets %s must have the same number (> 0) of rows, got %s'
