@@ -121,14 +121,15 @@ def fold_bn(net_param, weights):
     if weights is None:
         raise CaffeError('fold_bn needs the weights: folding changes them')
     param = load_net_param(net_param)
-    weights = collections.OrderedDict(arrays_of(with_shared_params(read_weights(weights),
-                                                                   param.layer)))
+    stored = with_shared_params(read_weights(weights), param.layer)
+    source, weights = stored.source, collections.OrderedDict(arrays_of(stored))
     param = filter_net(param, net_state(param, TEST))
     param.ClearField('state')
     layers = list(param.layer)
     for layer in layers:
         if layer.type in ('BatchNorm', 'BN', 'SyncBN') and not weights.get(layer.name):
-            raise CaffeError("fold_bn: the weights hold nothing for batch norm '%s'" % layer.name)
+            raise CaffeError("fold_bn: %s holds nothing for batch norm '%s'"
+                             % (source, layer.name))
     i = 0
     while i < len(layers):
         units = [u for u in norm_units(layers) if u.index == i]
@@ -142,7 +143,7 @@ def fold_bn(net_param, weights):
             stats = stored_stats(weights[unit.name],
                                  weights.get(unit.scale_name) if scale is not None else None)
         except ValueError as exc:
-            raise CaffeError("fold_bn: batch norm '%s': %s" % (unit.name, exc)) from None
+            raise CaffeError("fold_bn: %s: batch norm '%s': %s" % (source, unit.name, exc)) from None
         a, c = _affine(bn, stats)
         output = (scale if scale is not None else bn).top[0]
         target = _foldable(layers, weights, unit)

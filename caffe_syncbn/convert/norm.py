@@ -153,6 +153,9 @@ def fit_norm_weights(target_layers, blobs, source_layers=None, source='weights')
             continue
         origin = written_for.get(unit.name)
         scale_arrays = None
+        if any(b is None for b in stored):
+            raise CaffeError("%s: batch norm '%s' lacks blob %d"
+                             % (source, unit.name, [b is None for b in stored].index(True)))
         if len(stored) == 3:
             if origin is None or origin.kind != 'BatchNorm':
                 raise CaffeError(

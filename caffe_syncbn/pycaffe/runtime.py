@@ -1,8 +1,9 @@
 """pycaffe's process-wide helpers: logging, Timer, the solver count and rank, and NCCL.
 
 Several devices train through one process here (``caffe_syncbn.get_solver(path,
-devices='gpu:0,1')`` or ``tools/train_net.py --gpus``), not through pycaffe's one process
-per GPU. So ``NCCL`` only covers the one-solver case of pycaffe's train.py, and refuses more.
+devices='gpu:0,1')`` or ``caffe-syncbn train -gpu 0,1``), or through one such process per
+machine under mpiexec, not through pycaffe's multiprocessing with one process per GPU. So
+``NCCL`` only covers the one-solver case of pycaffe's train.py, and refuses more.
 """
 import logging
 import os
@@ -66,7 +67,8 @@ class NCCL:
         if solver_count() > 1:
             raise CaffeError("caffe.NCCL with %d solvers (one process per GPU) is not supported; "
                              "train on several devices in one process with caffe_syncbn.get_solver("
-                             "path, devices='gpu:0,1,...') or tools/train_net.py --gpus"
+                             "path, devices='gpu:0,1,...') or caffe-syncbn train -gpu 0,1,... "
+                             '(under mpiexec -n N for several machines)'
                              % solver_count())
         self.solver = solver
 
