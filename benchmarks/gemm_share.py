@@ -3,8 +3,9 @@
 
     python benchmarks/gemm_share.py PROTOTXT [--batch N] [--iterations K] [--threads T]
 
-Times every numpy matmul of --iterations forward+backward passes (after one warm-up)
-and counts its multiply-adds, then times the largest of those GEMM shapes alone, on one
+Times every call of numpy.matmul in --iterations forward+backward passes (after one
+warm-up; the numpy layers' GEMMs go through it, the ``@`` operator would not be seen) and
+counts its multiply-adds, then times the largest of those GEMM shapes alone, on one
 core, as the peak to compare with. With --threads 1 (the default) the GEMM time is the
 time of the step that no other work can shorten: the rest (im2col and col2im, the
 elementwise layers, the accumulation of gradients) is what an implementation controls.

@@ -16,7 +16,7 @@
 //   c's N*HW values, with 16-byte vector loads when HW and x allow. Sums are taken about the
 //   channel's first value p_c, so they carry no cancellation whatever the data's offset.
 //   reads x; writes partial[(c*splits + b)*2 + {0, 1}] = slice sums of (x-p_c), (x-p_c)^2
-//   (float64) and pivot[c] = p_c (float64). Needs 1 <= N*HW < 2^32 (an empty replica
+//   (float64) and pivot[c] = p_c (float64). Needs 1 <= N*HW < 2^31 (an empty replica
 //   launches nothing).
 // syncbn_stats_finish_<t>(partial, splits, C, pivot, shift, count, out)
 //   grid ceil(C/B), block B, a thread per channel: adds the channel's partials in fixed order

@@ -301,9 +301,6 @@ class BN(_ChannelNorm):
         """The batch variance the running variance averages (BN: the biased one)."""
         return var
 
-    def reduce_gradient_sums(self, sum_dy, sum_dy_x_hat):
-        return sum_dy, sum_dy_x_hat
-
     def forward(self, bottom, top):
         if self.cuda_kernels:
             from ..gpu import syncbn_gpu
