@@ -47,14 +47,15 @@ def _parser(command):
     if command in ('train', 'test', 'time', 'device_query'):
         where = p.add_mutually_exclusive_group()
         where.add_argument('-gpu', dest='gpu', type=gpu_ids, metavar='IDS',
-                           help="GPU ids separated by ',', or 'all'" + (
-                               ' (a repeated id runs replicas on one GPU)' if command == 'train'
-                               else ' (the first runs the net)'))
+                           help="GPU ids separated by ',', or 'all'" + {
+                               'train': ' (a repeated id runs replicas on one GPU)',
+                               'device_query': ' (the GPUs to describe)'}.get(
+                                   command, ' (the first runs the net)'))
         if command == 'train':
             where.add_argument('-cpu_devices', dest='cpu_devices', metavar='N',
                                type=positive_int('devices'),
                                help='virtual CPU devices, threads (1 when no GPU is asked for)')
-        else:
+        elif command != 'device_query':
             where.add_argument('-cpu', dest='cpu', action='store_true', help='run on the CPU '
                                                                               '(the default)')
     if command == 'train':
