@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import caffe_syncbn as caffe
-from caffe_syncbn import caffe_pb2
 from caffe_syncbn.convert import fit_norm_weights, to_batchnorm, to_syncbn
 from caffe_syncbn.convert.norm import statistics_factor
 from caffe_syncbn.errors import CaffeError
@@ -182,4 +181,8 @@ def test_converters_take_a_caffemodel_path(tmp_path):
     param, synced = to_syncbn(prototxt, weights)     # HDF5: paired by the prototxt itself
     assert [a.shape for a in synced['bn1']] == [(1, 4, 1, 1)] * 4
     assert 'scale1' not in synced
-    assert caffe_pb2.NetParameter().__class__ is type(param)
+    binary_param, from_binary = to_syncbn(prototxt, golden_net('.caffemodel')[1])
+    assert param == binary_param and synced.keys() == from_binary.keys()
+    for name in synced:                       # the same weights, whichever file held them
+        for a, b in zip(synced[name], from_binary[name]):
+            np.testing.assert_array_equal(a, b)

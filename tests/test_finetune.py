@@ -98,10 +98,15 @@ def test_bvlc_model_finetunes_under_sync_bn_and_ships_in_its_own_terms(tmp_path)
     assert [a.shape for a in state.history] == [shape for _, shape in USER_LAYOUT]
     assert not any(state.history[k].any() for k in (2, 3, 4))   # statistics are never learned
     longer = make_job(tmp_path, max_iter=5)
+    user_net = str(tmp_path / 'net.prototxt')
+    at_3 = caffe.Net(user_net, caffe.TEST, weights=snapshot).params['conv1'][0].data.copy()
     for flags in ([], ['--sync-bn']):
         log = train('--solver', longer, '--cpu-devices', 2, '--snapshot',
                     tmp_path / 'snap_iter_3.solverstate', *flags)
         assert 'restored iteration 3' in log and 'Iteration 4, loss = ' in log
+        at_5 = caffe.Net(user_net, caffe.TEST, weights=str(tmp_path / 'snap_iter_5.caffemodel'))
+        assert np.isfinite(at_5.params['conv1'][0].data).all()
+        assert not np.array_equal(at_5.params['conv1'][0].data, at_3)     # it went on training
 
 
 @pytest.mark.parametrize('fmt', ['BINARYPROTO', 'HDF5'])
@@ -180,4 +185,5 @@ def test_sync_bn_says_what_it_converts(tmp_path):
         .replace('bottom: "scale1" top: "scale1" }', 'bottom: "conv1" top: "conv1" }')
         .replace('bottom: "scale1" top: "pool1"', 'bottom: "conv1" top: "pool1"'))
     log = train('--solver', plain, '--cpu-devices', 2, '--sync-bn')
-    assert "W" in log and 'has no BatchNorm or BN layer; nothing is synchronized' in log
+    assert re.search(r'^W\d{4} .*has no BatchNorm or BN layer; nothing is synchronized', log,
+                     re.M), log

@@ -278,15 +278,14 @@ BIG_SCRIPT = textwrap.dedent('''
 
 
 def test_600mb_caffemodel(tmp_path):
-    """VGG-16 size: no protobuf size limit, under 20 s and 3 GB (the net itself holds 0.6 GB)."""
+    """VGG-16 size: no protobuf size limit, and under 3 GB (the net itself holds 0.6 GB)."""
     path = tmp_path / 'big.caffemodel'
     out = subprocess.run([sys.executable, '-c', BIG_SCRIPT, str(path), '6', str(ROOT)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert path.stat().st_size > 600e6
-    seconds, gigabytes = map(float, out.stdout.split())
-    # about 5 s alone; the bound leaves room for a machine busy with other tests
-    assert seconds < 60 and gigabytes < 3.0, (seconds, gigabytes)
+    _, gigabytes = map(float, out.stdout.split())
+    assert gigabytes < 3.0, gigabytes
 
 
 # ---- HDF5 -------------------------------------------------------------------------------
