@@ -369,7 +369,8 @@ def _paths(text):
 def _require_files(flags):
     for flag, path in flags:
         if path is not None and not os.path.isfile(path):
-            raise CaffeError('%s %s: no such file' % (flag, path))
+            raise CaffeError('%s %s: %s' % (flag, path, 'a folder, not a file'
+                                            if os.path.isdir(path) else 'no such file'))
 
 
 def console_main():

@@ -106,6 +106,8 @@ def logger_kept():
 def test_flags_may_come_before_the_command(tmp_path, logger_kept):
     with pytest.raises(CaffeError, match=r'^-solver .*nope\.prototxt: no such file'):
         main(['-solver', str(tmp_path / 'nope.prototxt'), 'train'])
+    with pytest.raises(CaffeError, match=r'^-model .*: a folder, not a file'):
+        main(['test', '-model', str(tmp_path), '-weights', 'w.caffemodel'])
 
 
 def test_solver_mode_gpu_without_a_gpu_trains_on_the_cpu(tmp_path, logger_kept):
