@@ -211,8 +211,10 @@ def test_the_prototxts_own_stages_count_as_in_a_net():
     """``state { stage: ... }`` in the file selects layers for Net, fold_bn and to_deploy
     alike, with the stages given added to it."""
     text = ('state { stage: "deploy" }\n' + INPUT % IMAGE
-            + 'layer { name: "r" type: "ReLU" bottom: "data" top: "r" include { stage: "deploy" } }\n'
-            + 'layer { name: "t" type: "TanH" bottom: "data" top: "t" include { stage: "fast" } }\n')
+            + 'layer { name: "r" type: "ReLU" bottom: "data" top: "r"\n'
+              '        include { stage: "deploy" } }\n'
+            + 'layer { name: "t" type: "TanH" bottom: "data" top: "t"\n'
+              '        include { stage: "fast" } }\n')
     assert build(text, caffe.TEST).outputs == ['r']
     assert build(text, caffe.TEST, stages=['fast']).outputs == ['r', 't']
     source = text_format.Parse(text, caffe_pb2.NetParameter())

@@ -16,8 +16,8 @@ replicas' arrays in order and passes it on), and the last one broadcasts the tot
 
 **Faults.** An MPI call blocks for ever when a peer dies, so nothing here blocks in MPI
 once the link is up (counting the processes on each node, when it starts, is a blocking
-collective): every wait polls a non-blocking request and gives up when the local group failed, when the
-link failed, or at a deadline. A watchdog thread exchanges heartbeats with every other
+collective): every wait polls a non-blocking request and gives up when the local group
+failed, when the link failed, or at a deadline. A watchdog thread exchanges heartbeats with every other
 process; a process silent for ``peer_timeout`` seconds (killed, out of memory, stopped)
 fails the link with a message naming it, every wait raises ``CommAborted``, and the job
 ends through ``abort_job`` (MPI_Abort), which the error path of the command calls after

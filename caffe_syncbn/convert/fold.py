@@ -143,7 +143,8 @@ def fold_bn(net_param, weights):
             stats = stored_stats(weights[unit.name],
                                  weights.get(unit.scale_name) if scale is not None else None)
         except ValueError as exc:
-            raise CaffeError("fold_bn: %s: batch norm '%s': %s" % (source, unit.name, exc)) from None
+            raise CaffeError("fold_bn: %s: batch norm '%s': %s"
+                             % (source, unit.name, exc)) from None
         a, c = _affine(bn, stats)
         output = (scale if scale is not None else bn).top[0]
         target = _foldable(layers, weights, unit)
