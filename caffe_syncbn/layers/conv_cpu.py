@@ -32,7 +32,7 @@ MIN_POSITIONS = 512
 MAX_COLUMN_BYTES = 16 << 20
 #: outputs narrower than this put the images last in the columns of a chunk
 NARROW = 16
-#: above this many groups, the groups' GEMMs go to numpy's batched matmul in one call
+#: above this many groups, the groups of an accumulating GEMM go to numpy's batched matmul
 FEW_GROUPS = 4
 #: a backward runs its units on several threads when the batch has at least this many
 #: output positions: each thread's own weight-gradient sum costs about as much as that
@@ -210,16 +210,16 @@ def add_columns_to_image(layer, dcols, dx, chunk):
 # ---- GEMMs --------------------------------------------------------------------------------
 def grouped_gemm(a, b, out, accumulate=False):
     """``out[g] = a[g] @ b[g]`` (or +=) for each group g of 3-D operands."""
-    if a.shape[0] <= FEW_GROUPS:
+    if not accumulate:
+        cpu_threads.batched_matmul(a, b, out=out)
+        return
+    if a.shape[0] <= FEW_GROUPS:     # in place, in cache-sized pieces (cpu_threads.matmul)
         for g in range(a.shape[0]):
-            cpu_threads.matmul(a[g], b[g], out=out[g], accumulate=accumulate)
+            cpu_threads.matmul(a[g], b[g], out=out[g], accumulate=True)
         return
 
     def work(g0, g1):
-        if accumulate:
-            out[g0:g1] += np.matmul(a[g0:g1], b[g0:g1])
-        else:
-            np.matmul(a[g0:g1], b[g0:g1], out=out[g0:g1])
+        out[g0:g1] += np.matmul(a[g0:g1], b[g0:g1])
     cpu_threads.split(a.shape[0], work)
 
 
