@@ -25,11 +25,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 MIB = 1024.0 * 1024.0
 
 
-def _base(array):
-    while array.base is not None and hasattr(array.base, 'nbytes'):
-        array = array.base
-    return array
-
 
 def _stored(blob):
     """The arrays a blob holds (its diff only once made: asking for it would make it)."""
@@ -39,12 +34,13 @@ def _stored(blob):
 def kept_arrays(layer, xp, blob_memory):
     """{attribute: bytes} of the arrays a layer holds that are no blob's memory (its
     caches), each array counted once."""
+    from caffe_syncbn.blob import storage_of
     kept, seen = {}, set(blob_memory)
     for name, value in vars(layer).items():
         values = value.values() if isinstance(value, dict) else \
             value if isinstance(value, (list, tuple)) else [value]
         size = 0
-        for base in (_base(v) for v in values if isinstance(v, xp.ndarray)):
+        for base in (storage_of(v) for v in values if isinstance(v, xp.ndarray)):
             if id(base) not in seen:
                 seen.add(id(base))
                 size += base.nbytes
@@ -57,13 +53,14 @@ def measure_ours(args):
     from caffe_syncbn.timing import peak_memory_kb
     print('after imports:        peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
     from caffe_syncbn import TRAIN, Net
+    from caffe_syncbn.blob import storage_of
     from caffe_syncbn.timing import timing_net_param
     net = Net(timing_net_param(args.model, args.batch), TRAIN)
     print('after building:       peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
     for step in range(args.steps):
         net.forward_prefilled()
         if step == args.steps - 1:
-            blob_memory = {id(_base(array)) for b in list(net.blobs.values())
+            blob_memory = {id(storage_of(array)) for b in list(net.blobs.values())
                            + net.learnable_params for array in _stored(b)}
             caches = [(layer_name, attr, size) for layer_name, layer in
                       zip(net._layer_names, net.layers)
@@ -75,7 +72,7 @@ def measure_ours(args):
 
     def held(blobs, field):
         arrays = (blob.data if field == 'data' else blob.diff_if_made for blob in blobs.values())
-        bases = {id(b): b.nbytes for b in (_base(a) for a in arrays if a is not None)}
+        bases = {id(b): b.nbytes for b in (storage_of(a) for a in arrays if a is not None)}
         return sum(bases.values()) / MIB
 
     print('params:      data %7.1f MiB, diff %7.1f MiB'

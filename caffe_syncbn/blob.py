@@ -57,6 +57,14 @@ def checked_shape(shape, dtype=np.float32):
     return shape
 
 
+def storage_of(array):
+    """The array that owns ``array``'s memory (``array`` itself, unless it is a view), so
+    that views of one buffer count once."""
+    while array.base is not None and hasattr(array.base, 'nbytes'):
+        array = array.base
+    return array
+
+
 def format_bytes(count):
     """'2.0 GiB (2147483648 bytes)'."""
     for unit, size in (('TiB', 1 << 40), ('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import caffe_pb2
 from .backend import mode_array_module, to_numpy
-from .blob import Blob, format_bytes, memory_limit
+from .blob import Blob, format_bytes, memory_limit, storage_of
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
 from .netgraph import filter_net, insert_splits, net_state
@@ -112,7 +112,7 @@ class Net:
                     raise
                 raise layer_error(lp, str(exc)) from None
             for blob in tops + layer.blobs:      # views (Split, Reshape tops) count once
-                owner = blob.data if blob.data.base is None else blob.data.base
+                owner = storage_of(blob.data)
                 if id(owner) not in sized:
                     sized[id(owner)] = owner         # kept, so that no other array takes its id
                     total_bytes += owner.nbytes
