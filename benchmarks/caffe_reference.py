@@ -30,7 +30,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 def _error(message):
-    from caffe_syncbn.errors import CaffeError      # one line from run_main, no traceback
+    from caffe_syncbn.errors import CaffeError  # one line from run_main, no traceback
     return CaffeError(message)
 
 
@@ -60,7 +60,8 @@ def run_measured(command, env, timeout=1800):
 def write_timing_prototxt(model, batch, folder):
     """The prototxt both programs time (see timing.timing_net_param); its path."""
     from google.protobuf import text_format
-    from caffe_syncbn.timing import timing_net_param
+
+    from caffe_syncbn.cli.timing import timing_net_param
     path = os.path.join(folder, 'timed.prototxt')
     with open(path, 'w') as f:
         f.write(text_format.MessageToString(timing_net_param(model, batch)))

@@ -63,7 +63,7 @@ def measure(args):
     import numpy as np
 
     from caffe_syncbn import TRAIN, Net
-    from caffe_syncbn.timing import time_net, timing_net_param
+    from caffe_syncbn.cli.timing import time_net, timing_net_param
     meter = GemmMeter(np)
     try:
         net = Net(timing_net_param(args.model, args.batch), TRAIN)
@@ -98,7 +98,7 @@ def main(argv=None):
     if args.iterations < 1 or args.threads < 1:
         parser.error('--iterations and --threads must be at least 1')
     os.environ['CAFFE_SYNCBN_THREADS'] = str(args.threads)   # before the layers start
-    from caffe_syncbn.tools_common import run_main
+    from caffe_syncbn.cli.common import run_main
     run_main(lambda: measure(args))
 
 

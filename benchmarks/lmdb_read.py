@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 import lmdb  # noqa: E402
 import numpy as np  # noqa: E402
 
+from caffe_syncbn.cli.common import run_main  # noqa: E402
 from caffe_syncbn.data.datum import LMDBReader, array_to_datum, write_lmdb  # noqa: E402
-from caffe_syncbn.tools_common import run_main  # noqa: E402
 
 
 def seconds(read, passes):

@@ -50,11 +50,11 @@ def kept_arrays(layer, xp, blob_memory):
 
 
 def measure_ours(args):
-    from caffe_syncbn.timing import peak_memory_kb
+    from caffe_syncbn.cli.timing import peak_memory_kb
     print('after imports:        peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
     from caffe_syncbn import TRAIN, Net
     from caffe_syncbn.blob import storage_of
-    from caffe_syncbn.timing import timing_net_param
+    from caffe_syncbn.cli.timing import timing_net_param
     net = Net(timing_net_param(args.model, args.batch), TRAIN)
     print('after building:       peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
     for step in range(args.steps):
@@ -89,6 +89,7 @@ def measure_ours(args):
 
 def compare_with_caffe(args):
     import re
+
     from caffe_reference import (blas_env, caffe_time, run_measured, temporary_folder,
                                  write_timing_prototxt)
     env = blas_env(args.threads)
@@ -132,7 +133,7 @@ def main(argv=None):
         parser.error('--steps and --pairs must be at least 1')
     if args.compare_caffe and not os.access(args.compare_caffe, os.X_OK):
         parser.error('%s is not an executable caffe binary' % args.compare_caffe)
-    from caffe_syncbn.tools_common import run_main
+    from caffe_syncbn.cli.common import run_main
     run_main(lambda: compare_with_caffe(args) if args.compare_caffe else measure_ours(args))
 
 

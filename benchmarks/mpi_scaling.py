@@ -75,8 +75,9 @@ def training_worker(iterations, devices, out):
 
     import compare
     from make_dataset import make_dataset
+
     from caffe_syncbn.comm.mpi import job_link
-    from caffe_syncbn.training import get_solver
+    from caffe_syncbn.training.data_parallel import get_solver
     logging.getLogger('caffe_syncbn').setLevel(logging.WARNING)
     link = job_link()
     data = os.path.join(out, 'data')

@@ -29,8 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 
 def time_ours(args):
     from caffe_syncbn import TEST, TRAIN, Net
-    from caffe_syncbn.timing import (format_timings, peak_memory_kb, time_net,
-                                     timing_net_param)
+    from caffe_syncbn.cli.timing import format_timings, peak_memory_kb, time_net, timing_net_param
     net = Net(timing_net_param(args.model, args.batch, force_backward=not args.forward_only),
               TRAIN if args.phase == 'TRAIN' else TEST)
     result = time_net(net, args.iterations, backward=not args.forward_only)
@@ -144,7 +143,7 @@ def main(argv=None):
     elif args.threads:
         for name in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
             os.environ[name] = str(args.threads)      # before numpy loads its BLAS
-    from caffe_syncbn.tools_common import run_main   # imports numpy
+    from caffe_syncbn.cli.common import run_main  # imports numpy
     run_main(lambda: compare_with_caffe(args) if args.compare_caffe else time_ours(args))
 
 

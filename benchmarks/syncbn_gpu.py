@@ -79,11 +79,11 @@ class Replica:
             self.top[0].diff[...] = rs.standard_normal(shape, np.float32).astype(dtype)
 
     def forward(self):
-        from caffe_syncbn.gpu import syncbn_gpu
+        from caffe_syncbn.layers import norm_gpu as syncbn_gpu
         syncbn_gpu.layer_forward(self.layer, self.bottom, self.top)
 
     def backward(self):
-        from caffe_syncbn.gpu import syncbn_gpu
+        from caffe_syncbn.layers import norm_gpu as syncbn_gpu
         syncbn_gpu.layer_backward(self.layer, self.top, [True], self.bottom)
 
 

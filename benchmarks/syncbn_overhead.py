@@ -38,9 +38,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 from caffe_syncbn import caffe_pb2  # noqa: E402
+from caffe_syncbn.cli.common import run_main  # noqa: E402
 from caffe_syncbn.errors import CaffeError  # noqa: E402
-from caffe_syncbn.netspec import NetSpec, layers as L, params as P  # noqa: E402
-from caffe_syncbn.tools_common import run_main  # noqa: E402
+from caffe_syncbn.pycaffe.net_spec import NetSpec, layers as L, params as P  # noqa: E402
 
 FULL = dict(size=32, width=16, blocks=2, batch=32, warmup=3, steps=15)
 QUICK = dict(size=16, width=8, blocks=1, batch=8, warmup=1, steps=2)
@@ -91,7 +91,7 @@ def solver_param(net):
 
 
 def build(devices, sync_bn, cfg, batch_source):
-    from caffe_syncbn.training import get_solver
+    from caffe_syncbn.training.data_parallel import get_solver
     net = resnet_param(cfg['batch'] // devices, cfg['size'], cfg['width'], cfg['blocks'])
     solver = get_solver(solver_param(net), devices='cpu:%d' % devices, sync_bn=sync_bn)
     solver.set_data_source(batch_source)

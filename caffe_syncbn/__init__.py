@@ -17,16 +17,16 @@ __version__ = '0.1.0'
 # (`layers` here is the package of layer implementations); install_as_caffe() gives a
 # `caffe` module with every pycaffe name.
 _LAZY = {
-    'NetSpec': ('.netspec', 'NetSpec'), 'to_proto': ('.netspec', 'to_proto'),
-    'params': ('.netspec', 'params'), 'net_spec': ('.netspec', None),
-    'get_solver': ('.training', 'get_solver'),
-    'get_solver_from_string': ('.solvers', 'get_solver_from_string'),
-    'io': ('.io', None), 'proto': ('.pycaffe.proto', None), 'draw': ('.pycaffe.draw', None),
+    'NetSpec': ('.pycaffe.net_spec', 'NetSpec'), 'to_proto': ('.pycaffe.net_spec', 'to_proto'),
+    'params': ('.pycaffe.net_spec', 'params'), 'net_spec': ('.pycaffe.net_spec', None),
+    'get_solver': ('.training.data_parallel', 'get_solver'),
+    'get_solver_from_string': ('.training.solvers', 'get_solver_from_string'),
+    'io': ('.pycaffe.io', None), 'proto': ('.pycaffe.proto', None), 'draw': ('.pycaffe.draw', None),
     'coord_map': ('.pycaffe.coord_map', None),
     'Classifier': ('.pycaffe.classifier', 'Classifier'), 'Detector': ('.pycaffe.detector', 'Detector'),
-    'install_as_caffe': ('.pycaffe.install', 'install_as_caffe'),
+    'install_as_caffe': ('.pycaffe.caffe', 'install_as_caffe'),
 }
-_LAZY.update({name: ('.solvers', name) for name in (
+_LAZY.update({name: ('.training.solvers', name) for name in (
     'SGDSolver', 'NesterovSolver', 'AdaGradSolver', 'RMSPropSolver', 'AdaDeltaSolver', 'AdamSolver')})
 _LAZY.update({name: ('.pycaffe.runtime', name) for name in (
     'NCCL', 'Timer', 'has_nccl', 'init_log', 'log', 'set_multiprocess', 'set_solver_count',

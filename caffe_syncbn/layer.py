@@ -15,9 +15,9 @@ import difflib
 import numpy as np
 
 from .blob import Blob
+from .caffe_pb2 import TEST, TRAIN  # noqa: F401  (the phases, as pycaffe names them here)
 from .errors import CaffeError, layer_error, quote
-
-TRAIN, TEST = 0, 1
+from .fillers import fill
 
 _REGISTRY = {}
 
@@ -34,12 +34,10 @@ def register(*type_names):
 
 
 def layer_type_list():
-    _import_builtin_layers()
     return sorted(_REGISTRY)
 
 
 def layer_class(type_name, param=None):
-    _import_builtin_layers()
     try:
         return _REGISTRY[type_name]
     except KeyError:
@@ -54,9 +52,6 @@ def create_layer(param, ctx):
     """Build the layer that ``param`` (a LayerParameter) describes, in context ``ctx``."""
     return layer_class(param.type, param)(param, ctx)
 
-
-def _import_builtin_layers():
-    from . import layers  # noqa: F401  (registers every built-in layer type)
 
 
 class LayerContext:
@@ -200,7 +195,6 @@ class Layer:
 
     def make_blob(self, shape, filler=None):
         """A new learnable blob of this layer's dtype and backend, filled by ``filler``."""
-        from .fillers import fill
         blob = Blob(shape, self.dtype, self.xp)
         if filler is not None:
             fill(filler, blob)

@@ -2,6 +2,8 @@
 
 The Net knows the Layer contract and the registry, never a concrete layer type.
 """
+
+
 import collections
 import itertools
 import logging
@@ -9,25 +11,18 @@ import os
 
 import numpy as np
 
+from . import layers  # noqa: F401  (importing the package registers the built-in layer types)
 from . import caffe_pb2
 from .backend import mode_array_module, to_numpy
 from .blob import Blob, format_bytes, memory_limit, storage_of
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
-from .netgraph import filter_net, insert_splits, net_state
-from .prototxt import read_prototxt
+from .netparam.graph import filter_net, insert_splits, net_state
+from .netparam.upgrade import load_net_param
+from .weights.copy import copy_weights
+from .weights.save import net_to_proto, write_caffemodel, write_hdf5
 
 log = logging.getLogger('caffe_syncbn')
-
-
-def load_net_param(model):
-    """A V2 NetParameter from a prototxt path or a NetParameter (upgraded when legacy)."""
-    from .upgrade import upgrade_net_param
-    if isinstance(model, caffe_pb2.NetParameter):
-        return upgrade_net_param(model)
-    path = os.fspath(model)
-    with naming(path):
-        return upgrade_net_param(read_prototxt(path, caffe_pb2.NetParameter()))
 
 
 class Net:
@@ -383,20 +378,16 @@ class Net:
         stored in another form (BatchNorm+Scale, BN, SyncBN) are converted on the way.
         Layers with params that get nothing are named in a warning; with ``complete``
         (a snapshot of this net) they are an error."""
-        from .io.caffemodel import copy_weights
         copy_weights(self, weights, complete=complete)
 
     def to_proto(self):
         """The net's NetParameter with every layer's blobs filled in (what save() writes)."""
-        from .io.caffemodel import net_to_proto
         return net_to_proto(self)
 
     def save(self, path):
-        from .io.caffemodel import write_caffemodel
         write_caffemodel(self, os.fspath(path))
 
     def save_hdf5(self, path):
-        from .io.caffemodel import write_hdf5
         write_hdf5(self, os.fspath(path))
 
     def load_hdf5(self, path):

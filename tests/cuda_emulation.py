@@ -6,7 +6,7 @@ NVRTC would get it (``cuda_kernels.source``), is compiled with g++ against
 Scalars must carry their C type as numpy scalars (np.int32, np.int64, np.float32,
 np.float64), as CuPy also wants them; None is a null pointer.
 
-``emulated_kernels(monkeypatch)`` points ``caffe_syncbn.cuda_kernels.kernel`` at these, so
+``emulated_kernels(monkeypatch)`` points ``caffe_syncbn.backend.cuda_kernels.kernel`` at these, so
 the GPU wrappers of caffe_syncbn/gpu run unchanged over numpy arrays.
 """
 import atexit
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caffe_syncbn import cuda_kernels
+from caffe_syncbn.backend import cuda_kernels
 
 HERE = Path(__file__).resolve().parent
 _MARKED_ENTRY = re.compile(r'EMU_KERNEL_ENTRY\s+void\s+(\w+)\s*\(')
@@ -107,6 +107,6 @@ class EmulatedKernel:
 
 
 def emulated_kernels(monkeypatch, multiprocessors=2):
-    """Make caffe_syncbn.cuda_kernels hand out emulated kernels over numpy arrays."""
+    """Make caffe_syncbn.backend.cuda_kernels hand out emulated kernels over numpy arrays."""
     monkeypatch.setattr(cuda_kernels, 'kernel', lambda stem, name: EmulatedKernel(stem, name))
     monkeypatch.setattr(cuda_kernels, 'multiprocessor_count', lambda: multiprocessors)

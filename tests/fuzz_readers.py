@@ -45,8 +45,8 @@ def net(args):
 def net_param(args):
     """Parse, upgrade and filter a prototxt, and insert its splits (no layer is built)."""
     from caffe_syncbn import caffe_pb2
-    from caffe_syncbn.net import load_net_param
-    from caffe_syncbn.netgraph import filter_net, insert_splits
+    from caffe_syncbn.netparam.graph import filter_net, insert_splits
+    from caffe_syncbn.netparam.upgrade import load_net_param
     param = load_net_param(args['model'])
     for phase in (caffe_pb2.TRAIN, caffe_pb2.TEST):
         insert_splits(filter_net(param, caffe_pb2.NetState(phase=phase)))
@@ -55,7 +55,7 @@ def net_param(args):
 @reader
 def solver(args):
     """Build a solver from its prototxt, restore a solverstate if given, train steps."""
-    from caffe_syncbn.solvers import get_solver
+    from caffe_syncbn.training.solvers import get_solver
     solver = get_solver(args['solver'])
     if args.get('state'):
         solver.restore(args['state'])

@@ -8,7 +8,8 @@ fan-in scaled, and every batch norm gets statistics from its actual input (``cal
 import numpy as np
 
 import caffe_syncbn as caffe
-from caffe_syncbn.net import load_net_param
+from caffe_syncbn.netparam.upgrade import load_net_param
+
 from conftest import CORPUS, require
 
 BATCH_NORMS = ('BatchNorm', 'BN', 'SyncBN')

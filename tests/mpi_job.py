@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from caffe_syncbn.backend import to_numpy  # noqa: E402
 from caffe_syncbn.comm.mpi import job_link  # noqa: E402
-from caffe_syncbn.training import DataParallelSolver  # noqa: E402
+from caffe_syncbn.training.data_parallel import DataParallelSolver  # noqa: E402
 
 STEPS = 4
 SPLIT = (7, 0, 6, 3)          # uneven, with an empty replica (process 0's second)
@@ -93,7 +93,7 @@ def pipelines(out, link):
     many samples each process decoded."""
     import caffe_syncbn.layers.image_data as image_data
     from caffe_syncbn import TRAIN, Net
-    from caffe_syncbn.parallel import InputPipeline
+    from caffe_syncbn.training.input_pipeline import InputPipeline
     folder = Path(os.environ['PIPELINE_DATA'])
     decoded = {'count': 0}
     for name in ('parse_datum', 'load_list_image'):
@@ -133,7 +133,7 @@ def decoded_share(prototxt, process, decoded):
     """How many samples a process decodes for its 2 replicas' rows of PIPELINE_STEPS global
     batches (read_parts as the pipeline calls it, without its read-ahead thread)."""
     from caffe_syncbn import TRAIN, Net
-    from caffe_syncbn.parallel import read_parts
+    from caffe_syncbn.training.input_pipeline import read_parts
     layer = Net(str(prototxt), TRAIN).layers[0]
     reader = layer.make_reader(np.random.RandomState([7, 1]))
     decoded['count'] = 0
@@ -145,6 +145,7 @@ def decoded_share(prototxt, process, decoded):
 # ---- one NCCL communicator over the GPUs of every process (fake NCCL) --------------------------
 def nccl(out, link):
     import fake_nccl
+
     from caffe_syncbn.comm.mpi import nccl_across_processes
     from caffe_syncbn.comm.streams import HostStreams
     made = []
@@ -199,12 +200,12 @@ def fault(out, link, solver_path):
     raise, kill (SIGKILL) or stop (SIGSTOP); FAULT_WHERE is forward (in a collective),
     reader (in the input pipeline) or snapshot (rank 0, halfway through the solverstate);
     FAULT_RANK the process; FAULT_AT the call that fails."""
-    import caffe_syncbn.solvers.solver as solver_module
-    import caffe_syncbn.solvers.state as state
+    import caffe_syncbn.formats.solverstate as state
+    import caffe_syncbn.training.solver as solver_module
     from caffe_syncbn.cli import main
+    from caffe_syncbn.cli.common import run_main
     from caffe_syncbn.layers.data import HDF5Reader
     from caffe_syncbn.net import Net
-    from caffe_syncbn.tools_common import run_main
     what, where = os.environ['FAULT'], os.environ['FAULT_WHERE']
     at = int(os.environ.get('FAULT_AT', 3))
     mine = link.rank == int(os.environ['FAULT_RANK'])

@@ -5,11 +5,11 @@ import time
 
 import numpy as np
 import pytest
+from test_data_parallel import batches, solver_param
 
 from caffe_syncbn.backend import to_numpy
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.training import get_solver
-from test_data_parallel import batches, solver_param
+from caffe_syncbn.training.data_parallel import get_solver
 
 
 def feed(solver, data):

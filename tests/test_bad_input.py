@@ -5,7 +5,7 @@ import pytest
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.io.caffemodel import array_to_blob
+from caffe_syncbn.formats.blobs import array_to_blob
 
 NET = '''name: "small"
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 12 } } }

@@ -10,8 +10,10 @@ import pytest
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
-from caffe_syncbn.cli import main, parse
+from caffe_syncbn.cli import main
+from caffe_syncbn.cli.commands import parse
 from caffe_syncbn.errors import CaffeError
+
 from conftest import GOLDEN, ROOT, require
 
 TIMEOUT = 120
@@ -111,7 +113,7 @@ def test_flags_may_come_before_the_command(tmp_path, logger_kept):
 
 
 def test_solver_mode_gpu_without_a_gpu_trains_on_the_cpu(tmp_path, logger_kept):
-    from caffe_syncbn.cli_devices import train_devices
+    from caffe_syncbn.cli.devices import train_devices
     args = parse('train', ['-solver', 'solver.prototxt'])
     param = caffe_pb2.SolverParameter(solver_mode=caffe_pb2.SolverParameter.GPU, device_id=1)
     if caffe.backend.gpu_count() == 0:
@@ -161,8 +163,9 @@ def test_usage_device_query_and_the_console_script():
                            capture_output=True, timeout=TIMEOUT)
     assert quiet.returncode == 0 and quiet.stderr == '', quiet.stderr     # glog's variable
     # pip installs the command: setup.py declares it, and its target runs main
-    import setuptools  # noqa: F401  (first, so that distutils is setuptools' own)
     from distutils.core import run_setup
+
+    import setuptools  # noqa: F401  (first, so that distutils is setuptools' own)
     cwd = os.getcwd()
     try:
         dist = run_setup(str(ROOT / 'setup.py'), stop_after='init')
@@ -182,7 +185,7 @@ def test_upgrade_v1_prototxt_and_caffemodel(tmp_path):
         assert result.returncode == 0, result.stderr
     text = (tmp_path / 'new.prototxt').read_text()
     assert 'layers {' not in text and 'input_dim' not in text and 'type: "Input"' in text
-    from caffe_syncbn.io.caffemodel import read_net_param
+    from caffe_syncbn.formats.caffemodel import read_net_param
     stored = read_net_param(str(tmp_path / 'new.caffemodel'))
     assert len(stored.layers) == 0 and len(stored.layer) > 0
     ref = np.load(GOLDEN / (case + '.npz'))
@@ -201,7 +204,7 @@ def test_upgrade_solver_and_files_already_current(tmp_path):
     old.write_text('net: "n.prototxt"\nbase_lr: 0.01\nsolver_type: ADAM\n')
     result = run_cli('upgrade', old, tmp_path / 'solver.prototxt')
     assert result.returncode == 0, result.stderr
-    from caffe_syncbn.prototxt import read_prototxt
+    from caffe_syncbn.netparam.prototxt import read_prototxt
     param = read_prototxt(str(tmp_path / 'solver.prototxt'), caffe_pb2.SolverParameter())
     assert param.type == 'Adam' and not param.HasField('solver_type') and param.base_lr == np.float32(0.01)
     result = run_cli('upgrade', tmp_path / 'solver.prototxt', tmp_path / 'again.prototxt')
@@ -263,7 +266,8 @@ def test_signal_effect_none_ignores_the_signal_as_caffe_does():
     """An effect of none (an option of -sigint_effect and -sighup_effect) catches the
     signal and keeps training; other effects become the loop's next request."""
     import signal
-    from caffe_syncbn.cli import SignalRequests
+
+    from caffe_syncbn.cli.commands import SignalRequests
     requests = SignalRequests('none', 'none')
     try:
         os.kill(os.getpid(), signal.SIGHUP)          # would end this process uncaught

@@ -2,16 +2,17 @@
 and weights written in one form load into a net of another (convert/norm.py)."""
 import numpy as np
 import pytest
-
-import caffe_syncbn as caffe
-from caffe_syncbn.convert import fit_norm_weights, to_batchnorm, to_syncbn
-from caffe_syncbn.convert.norm import statistics_factor
-from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.io.caffemodel import read_weights
-from caffe_syncbn.net import load_net_param
-from conftest import GOLDEN, require
 from model_weights import Deployed
 from net_helpers import build
+
+import caffe_syncbn as caffe
+from caffe_syncbn.convert import to_batchnorm, to_syncbn
+from caffe_syncbn.errors import CaffeError
+from caffe_syncbn.formats.caffemodel import read_weights
+from caffe_syncbn.netparam.upgrade import load_net_param
+from caffe_syncbn.weights.norm_forms import fit_norm_weights, statistics_factor
+
+from conftest import GOLDEN, require
 
 RESNET = 'KaimingHe_deep-residual-networks__prototxt_ResNet-50-deploy.prototxt'
 PSPNET = 'hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt'
@@ -110,7 +111,7 @@ def test_caffe_batchnorm_scale_weights_load_into_syncbn_net(suffix):
     converted = to_syncbn(prototxt)[0]
     net = caffe.Net(converted, caffe.TEST)
     # HDF5 stores no layer types: the prototxt it was written for pairs BatchNorm and Scale
-    from caffe_syncbn.io.caffemodel import copy_weights
+    from caffe_syncbn.weights.copy import copy_weights
     copy_weights(net, weights, source_layers=load_net_param(prototxt).layer)
     out = net.forward(data=ref['input/data'])
     np.testing.assert_allclose(out['prob'], ref['data/prob'], rtol=1e-4, atol=1e-5)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import caffe_syncbn as caffe
-from caffe_syncbn.io.caffemodel import read_net_param
+from caffe_syncbn.formats.caffemodel import read_net_param
+
 from conftest import GOLDEN, ROOT, require
 
 TOOL = ROOT / 'tools' / 'convert_model.py'

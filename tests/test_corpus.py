@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import caffe_syncbn as caffe
-from caffe_syncbn.net import load_net_param
-from caffe_syncbn.upgrade import swap_data_layers_for_inputs
+from caffe_syncbn.netparam.inputs import swap_data_layers_for_inputs
+from caffe_syncbn.netparam.upgrade import load_net_param
+
 from conftest import CORPUS, GOLDEN, require
 
 PSPNET = 'hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt'

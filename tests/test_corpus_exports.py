@@ -11,7 +11,7 @@ One test per net: its reference forward is the costly part.
 import pytest
 
 from caffe_syncbn.convert import fold_bn, to_batchnorm, to_syncbn
-from caffe_syncbn.convert.command import write_net
+from caffe_syncbn.cli.convert import write_net
 from model_weights import Deployed
 
 cv2 = pytest.importorskip('cv2', reason='OpenCV is absent: pip install "opencv-python-headless<5"')

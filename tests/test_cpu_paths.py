@@ -6,7 +6,8 @@ import threading
 import numpy as np
 import pytest
 
-from caffe_syncbn.layers import conv, conv_cpu, cpu_threads
+from caffe_syncbn.backend import cpu_threads
+from caffe_syncbn.layers import conv, conv_cpu
 from caffe_syncbn.testing import build_layer
 
 
@@ -172,6 +173,7 @@ def test_host_convolution_in_place_1x1():
 def test_fill_in_chunks_draws_what_one_draw_gives(filler, monkeypatch):
     """fill() writes float32 in chunks; the values are those of one float64 draw."""
     from google.protobuf import text_format
+
     from caffe_syncbn import caffe_pb2
     from caffe_syncbn.blob import Blob
     from caffe_syncbn.fillers import fill, filled_array, set_random_seed

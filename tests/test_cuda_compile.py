@@ -1,5 +1,5 @@
 """Every cuda/*.cu compiles for a fixed architecture without a GPU, from the exact text NVRTC
-gets at run time (caffe_syncbn.cuda_kernels.source), and has every kernel the Python
+gets at run time (caffe_syncbn.backend.cuda_kernels.source), and has every kernel the Python
 wrappers ask for. nvcc --ptx (then ptxas, which checks the inline PTX) when nvcc is there,
 else CuPy's NVRTC when CuPy imports, else a skip that says which is missing."""
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from caffe_syncbn import cuda_kernels
+from caffe_syncbn.backend import cuda_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCH = '90'
@@ -59,7 +59,7 @@ def _compile_ptx(stem, tmp_path):
 
 def _wanted_kernels():
     wanted = {}
-    for path in list((ROOT / 'caffe_syncbn' / 'gpu').glob('*.py')) + \
+    for path in list((ROOT / 'caffe_syncbn' / 'layers').glob('*_gpu.py')) + \
             [ROOT / 'caffe_syncbn' / 'comm' / 'streams.py']:
         text = path.read_text()
         calls = _TYPED_CALL.findall(text) + [('syncbn', b) for b in _SYNCBN_CALL.findall(text)]

@@ -4,12 +4,11 @@ every layer with a kernel (2-D convolution, BN and SyncBN, MAX and AVE pooling, 
 SoftmaxWithLoss) must give the loss, activations and gradients of the array code."""
 import numpy as np
 import pytest
-
-from caffe_syncbn import TEST, TRAIN, Net
-from caffe_syncbn.layer import LayerContext
-from caffe_syncbn import caffe_pb2
-from caffe_syncbn.prototxt import parse_text
 from cuda_emulation import emulated_kernels
+
+from caffe_syncbn import TEST, TRAIN, Net, caffe_pb2
+from caffe_syncbn.layer import LayerContext
+from caffe_syncbn.netparam.prototxt import parse_text
 
 NET = '''
 name: "kernels"
@@ -79,7 +78,7 @@ def test_net_on_kernels_equals_array_code(monkeypatch, bn, phase, dtype):
 def test_switch_reaches_every_kernel_layer(monkeypatch):
     """Each kernel-backed layer type of the net above really calls a kernel."""
     emulated_kernels(monkeypatch)
-    from caffe_syncbn import cuda_kernels
+    from caffe_syncbn.backend import cuda_kernels
     called = set()
     original = cuda_kernels.kernel
     monkeypatch.setattr(cuda_kernels, 'kernel',

@@ -1,15 +1,15 @@
-"""The SyncBN kernels (cuda/syncbn.cu) and their wrappers (caffe_syncbn/gpu/syncbn_gpu.py),
+"""The SyncBN kernels (cuda/syncbn.cu) and their wrappers (caffe_syncbn/layers/norm_gpu.py),
 run on the CPU through the kernel emulation (tests/cuda_emulation.py), against the CPU
 layers of layers/norm.py. Small shapes: every CUDA thread is an OS thread here."""
 import numpy as np
 import pytest
+from cuda_emulation import emulated_kernels
 
 from caffe_syncbn.blob import Blob
 from caffe_syncbn.comm import ThreadComm
 from caffe_syncbn.layer import TEST, TRAIN, LayerContext, create_layer
 from caffe_syncbn.layers import norm
 from caffe_syncbn.testing import layer_param
-from cuda_emulation import emulated_kernels
 
 TOL = {np.float64: 1e-10, np.float32: 2e-5, np.float16: 2e-2}
 
@@ -20,7 +20,7 @@ def _emulated(monkeypatch):
 
 
 def gpu():
-    from caffe_syncbn.gpu import syncbn_gpu
+    from caffe_syncbn.layers import norm_gpu as syncbn_gpu
     return syncbn_gpu
 
 

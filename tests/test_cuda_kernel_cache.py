@@ -5,7 +5,7 @@ import threading
 import time
 import types
 
-from caffe_syncbn import cuda_kernels
+from caffe_syncbn.backend import cuda_kernels
 
 
 class FakeModule:

@@ -8,9 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from caffe_syncbn.io.caffemodel import read_net_param
-from caffe_syncbn.logparse import parse_log
-from caffe_syncbn.training import get_solver
+from caffe_syncbn.cli.logparse import parse_log
+from caffe_syncbn.formats.caffemodel import read_net_param
+from caffe_syncbn.training.data_parallel import get_solver
+
 from conftest import ROOT
 
 cv2 = pytest.importorskip('cv2')

@@ -7,15 +7,16 @@ train_val net of the corpus.
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from net_helpers import build
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.convert import fold_bn, to_deploy
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.net import load_net_param
-from caffe_syncbn.upgrade import is_data_layer
+from caffe_syncbn.netparam.inputs import is_data_layer
+from caffe_syncbn.netparam.upgrade import load_net_param
+
 from conftest import CORPUS, require
-from net_helpers import build
 
 # ---- the folding rules, exactly ---------------------------------------------------------
 INPUT = 'layer { name: "data" type: "Input" top: "data" input_param { shape { %s } } }\n'
@@ -184,8 +185,9 @@ def test_converters_read_hdf5_weights_whose_shared_params_only_the_owner_holds(t
     but has its own bias, holds blob 1 alone. Every converter must put the weight back in
     place, not move the bias to blob 0, and write the result as Caffe would."""
     import h5py
+
     from caffe_syncbn.convert import to_batchnorm, to_syncbn
-    from caffe_syncbn.convert.command import write_net
+    from caffe_syncbn.cli.convert import write_net
     text = (INPUT % IMAGE + CONV % ('c', 'data', 'c', 'param { name: "w" }', '')
             + CONV % ('c2', 'data', 'c2', 'param { name: "w" }', '')
             + BN % ('bn', 'BatchNorm', 'c2', 'c2') + SCALE % ('s', 'c2', 'c2'))

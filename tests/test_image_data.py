@@ -11,13 +11,14 @@ from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import TEST, TRAIN
 from caffe_syncbn.testing import build_layer
+
 from conftest import GOLDEN, ROOT, require
 
 cv2 = pytest.importorskip('cv2')
 
 from caffe_syncbn.data import (DataTransformer, LMDBReader, compute_image_mean,  # noqa: E402
                                convert_imageset, datum_to_array, parse_datum)
-from caffe_syncbn.io.caffemodel import read_blob_proto  # noqa: E402
+from caffe_syncbn.formats.blobs import read_blob_proto  # noqa: E402
 
 LMDB_CASES = ['data_lmdb_test_center_crop', 'data_lmdb_train_no_mirror']
 
@@ -318,7 +319,7 @@ def test_seg_data_whole_images_and_data_dim(seg_pair):
 
 # ---- the pipeline contract ------------------------------------------------------------------
 def test_one_reader_serves_the_global_batch(image_set, tmp_path):
-    from caffe_syncbn.parallel import InputPipeline
+    from caffe_syncbn.training.input_pipeline import InputPipeline
     _, images, labels = image_set
     db = convert(image_set, tmp_path)
     layer, top = data_layer(db, batch_size=2)

@@ -12,10 +12,13 @@ import pytest
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.blob import Blob
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.io.atomic import atomic_write
-from caffe_syncbn.io.caffemodel import (array_to_blob, blob_to_array, copy_weights, layer_blobs,
-                                        net_to_proto, read_blob_proto, read_net_param,
-                                        write_blob_proto, write_caffemodel, write_hdf5)
+from caffe_syncbn.formats.atomic import atomic_write
+from caffe_syncbn.formats.blobs import (array_to_blob, blob_to_array, read_blob_proto,
+                                        write_blob_proto)
+from caffe_syncbn.formats.caffemodel import read_net_param
+from caffe_syncbn.weights.copy import copy_weights, layer_blobs
+from caffe_syncbn.weights.save import net_to_proto, write_caffemodel, write_hdf5
+
 from conftest import GOLDEN, ROOT, require
 
 
@@ -243,7 +246,9 @@ BIG_SCRIPT = textwrap.dedent('''
     sys.path.insert(0, sys.argv[3])
     from caffe_syncbn import caffe_pb2
     from caffe_syncbn.blob import Blob
-    from caffe_syncbn.io.caffemodel import copy_weights, read_net_param, write_caffemodel
+    from caffe_syncbn.formats.caffemodel import read_net_param
+    from caffe_syncbn.weights.copy import copy_weights
+    from caffe_syncbn.weights.save import write_caffemodel
 
     class Layer:
         def __init__(self, name, shape):
@@ -376,7 +381,7 @@ def test_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
             f.write(b'half of a file')
             raise KeyboardInterrupt
     assert path.read_bytes() == before
-    from caffe_syncbn.io import caffemodel
+    from caffe_syncbn.formats import caffemodel
     calls = []
 
     def fail_on_third_blob(array, proto=None):       # fails in the middle of the file

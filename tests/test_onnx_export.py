@@ -6,19 +6,20 @@ import json
 
 import numpy as np
 import pytest
+from model_weights import Deployed
+from onnx_helpers import assert_close, highest_common_opset, input_layer, parse, run
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.convert import to_syncbn
 from caffe_syncbn.errors import CaffeError
+
 from conftest import GOLDEN, require
-from model_weights import Deployed
-from onnx_helpers import assert_close, highest_common_opset, input_layer, parse, run
 
 pytest.importorskip('onnx', reason="ONNX export needs onnx: pip install '.[onnx]'")
 pytest.importorskip('onnxruntime', reason='the ONNX tests run models with onnxruntime: '
                                           'pip install onnxruntime')
 from caffe_syncbn.export import to_onnx  # noqa: E402  (after the skips)
-from caffe_syncbn.export.graph import exportable_types  # noqa: E402
+from caffe_syncbn.export.model import exportable_types  # noqa: E402
 
 RESNET = 'KaimingHe_deep-residual-networks__prototxt_ResNet-50-deploy.prototxt'
 OPSETS = sorted({17, highest_common_opset()})

@@ -10,8 +10,8 @@ import pytest
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.netspec import NetSpec, layers as L, params as P
 from caffe_syncbn.pycaffe import coord_map, io as caffe_io
+from caffe_syncbn.pycaffe.net_spec import NetSpec, layers as L, params as P
 
 IP_NET = """name: 'ipnet' force_backward: true
 layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 4 dim: 3 dim: 2 dim: 2 } } }

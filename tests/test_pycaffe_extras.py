@@ -11,8 +11,9 @@ import pytest
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.prototxt import parse_text
+from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.pycaffe import draw, runtime
+
 from conftest import CORPUS, ROOT, require
 
 TRAIN_VAL = """name: 'tiny'

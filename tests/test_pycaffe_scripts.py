@@ -12,6 +12,7 @@ from google.protobuf import text_format
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
+
 from conftest import CORPUS, GOLDEN, ROOT, require
 
 cv2 = pytest.importorskip('cv2')
@@ -112,7 +113,8 @@ def test_fcn_coord_map_and_bilinear_surgery(tmp_path):
     assert crops(ours) == crops(published)       # offsets 5, 9 and 31
 
     # the upsampling kernels are Caffe's bilinear filler (recorded from BVLC Caffe)
-    from caffe_syncbn.io.caffemodel import arrays_of, read_weights
+    from caffe_syncbn.formats.caffemodel import read_weights
+    from caffe_syncbn.weights.copy import arrays_of
     recorded = read_weights(str(require(GOLDEN / 'deconv_bilinear_x2.caffemodel')))
     bilinear = arrays_of(recorded)['deconvolution'][0]
     np.testing.assert_allclose(np.load(tmp_path / 'upscore_weights.npy')[0, 0], bilinear[0, 0], atol=1e-7)

@@ -12,9 +12,11 @@ from caffe_syncbn import caffe_pb2
 from caffe_syncbn.blob import Blob
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import LayerContext
-from caffe_syncbn.solvers import (LearningRatePolicy, Solver, SolverState, get_solver, get_solver_class,
-                                  load_solver_param, read_solver_state, write_solver_state)
-from caffe_syncbn.solvers.rules import RULES
+from caffe_syncbn.training.rules import RULES
+from caffe_syncbn.training.solvers import (LearningRatePolicy, Solver, SolverState, get_solver,
+                                           get_solver_class, load_solver_param, read_solver_state,
+                                           write_solver_state)
+
 from conftest import GOLDEN, require
 
 

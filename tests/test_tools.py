@@ -8,8 +8,9 @@ import textwrap
 import numpy as np
 import pytest
 
+from caffe_syncbn.cli.logparse import parse_lines, read_csv
+
 from conftest import CORPUS, ROOT, require
-from caffe_syncbn.logparse import parse_lines, read_csv
 
 TIMEOUT = 120
 GLOG = 'I0312 10:00:%02d.000000  4242 %s] %s'
@@ -131,7 +132,7 @@ def test_time_net_on_lenet():
 
 
 def test_timing_nets_take_the_batch_also_for_input_layers():
-    from caffe_syncbn.tools_common import build_timing_net
+    from caffe_syncbn.cli.common import build_timing_net
     model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet.prototxt')   # an Input layer
     assert build_timing_net(str(model), batch=3).blobs['data'].shape == (3, 1, 28, 28)
     model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet_train_test.prototxt')

@@ -17,11 +17,12 @@ import time
 import h5py
 import numpy as np
 import pytest
+from test_train_net import make_job
 
 import caffe_syncbn as caffe
-from caffe_syncbn.tools_common import GlogFormatter
+from caffe_syncbn.glog import GlogFormatter
+
 from conftest import ROOT
-from test_train_net import make_job
 
 #: glog: severity, MMDD, HH:MM:SS.uuuuuu, thread id right-aligned in 5, file:line, '] '
 GLOG_LINE = re.compile(r'^([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) ( {0,4}\d+) '
@@ -97,7 +98,7 @@ def test_training_log_reads_as_caffes(tmp_path):
                      r'\] Snapshot of iteration 5 written: [\d.e+-]+ MB in [\d.]+ s']:
         assert re.search(expected, text), expected
     # file:line is where the line was logged
-    source = (ROOT / 'caffe_syncbn' / 'solvers' / 'solver.py').read_text().splitlines()
+    source = (ROOT / 'caffe_syncbn' / 'training' / 'solver.py').read_text().splitlines()
     for line in lines:
         if re.search(r'\] Iteration \d+, loss = ', line):
             file_name, number = GLOG_LINE.match(line).group(9, 10)
@@ -207,7 +208,7 @@ def test_first_non_finite_loss(tmp_path, effect):
         net = caffe.Net(str(tmp_path / 'net.prototxt'), caffe.TEST,
                         weights=str(tmp_path / 'snap_iter_2.caffemodel'))
         assert all(np.isfinite(b.data).all() for blobs in net.params.values() for b in blobs)
-        from caffe_syncbn.solvers import read_solver_state
+        from caffe_syncbn.training.solvers import read_solver_state
         assert read_solver_state(str(tmp_path / 'snap_iter_2.solverstate')).iter == 2
 
 

@@ -156,7 +156,7 @@ while True:
     time.sleep(1.5)                              # several saves are under way by now
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    from caffe_syncbn.io.caffemodel import read_net_param
+    from caffe_syncbn.formats.caffemodel import read_net_param
     param = read_net_param(str(target))          # whole and parseable
     weights = [l for l in param.layer if l.name == 'ip'][0].blobs[0]
     assert len(weights.data) == 6000000 * 4

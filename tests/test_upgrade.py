@@ -8,11 +8,13 @@ from google.protobuf import text_format
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.io.caffemodel import blob_to_array, read_net_param, write_blob_proto
+from caffe_syncbn.formats.blobs import blob_to_array, write_blob_proto
+from caffe_syncbn.formats.caffemodel import read_net_param
 from caffe_syncbn.layer import layer_type_list
-from caffe_syncbn.prototxt import read_prototxt
-from caffe_syncbn.upgrade import (V1_TYPE_NAMES, is_data_layer, swap_data_layers_for_inputs,
-                                  upgrade_net_param)
+from caffe_syncbn.netparam.inputs import is_data_layer, swap_data_layers_for_inputs
+from caffe_syncbn.netparam.prototxt import read_prototxt
+from caffe_syncbn.netparam.upgrade import V1_TYPE_NAMES, upgrade_net_param
+
 from conftest import CORPUS, GOLDEN, require
 
 V1 = caffe_pb2.V1LayerParameter
@@ -205,7 +207,8 @@ DATA_NET_GUESSES = {
 
 
 def _phase_inputs(net, phase):
-    from caffe_syncbn.netgraph import filter_net
+    from caffe_syncbn.netparam.graph import filter_net
+
     # the autoencoder's TEST data layers need a stage
     return input_shapes(filter_net(net, caffe_pb2.NetState(phase=phase, stage=['test-on-test'])))
 

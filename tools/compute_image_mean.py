@@ -12,8 +12,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
+from caffe_syncbn.cli.common import run_main  # noqa: E402
 from caffe_syncbn.errors import CaffeError  # noqa: E402
-from caffe_syncbn.tools_common import run_main, setup_logging  # noqa: E402
+from caffe_syncbn.glog import setup_logging  # noqa: E402
 
 
 def parse_args(argv):

@@ -13,7 +13,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 from caffe_syncbn.cli import main  # noqa: E402
-from caffe_syncbn.tools_common import run_main  # noqa: E402
+from caffe_syncbn.cli.common import run_main  # noqa: E402
 
 if __name__ == '__main__':
     run_main(lambda: main(['train'] + sys.argv[1:]))

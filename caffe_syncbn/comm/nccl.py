@@ -27,6 +27,7 @@ import contextlib
 import numpy as np
 
 from .base import CommAborted, Communicator, Handle
+from .streams import CupyStreams
 from .thread import DEFAULT_TIMEOUT, _Call, _Group
 
 
@@ -248,7 +249,6 @@ def _sum_values(calls):
 def _streams(streams_for, device):
     if streams_for is not None:
         return streams_for(device)
-    from .streams import CupyStreams
     if device is None:
         import cupy
         device = cupy.cuda.Device().id

@@ -12,6 +12,9 @@ import threading
 
 import numpy as np
 
+from ..backend import cuda_kernels
+from ..backend.launch import BLOCK, grid_1d, i32, i64, vector_width
+
 REDUCE_FAN_IN = 8          # buffers summed per launch of reduce_sum8
 
 
@@ -82,8 +85,6 @@ class CupyStreams:
 def launch_sum(out, arrays):
     """Enqueue ``out = ((a0 + a1) + a2) + ...`` (flat, contiguous) on the current stream:
     reduce_sum8 launches of up to 8 buffers, each after the first adding onto ``out``."""
-    from .. import cuda_kernels
-    from ..gpu.launch import BLOCK, grid_1d, i32, i64, vector_width
     n = out.size
     fn = cuda_kernels.typed_kernel('reduce', 'reduce_sum8', out.dtype)
     for start in range(0, len(arrays), REDUCE_FAN_IN):
@@ -95,8 +96,6 @@ def launch_sum(out, arrays):
 
 def launch_copy(dst, src):
     """Enqueue ``dst[:] = src`` (flat, contiguous, same dtype) on the current stream."""
-    from .. import cuda_kernels
-    from ..gpu.launch import BLOCK, grid_1d, i64, vector_width
     n = dst.size
     fn = cuda_kernels.typed_kernel('reduce', 'reduce_copy', dst.dtype)
     fn(grid_1d(-(-n // vector_width(dst.dtype))), (BLOCK,), (src, dst, i64(n)))

@@ -9,11 +9,11 @@ trainer, tools/convert_model.py and the tests share these functions.
   fold_bn       TEST-mode batch norms fold into the Convolution/InnerProduct before them
   to_deploy     a train_val or test net becomes a deploy net
 
-Beside them: ``terms.py`` adapts a --sync-bn solver's files to the user's prototxt with
-these rewrites, and ``command.py`` is the command line that writes their results.
+The weights they take and give are fitted and copied by caffe_syncbn.weights; the
+command line that writes their results is cli/convert.py.
 """
 from .deploy import to_deploy
 from .fold import fold_bn
-from .norm import fit_norm_weights, norm_units, to_batchnorm, to_syncbn
+from .norm import to_batchnorm, to_syncbn
 
-__all__ = ['fit_norm_weights', 'fold_bn', 'norm_units', 'to_batchnorm', 'to_deploy', 'to_syncbn']
+__all__ = ['fold_bn', 'to_batchnorm', 'to_deploy', 'to_syncbn']

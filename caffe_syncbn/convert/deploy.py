@@ -11,9 +11,12 @@ layers that remain.
 import collections
 
 from .. import caffe_pb2
+from ..formats.caffemodel import read_weights
 from ..layer import TEST, layer_class
-from ..netgraph import filter_net, net_state
-from ..upgrade import is_data_layer, swap_data_layers_for_inputs
+from ..netparam.graph import filter_net, net_state
+from ..netparam.inputs import is_data_layer, swap_data_layers_for_inputs
+from ..netparam.upgrade import load_net_param
+from ..weights.copy import arrays_of, with_shared_params
 
 
 def _is_loss(layer):
@@ -48,8 +51,6 @@ def _without_dependents(layers, labels):
 def to_deploy(net_param, weights=None, input_shape=None, stages=()):
     """``(net_param, weights)`` of the deploy net (module docstring). ``input_shape``
     (N, C, H, W) sizes the first top of every data and Input layer."""
-    from ..io.caffemodel import arrays_of, read_weights, with_shared_params
-    from ..net import load_net_param
     param = load_net_param(net_param)
     written_for = list(param.layer)
     param = filter_net(param, net_state(param, TEST, stages=stages))

@@ -15,9 +15,12 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..errors import CaffeError
+from ..formats.caffemodel import read_weights
 from ..layer import TEST
-from ..netgraph import filter_net, net_state
-from .norm import norm_units, stored_stats
+from ..netparam.graph import filter_net, net_state
+from ..netparam.upgrade import load_net_param
+from ..weights.copy import arrays_of, with_shared_params
+from ..weights.norm_forms import norm_units, stored_stats
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -116,8 +119,6 @@ def fold_bn(net_param, weights):
     """``(net_param, weights)`` of the TEST net with every batch norm folded (module
     docstring). ``weights`` (a caffemodel path or {layer name: [arrays]}) must hold the
     norms' statistics and the weights of the layers they fold into."""
-    from ..io.caffemodel import arrays_of, read_weights, with_shared_params
-    from ..net import load_net_param
     if weights is None:
         raise CaffeError('fold_bn needs the weights: folding changes them')
     param = load_net_param(net_param)

@@ -9,8 +9,8 @@ import os
 import numpy as np
 
 from ..errors import CaffeError, quote
-from ..io.atomic import atomic_write
-from ..io.caffemodel import array_to_blob
+from ..formats.atomic import atomic_write
+from ..formats.blobs import array_to_blob
 from .datum import (LMDBReader, array_to_datum, cv2, datum_to_array, encode_image, encoded_datum,
                     hwc_to_chw, imread, parse_datum, record_name, write_lmdb)
 

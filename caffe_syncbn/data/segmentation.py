@@ -10,8 +10,8 @@ trimmed to a multiple of transform_param.stride as yjxiong's layer does.
 """
 import numpy as np
 
+from ..caffe_pb2 import TRAIN
 from ..errors import CaffeError, quote
-from ..layer import TRAIN
 from .datum import cv2, hwc_to_chw, imread, listed, read_image
 
 IGNORE_LABEL = 255

@@ -12,8 +12,9 @@ flip do not depend on which other samples share its batch, or which process read
 """
 import numpy as np
 
+from ..caffe_pb2 import TRAIN
 from ..errors import CaffeError, quote
-from ..layer import TRAIN
+from ..formats.blobs import read_blob_proto
 
 
 class DataTransformer:
@@ -119,7 +120,6 @@ def load_mean_file(path, error=CaffeError):
     """The C x H x W mean image stored in a .binaryproto (Caffe's legacy 1 x C x H x W)."""
     import os
 
-    from ..io.caffemodel import read_blob_proto
     if not os.path.isfile(path):
         raise error('mean_file %s not found' % quote(path))
     mean = read_blob_proto(path)

@@ -3,14 +3,17 @@
 One small rule per Caffe layer type turns a layer into ONNX nodes (``graph.rule``); the
 rules live by family in conv.py, vision.py, norm.py, neuron.py and shape.py.
 """
+from ..errors import CaffeError
+
 try:
+    # the rule modules register their rules as they are imported
+    from . import conv, neuron, norm, shape, vision  # noqa: F401
     from .model import to_onnx
 except ModuleNotFoundError as exc:
     if exc.name != 'onnx':
         raise
 
     def to_onnx(*args, **kwargs):
-        from ..errors import CaffeError
         raise CaffeError("ONNX export needs the onnx package: pip install 'caffe-syncbn[onnx]'")
 
 __all__ = ['to_onnx']

@@ -30,19 +30,15 @@ def rule(*type_names):
     return add
 
 
-def rule_for(type_name):
-    """The rule for a Caffe layer type, or None."""
-    _load_rules()
-    return _RULES.get(type_name)
-
-
-def exportable_types():
-    _load_rules()
+def ruled_types():
+    """The layer types that have a rule among the rule modules imported so far."""
     return sorted(_RULES)
 
 
-def _load_rules():
-    from . import conv, neuron, norm, shape, vision  # noqa: F401  (they register the rules)
+def rule_for(type_name):
+    """The rule for a Caffe layer type, or None."""
+    return _RULES.get(type_name)
+
 
 
 class Unsupported(Exception):

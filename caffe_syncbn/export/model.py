@@ -12,9 +12,10 @@ from onnx import TensorProto, helper
 from .. import caffe_pb2
 from ..errors import CaffeError
 from ..layer import TEST, LayerContext
-from ..net import Net, load_net_param
-from ..netgraph import filter_net, net_state
-from .graph import Graph, LayerExport, Unsupported, rule_for
+from ..net import Net
+from ..netparam.graph import filter_net, net_state
+from ..netparam.upgrade import load_net_param
+from .graph import Graph, LayerExport, Unsupported, rule_for, ruled_types
 
 MIN_OPSET = 17
 
@@ -228,3 +229,8 @@ def _model(net, graph, tensors, batched):
     model.producer_name = 'caffe_syncbn'
     model.doc_string = 'Caffe net %r exported by caffe_syncbn' % (net.name,)
     return model
+
+
+def exportable_types():
+    """The Caffe layer types that have an ONNX rule (the package imports every rule module)."""
+    return ruled_types()

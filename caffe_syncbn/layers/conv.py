@@ -7,9 +7,9 @@ Elsewhere (CuPy), and for Deconvolution, columns are laid out ``(N, G, C/G * K, 
 """
 import numpy as np
 
+from ..backend import cpu_threads
 from ..layer import Layer, register
-from . import conv_cpu, cpu_threads
-from . import im2col as im2col_module
+from . import conv_cpu, conv_gpu as im2col_gpu, im2col as im2col_module
 from .im2col import conv_output_shape
 from .shape import canonical_axis
 
@@ -125,7 +125,6 @@ class _SpatialLayer(Layer):
     def _im2col_module(self):
         """The kernels of caffe_syncbn/gpu for 2-D convolutions, else the array code."""
         if self.cuda_kernels and self.num_spatial == 2:
-            from ..gpu import im2col_gpu
             return im2col_gpu
         return im2col_module
 

@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from . import cpu_threads
+from ..backend import cpu_threads
 
 #: about how many bytes of columns one chunk makes
 COLUMN_BYTES = 2 << 20

@@ -22,10 +22,10 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..backend import to_numpy
-from ..fillers import fill
-from ..errors import name_list, quote
 from ..data.datum import listed
-from ..io.hdf5 import read_dataset, reading, writing
+from ..errors import name_list, quote
+from ..fillers import fill
+from ..formats.hdf5 import read_dataset, reading, writing
 from ..layer import Layer, register
 
 

@@ -1,8 +1,8 @@
 """InnerProduct (fully connected) and Embed (a learned lookup table)."""
 import numpy as np
 
+from ..backend.cpu_threads import matmul
 from ..layer import Layer, register
-from .cpu_threads import matmul
 from .pooling import scatter_add
 from .shape import canonical_axis
 

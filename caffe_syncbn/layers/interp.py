@@ -7,8 +7,9 @@ operations); backward is the exact adjoint, as small dense interpolation matrice
 """
 import numpy as np
 
+from ..backend.cpu_threads import blocks
 from ..layer import Layer, register
-from .cpu_threads import blocks
+from . import interp_gpu
 
 
 def interp_taps(in_size, out_size):
@@ -103,7 +104,6 @@ class InterpLayer(Layer):
     def _kernel_path(self, array):
         """The Interp module of caffe_syncbn/gpu when it runs this layer, else None."""
         if self.cuda_kernels:
-            from ..gpu import interp_gpu
             if interp_gpu.supported(self, array):
                 return interp_gpu
         return None

@@ -9,7 +9,9 @@ Labels arrive as float blobs and are truncated to int, as Caffe's ``static_cast<
 import numpy as np
 
 from .. import caffe_pb2
+from ..formats.blobs import read_blob_proto
 from ..layer import Layer, register
+from . import loss_gpu as softmax_loss_gpu
 
 FULL = caffe_pb2.LossParameter.FULL
 VALID = caffe_pb2.LossParameter.VALID
@@ -25,7 +27,7 @@ def softmax(xp, scores, axis):
     return exp / exp.sum(axis=axis, keepdims=True)
 
 
-def _split_at(layer, blob, axis):
+def split_at(layer, blob, axis):
     """(outer, classes, inner) counts around the class axis of ``blob``."""
     try:
         axis = blob.canonical_axis(axis)
@@ -53,7 +55,7 @@ def class_labels(layer, label_blob, shape, num_classes, ignore_label):
     return xp.where(valid, label, 0), valid
 
 
-def _ignore_label(message):
+def ignore_label_of(message):
     return message.ignore_label if message.HasField('ignore_label') else None
 
 
@@ -120,7 +122,7 @@ class _SoftmaxLoss(LossLayer):
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
-        self.outer, self.classes, self.inner = _split_at(self, bottom[0], self.axis_param())
+        self.outer, self.classes, self.inner = split_at(self, bottom[0], self.axis_param())
         if len(top) > 1:
             top[1].reshape(bottom[0].shape)
 
@@ -143,7 +145,7 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
     def setup(self, bottom, top):
         self.check_bottoms(bottom, exact=2)
         self.check_tops(top, minimum=1, maximum=2)
-        self.ignore_label = _ignore_label(self.param.loss_param)
+        self.ignore_label = ignore_label_of(self.param.loss_param)
         self.mode = self.normalization_mode()
 
     def axis_param(self):
@@ -151,7 +153,6 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
 
     def forward(self, bottom, top):
         if self.cuda_kernels:
-            from ..gpu import softmax_loss_gpu
             softmax_loss_gpu.forward(self, bottom, top)
             return
         xp = self.xp
@@ -162,7 +163,6 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
 
     def backward(self, top, propagate_down, bottom):
         if self.cuda_kernels:
-            from ..gpu import softmax_loss_gpu
             softmax_loss_gpu.backward(self, top, propagate_down, bottom)
             return
         self.refuse_label_gradient(propagate_down)
@@ -181,14 +181,13 @@ class InfogainLossLayer(_SoftmaxLoss):
     def setup(self, bottom, top):
         self.check_bottoms(bottom, minimum=2, maximum=3)
         self.check_tops(top, minimum=1, maximum=2)
-        self.ignore_label = _ignore_label(self.param.loss_param)
+        self.ignore_label = ignore_label_of(self.param.loss_param)
         self.mode = self.normalization_mode()
         self.file_matrix = None
         if len(bottom) < 3:
             self.file_matrix = self.xp.asarray(self._read_matrix(), dtype=self.dtype)
 
     def _read_matrix(self):
-        from ..io.blobs import read_blob_proto
         source = self.param.infogain_loss_param.source
         if not source:
             raise self.error('needs infogain_loss_param.source or a third bottom (H)')
@@ -236,7 +235,7 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
     def setup(self, bottom, top):
         self.check_bottoms(bottom, exact=2)
         self.check_tops(top, exact=1)
-        self.ignore_label = _ignore_label(self.param.loss_param)
+        self.ignore_label = ignore_label_of(self.param.loss_param)
         self.mode = self.normalization_mode()
 
     def reshape(self, bottom, top):
@@ -407,49 +406,3 @@ class MultinomialLogisticLossLayer(LossLayer):
         onehot = xp.arange(classes)[None, :] == self.label[:, None]
         grad = onehot * (-1 / self.p_true)
         bottom[0].diff[...] = (grad * self.grad_scale(top)).reshape(bottom[0].shape)
-
-
-@register('Accuracy')
-class AccuracyLayer(Layer):
-    """Fraction of items whose label is among the top_k scores; forward only.
-
-    A class scoring ``>=`` the true class counts as better, so ties count against it.
-    An optional second top holds the accuracy per class (0 for a class with no items).
-    """
-
-    def setup(self, bottom, top):
-        self.check_bottoms(bottom, exact=2)
-        self.check_tops(top, minimum=1, maximum=2)
-        accuracy_param = self.param.accuracy_param
-        self.top_k = accuracy_param.top_k
-        self.ignore_label = _ignore_label(accuracy_param)
-
-    def reshape(self, bottom, top):
-        self.outer, self.classes, self.inner = _split_at(self, bottom[0],
-                                                         self.param.accuracy_param.axis)
-        if self.top_k > self.classes:
-            raise self.error('top_k (%d) exceeds the number of classes (%d)'
-                             % (self.top_k, self.classes))
-        top[0].reshape(())
-        if len(top) > 1:
-            top[1].reshape(self.classes)
-
-    def forward(self, bottom, top):
-        xp = self.xp
-        scores = bottom[0].data.reshape(self.outer, self.classes, self.inner)
-        label, valid = class_labels(self, bottom[1], (self.outer, self.inner), self.classes,
-                                    self.ignore_label)
-        true_score = xp.take_along_axis(scores, label[:, None, :], axis=1)
-        at_least_as_good = xp.sum(scores >= true_score, axis=1)    # includes the true class
-        correct = (at_least_as_good <= self.top_k) & valid
-        count = xp.sum(valid)
-        top[0].data[...] = xp.where(count > 0, xp.sum(correct) / xp.maximum(count, 1), 0)
-        if len(top) > 1:
-            flat_label = label[valid]
-            per_class = xp.bincount(flat_label, minlength=self.classes)
-            hits = xp.bincount(flat_label, weights=correct[valid].astype(self.dtype),
-                               minlength=self.classes)
-            top[1].data[...] = hits / xp.maximum(per_class, 1)
-
-    def allow_force_backward(self, bottom_index):
-        return False

@@ -8,8 +8,9 @@ same sum serves the backward pass.
 import numpy as np
 
 from .. import caffe_pb2
+from ..backend import cpu_threads
 from ..layer import Layer, register
-from . import cpu_threads
+from . import lrn_gpu
 
 #: the host path works on this many bytes of one image's positions at a time
 BAND_BYTES = 4 << 20
@@ -104,7 +105,6 @@ class LRNLayer(Layer):
 
     def forward(self, bottom, top):
         if self.cuda_kernels and self.across:
-            from ..gpu import lrn_gpu
             lrn_gpu.forward(self, bottom, top)
             return
         x = bottom[0].data
@@ -116,7 +116,6 @@ class LRNLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         if self.cuda_kernels and self.across:
-            from ..gpu import lrn_gpu
             lrn_gpu.backward(self, top, propagate_down, bottom)
             return
         if not propagate_down[0]:

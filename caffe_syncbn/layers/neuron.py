@@ -2,8 +2,8 @@
 import math
 
 from .. import caffe_pb2
+from ..backend.cpu_threads import blocks
 from ..layer import TRAIN, Layer, register
-from .cpu_threads import blocks
 
 
 class NeuronLayer(Layer):

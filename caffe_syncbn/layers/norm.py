@@ -50,90 +50,9 @@ GPU backend can replace them with fused kernels.
 import numpy as np
 
 from ..layer import TEST, Layer, register
-from . import norm_cpu
-
-STAT = np.float64   # dtype of every per-channel statistic
-
-
-# ---- the math shared by the three layers ---------------------------------------------------
-def channel_view(x):
-    """(N, C, ...) -> (N, C, S); an (N, C) array is (N, C, 1), an (N,) one is (N, 1, 1)."""
-    channels = x.shape[1] if x.ndim > 1 else 1
-    return x.reshape(x.shape[0], channels, int(np.prod(x.shape[2:], dtype=np.int64)))
-
-
-def work_dtype(dtype):
-    """Elementwise work runs in the blob dtype, but at least in float32."""
-    return np.promote_types(dtype, np.float32)
-
-
-def _per_channel(v):
-    return v.reshape(1, -1, 1)
-
-
-def local_shifted_sums(x3, shift):
-    """Per-channel sum(x - shift) and sum((x - shift)^2) over axes 0 and 2, as float64."""
-    d = x3 - _per_channel(shift)
-    s1 = d.sum(axis=(0, 2)).astype(STAT)
-    d *= d
-    return s1, d.sum(axis=(0, 2)).astype(STAT)
-
-
-def local_statistics(x3, xp):
-    """(count, shift, s1, s2): the shifted sums about this batch's own mean (the shift,
-    rounded to the work dtype), so that s2 carries no cancellation."""
-    count = x3.shape[0] * x3.shape[2]
-    dtype = work_dtype(x3.dtype)
-    if count == 0:
-        zero = xp.zeros(x3.shape[1], STAT)
-        return 0, zero.astype(dtype), zero, zero
-    shift = x3.mean(axis=(0, 2), dtype=dtype).astype(dtype)
-    return (count, shift) + local_shifted_sums(x3, shift)
-
-
-def rebase_sums(count, s1, s2, old_shift, new_shift):
-    """The same sums taken about ``new_shift`` instead of ``old_shift`` (float64)."""
-    e = old_shift.astype(STAT) - new_shift.astype(STAT)
-    return s1 + count * e, s2 + 2 * e * s1 + count * e * e
-
-
-def moments(count, s1, s2, shift, xp):
-    """Per-channel mean and BIASED variance (float64) of ``count`` values from their sums
-    about ``shift``."""
-    delta = s1 / count
-    return shift.astype(STAT) + delta, xp.maximum(s2 / count - delta * delta, 0)
-
-
-def normalize(x3, mean, inv_std):
-    """x_hat = ((x - K) - (mean - K)) * inv_std in the work dtype, K = the mean rounded to
-    that dtype: x - K is exact for x near the mean and (mean - K) is tiny, so a large
-    mean costs no precision."""
-    dtype = work_dtype(x3.dtype)
-    shift = mean.astype(dtype)
-    x_hat = x3 - _per_channel(shift)
-    x_hat -= _per_channel((mean - shift.astype(STAT)).astype(dtype))
-    x_hat *= _per_channel(inv_std.astype(dtype))
-    return x_hat
-
-
-def gradient_sums(dy3, x_hat3):
-    """Per-channel sum(dy) and sum(dy * x_hat) over axes 0 and 2, as float64."""
-    return dy3.sum(axis=(0, 2)).astype(STAT), (dy3 * x_hat3).sum(axis=(0, 2)).astype(STAT)
-
-
-def batch_input_gradient(dy3, x_hat3, scale, sum_dy, sum_dy_x_hat, count):
-    """dx = scale * (dy - sum(dy)/m - x_hat * sum(dy*x_hat)/m): the gradient through
-    statistics taken over m = ``count`` values (scale = slope / std)."""
-    dtype = work_dtype(dy3.dtype)
-    m = max(count, 1)
-    dx = dy3 * _per_channel(scale.astype(dtype))
-    dx -= x_hat3 * _per_channel((scale * sum_dy_x_hat / m).astype(dtype))
-    dx -= _per_channel((scale * sum_dy / m).astype(dtype))
-    return dx
-
-
-def inverse_std(var, eps, xp):
-    return 1.0 / xp.sqrt(var + eps)
+from . import norm_cpu, norm_gpu
+from .norm_math import (STAT, batch_input_gradient, channel_view, gradient_sums, inverse_std,
+                        local_statistics, moments, normalize, per_channel, rebase_sums, work_dtype)
 
 
 class _ChannelNorm(Layer):
@@ -254,7 +173,7 @@ class BatchNorm(_ChannelNorm):
                                         count=self._count)
             return
         if self.use_global_stats:
-            dx = dy3 * _per_channel(self._inv_std.astype(work_dtype(dy3.dtype)))
+            dx = dy3 * per_channel(self._inv_std.astype(work_dtype(dy3.dtype)))
         else:
             sum_dy, sum_dy_x_hat = gradient_sums(dy3, self._x_hat)
             dx = batch_input_gradient(dy3, self._x_hat, self._inv_std, sum_dy, sum_dy_x_hat,
@@ -303,8 +222,7 @@ class BN(_ChannelNorm):
 
     def forward(self, bottom, top):
         if self.cuda_kernels:
-            from ..gpu import syncbn_gpu
-            syncbn_gpu.layer_forward(self, bottom, top)
+            norm_gpu.layer_forward(self, bottom, top)
             return
         x3 = channel_view(bottom[0].data)
         if self.use_running_stats:
@@ -323,8 +241,8 @@ class BN(_ChannelNorm):
             return
         self._x_hat = normalize(x3, mean, self._inv_std)
         dtype = self._x_hat.dtype
-        y3 = self._x_hat * _per_channel(self.blobs[self.SLOPE].data.reshape(-1).astype(dtype))
-        y3 += _per_channel(self.blobs[self.BIAS].data.reshape(-1).astype(dtype))
+        y3 = self._x_hat * per_channel(self.blobs[self.SLOPE].data.reshape(-1).astype(dtype))
+        y3 += per_channel(self.blobs[self.BIAS].data.reshape(-1).astype(dtype))
         self.write_top(top, y3)
 
     def backward_reads_x_hat(self):
@@ -332,8 +250,7 @@ class BN(_ChannelNorm):
 
     def backward(self, top, propagate_down, bottom):
         if self.cuda_kernels:
-            from ..gpu import syncbn_gpu
-            syncbn_gpu.layer_backward(self, top, propagate_down, bottom)
+            norm_gpu.layer_backward(self, top, propagate_down, bottom)
             return
         dy3 = channel_view(top[0].diff)
         scale = self.stat(self.SLOPE) * self._inv_std
@@ -342,7 +259,7 @@ class BN(_ChannelNorm):
             return
         if self.affine_frozen:
             if propagate_down[0]:
-                dx = dy3 * _per_channel(scale.astype(work_dtype(dy3.dtype)))
+                dx = dy3 * per_channel(scale.astype(work_dtype(dy3.dtype)))
                 bottom[0].diff[...] = dx.reshape(bottom[0].shape)
             return
         sum_dy, sum_dy_x_hat = gradient_sums(dy3, self._x_hat)
@@ -422,5 +339,5 @@ class SyncBN(BN):
     def input_gradient(self, dy3, scale, sum_dy, sum_dy_x_hat):
         sums = self.batch_gradient_sums(sum_dy, sum_dy_x_hat)
         if sums is None:
-            return dy3 * _per_channel(scale.astype(work_dtype(dy3.dtype)))
+            return dy3 * per_channel(scale.astype(work_dtype(dy3.dtype)))
         return batch_input_gradient(dy3, self._x_hat, scale, *sums, self._count)

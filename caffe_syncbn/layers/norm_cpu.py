@@ -12,7 +12,7 @@ input is gone) or made again from the input block by block: see ``XHat``.
 """
 import numpy as np
 
-from . import cpu_threads
+from ..backend import cpu_threads
 
 STAT = np.float64
 

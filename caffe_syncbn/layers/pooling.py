@@ -10,7 +10,7 @@ import numpy as np
 from .. import caffe_pb2
 from ..backend import get_array_module
 from ..layer import TRAIN, Layer, register
-from . import pooling_cpu
+from . import pooling_cpu, pooling_gpu
 
 
 def pooled_size(size, kernel, stride, pad, ceil_mode=True):
@@ -280,7 +280,6 @@ class PoolingLayer(Layer):
     def _kernel_path(self):
         """The pooling module of caffe_syncbn/gpu when it runs this layer, else None."""
         if self.cuda_kernels and self.method in ('MAX', 'AVE'):
-            from ..gpu import pooling_gpu
             return pooling_gpu
         return None
 

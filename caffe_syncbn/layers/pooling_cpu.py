@@ -9,7 +9,7 @@ random masks run many times slower.
 """
 import numpy as np
 
-from . import cpu_threads
+from ..backend import cpu_threads
 
 #: kernels of more cells than this go to the separable code of pooling.py
 MAX_CELLS = 64

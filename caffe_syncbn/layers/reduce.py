@@ -2,8 +2,8 @@
 import numpy as np
 
 from .. import caffe_pb2
+from ..backend.cpu_threads import blocks
 from ..layer import Layer, register
-from .cpu_threads import blocks
 from .shape import canonical_axis
 
 

@@ -6,8 +6,8 @@ The operand (a learned blob, or the second bottom) covers the bottom's axes
 import numpy as np
 
 from .. import caffe_pb2
+from ..backend.cpu_threads import blocks
 from ..layer import Layer, register
-from .cpu_threads import blocks
 from .shape import canonical_axis
 
 

@@ -3,8 +3,8 @@
 import numpy as np
 
 from ..backend import to_numpy
+from ..backend.cpu_threads import blocks
 from ..layer import Layer, register
-from .cpu_threads import blocks
 
 
 def canonical_axis(layer, blob, axis):

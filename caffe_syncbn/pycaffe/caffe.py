@@ -6,20 +6,41 @@ written for pycaffe run unchanged. Beside the Net and the solvers it holds what 
 ``draw``, ``coord_map``, ``Classifier``, ``Detector``, ``layers``/``params``/``NetSpec``,
 ``proto.caffe_pb2`` and the process-wide helpers (``init_log``, ``Timer``, ``NCCL``, ...).
 """
-from .. import __version__  # noqa: F401
-from .. import netspec as net_spec  # noqa: F401
+import sys
+
+from .. import __version__, caffe_pb2  # noqa: F401
 from ..backend import set_device, set_mode_cpu, set_mode_gpu  # noqa: F401
 from ..blob import Blob  # noqa: F401
 from ..errors import CaffeError  # noqa: F401
 from ..fillers import set_random_seed  # noqa: F401
 from ..layer import TEST, TRAIN, Layer, layer_type_list  # noqa: F401
 from ..net import Net  # noqa: F401
-from ..netspec import NetSpec, layers, params, to_proto  # noqa: F401
-from ..solvers import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver,  # noqa: F401
-                       RMSPropSolver, SGDSolver, get_solver, get_solver_from_string)
-from . import coord_map, draw, io, proto  # noqa: F401
+from ..training.solvers import (AdaDeltaSolver, AdaGradSolver, AdamSolver,  # noqa: F401
+                                NesterovSolver, RMSPropSolver, SGDSolver, get_solver,
+                                get_solver_from_string)
+from . import net_spec  # noqa: F401
+from . import classifier, coord_map, detector, draw, io, proto  # noqa: F401
 from .classifier import Classifier  # noqa: F401
 from .detector import Detector  # noqa: F401
-from .install import install_as_caffe  # noqa: F401
+from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401
 from .runtime import (NCCL, Timer, has_nccl, init_log, log, set_multiprocess,  # noqa: F401
                       set_solver_count, set_solver_rank, solver_count, solver_rank)
+
+
+def install_as_caffe():
+    """Make ``import caffe`` give this module, with its submodules (caffe.io,
+    caffe.proto.caffe_pb2, caffe.draw, caffe.coord_map, caffe.net_spec, caffe.classifier,
+    caffe.detector), so that scripts written for pycaffe run unchanged. Returns it. Python
+    layers that ``import caffe`` get it too. Call it before anything imports another
+    ``caffe``."""
+    this = sys.modules[__name__]
+    present = sys.modules.get('caffe')
+    if present is not None and present is not this:
+        raise CaffeError('install_as_caffe(): another module named caffe is already imported (%s); '
+                         'call install_as_caffe() before anything imports caffe'
+                         % getattr(present, '__file__', present))
+    sys.modules.update({
+        'caffe': this, 'caffe.pycaffe': this, 'caffe.io': io, 'caffe.proto': proto,
+        'caffe.proto.caffe_pb2': caffe_pb2, 'caffe.draw': draw, 'caffe.coord_map': coord_map,
+        'caffe.net_spec': net_spec, 'caffe.classifier': classifier, 'caffe.detector': detector})
+    return this

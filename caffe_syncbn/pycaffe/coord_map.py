@@ -9,7 +9,7 @@ deconvolution (s, (k-1)/2 - p); Crop (1, -offset); pointwise layers (1, 0).
 import numpy as np
 
 from ..errors import CaffeError
-from ..netspec import layers as L
+from .net_spec import layers as L
 
 PASS_THROUGH_LAYERS = ['AbsVal', 'BatchNorm', 'Bias', 'BN', 'BNLL', 'Clip', 'Dropout', 'Eltwise',
                        'ELU', 'Exp', 'Log', 'LRN', 'MVN', 'Power', 'PReLU', 'ReLU', 'Scale',

@@ -15,8 +15,8 @@ import warnings
 
 from .. import caffe_pb2
 from ..errors import CaffeError
-from ..io.atomic import atomic_write
-from ..net import load_net_param
+from ..formats.atomic import atomic_write
+from ..netparam.upgrade import load_net_param
 
 BLOB_STYLE = {'shape': 'octagon', 'fillcolor': '#E0E0E0', 'style': 'filled'}
 NEURON_LAYER_STYLE = {'shape': 'record', 'fillcolor': '#90EE90', 'style': 'filled'}

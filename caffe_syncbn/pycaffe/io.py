@@ -9,7 +9,7 @@ import numpy as np
 from .. import caffe_pb2
 from ..data import datum as datum_io
 from ..errors import CaffeError
-from ..io.blobs import array_to_blob, blob_to_array, length_delimited
+from ..formats.blobs import array_to_blob, blob_to_array, length_delimited
 
 _BLOB_DIFF_FIELD = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name['diff'].number
 

@@ -11,6 +11,7 @@ import time
 
 from ..backend import mode
 from ..errors import CaffeError
+from ..glog import setup_logging
 
 logger = logging.getLogger('caffe_syncbn')
 _solvers = {'count': 1, 'rank': 0, 'multiprocess': False}
@@ -22,7 +23,6 @@ _GLOG_LEVELS = [logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL]
 def init_log(level=0, stderr=True):
     """Log in glog's format on stderr from glog severity ``level`` (0 INFO ... 3 FATAL) up;
     with ``stderr=False`` from ERROR up (glog would write the rest to files)."""
-    from ..tools_common import setup_logging
     if not 0 <= level < len(_GLOG_LEVELS):
         raise CaffeError('init_log: level %r is not a glog severity (0 INFO to 3 FATAL)' % (level,))
     setup_logging(level=_GLOG_LEVELS[level if stderr else max(level, 2)])

@@ -28,13 +28,14 @@ TRAIN_NET = os.path.join(ROOT, 'tools', 'train_net.py')
 sys.path.insert(0, ROOT)
 sys.path.insert(0, EXAMPLE)
 
-import caffe_syncbn as caffe  # noqa: E402
-from caffe_syncbn.caffe_pb2 import SolverParameter  # noqa: E402
-from caffe_syncbn.io.atomic import atomic_write  # noqa: E402
-from caffe_syncbn.logparse import TEST_OUTPUT, TESTING, parse_log  # noqa: E402
-from caffe_syncbn.prototxt import read_prototxt  # noqa: E402
 from evaluate import evaluate  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
+
+import caffe_syncbn as caffe  # noqa: E402
+from caffe_syncbn.caffe_pb2 import SolverParameter  # noqa: E402
+from caffe_syncbn.cli.logparse import TEST_OUTPUT, TESTING, parse_log  # noqa: E402
+from caffe_syncbn.formats.atomic import atomic_write  # noqa: E402
+from caffe_syncbn.netparam.prototxt import read_prototxt  # noqa: E402
 
 #: (folder, label, the flags of tools/train_net.py that make the mode)
 MODES = (('syncbn', 'SyncBN', ['--sync-bn']),

@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 
 import caffe_syncbn as caffe  # noqa: E402
-from caffe_syncbn.tools_common import run_main  # noqa: E402
+from caffe_syncbn.cli.common import run_main  # noqa: E402
 
 IGNORE = 255
 

@@ -2,20 +2,20 @@
 tests/test_cuda_emulated_layers.py, on CuPy arrays), plus the same-device reduction."""
 import numpy as np
 import pytest
-
 from gpu_support import require_gpu
 
 cupy = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from caffe_syncbn.comm.streams import launch_copy, launch_sum  # noqa: E402
-from caffe_syncbn.gpu import im2col_gpu, interp_gpu, lrn_gpu, pooling_gpu, softmax_loss_gpu  # noqa: E402
-from caffe_syncbn.layer import TRAIN, LayerContext, create_layer  # noqa: E402
-from caffe_syncbn.layers import im2col as cpu_im2col  # noqa: E402
-from caffe_syncbn.layers.pooling import Pool2d  # noqa: E402
-from caffe_syncbn.blob import Blob  # noqa: E402
-from caffe_syncbn.testing import build_layer, layer_param  # noqa: E402
 from test_cuda_emulated_layers import GEOMETRIES, POOLS  # noqa: E402
+
+from caffe_syncbn.blob import Blob  # noqa: E402
+from caffe_syncbn.comm.streams import launch_copy, launch_sum  # noqa: E402
+from caffe_syncbn.layer import TRAIN, LayerContext, create_layer  # noqa: E402
+from caffe_syncbn.layers import (conv_gpu as im2col_gpu, im2col as cpu_im2col,  # noqa: E402
+                                 interp_gpu, loss_gpu as softmax_loss_gpu, lrn_gpu, pooling_gpu)
+from caffe_syncbn.layers.pooling import Pool2d  # noqa: E402
+from caffe_syncbn.testing import build_layer, layer_param  # noqa: E402
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 1e-2}
 

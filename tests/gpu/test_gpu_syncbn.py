@@ -6,7 +6,6 @@ import time
 
 import numpy as np
 import pytest
-
 from gpu_support import require_gpu
 
 cupy = require_gpu()
@@ -16,8 +15,8 @@ from caffe_syncbn.blob import Blob  # noqa: E402
 from caffe_syncbn.comm import CommAborted  # noqa: E402
 from caffe_syncbn.comm.nccl import NcclComm  # noqa: E402
 from caffe_syncbn.comm.same_device import SameDeviceComm  # noqa: E402
-from caffe_syncbn.gpu import syncbn_gpu  # noqa: E402
 from caffe_syncbn.layer import TRAIN, LayerContext, create_layer  # noqa: E402
+from caffe_syncbn.layers import norm_gpu as syncbn_gpu  # noqa: E402
 from caffe_syncbn.testing import layer_param  # noqa: E402
 
 C = 8

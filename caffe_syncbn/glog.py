@@ -1,0 +1,63 @@
+"""Logging in glog's format, so that Caffe's log tools read our logs."""
+import datetime
+import logging
+import os
+import sys
+import threading
+
+from .errors import CaffeError
+
+#: glog's severity letters; DEBUG has none in glog and reads as INFO there
+_SEVERITY = {logging.DEBUG: 'I', logging.INFO: 'I', logging.WARNING: 'W', logging.ERROR: 'E',
+             logging.CRITICAL: 'F'}
+
+
+#: GLOG_minloglevel, as glog reads it: 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL
+_MIN_LEVELS = [logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL]
+
+
+class GlogFormatter(logging.Formatter):
+    """glog's line, ``I1122 21:51:57.033123  4388 solver.py:218] message``: severity, month and
+    day, local time to the microsecond, the OS thread id right-aligned in 5, the Python file
+    and line that logged. Caffe's tools (parse_log.py, extract_seconds.py) read these
+    fields; every line of a multi-line message gets the prefix, so that none trips them."""
+
+    def __init__(self):
+        super().__init__('%(message)s')
+
+    def format(self, record):
+        when = datetime.datetime.fromtimestamp(record.created)
+        prefix = '%s%s %5d %s:%d] ' % (_SEVERITY.get(record.levelno, 'I'),
+                                        when.strftime('%m%d %H:%M:%S.%f'),
+                                        threading.get_native_id(), record.filename, record.lineno)
+        return '\n'.join(prefix + line for line in super().format(record).split('\n'))
+
+
+def setup_logging(log_file=None, level=None):
+    """glog-format lines on stderr (and appended to ``log_file``). The level defaults to
+    INFO, or to what GLOG_minloglevel says, as for Caffe."""
+    if level is None:
+        level = _MIN_LEVELS[min(max(_int_env('GLOG_minloglevel'), 0), 3)]
+    logger = logging.getLogger('caffe_syncbn')
+    logger.setLevel(level)
+    for handler in logger.handlers:
+        handler.close()
+    logger.handlers[:] = []
+    handlers = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        try:
+            handlers.append(logging.FileHandler(log_file, mode='a'))
+        except OSError as exc:
+            raise CaffeError('-log_file %s: %s' % (log_file, exc.strerror or exc)) from None
+    for handler in handlers:
+        handler.setFormatter(GlogFormatter())
+        logger.addHandler(handler)
+    logger.propagate = False
+    return logger
+
+
+def _int_env(name):
+    try:
+        return int(os.environ.get(name, 0))
+    except ValueError:
+        return 0

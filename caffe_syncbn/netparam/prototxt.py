@@ -1,0 +1,97 @@
+"""Reading prototxt files, with errors that name the file, the line and the column.
+
+Caffe reads a prototxt as bytes, so comments in any encoding (Latin-1, GBK, ...) are
+fine there, and they are fine here. Outside comments the text must be UTF-8, since
+names and paths become Python strings; a byte that is not is reported with its line.
+"""
+import re
+
+from google.protobuf import text_format
+
+from ..errors import MAX_QUOTE, CaffeError, quote
+
+_UTF8_BOM = b'\xef\xbb\xbf'
+_LONG_TOKEN = re.compile(r'[^\s\'"]{%d,}' % (MAX_QUOTE + 1))
+
+
+def parse_text(text, message, filename='<string>'):
+    """Parse prototxt ``text`` into ``message``; a syntax error names file:line:column."""
+    try:
+        return text_format.Parse(text, message)
+    except text_format.ParseError as exc:
+        line, column = exc.GetLine(), exc.GetColumn()
+        raise CaffeError('%s:%s:%s: cannot parse %s: %s'
+                         % (filename, line, column, message.DESCRIPTOR.name,
+                            _reason(exc, text, line))) from None
+
+
+def _reason(exc, text, line):
+    """The parser's complaint without its location, its copy of the whole line, or any
+    long token (a corrupt file may hold a line of megabytes)."""
+    reason = str(exc)
+    prefix = '%s:%s : ' % (line, exc.GetColumn())
+    if reason.startswith(prefix):
+        reason = reason[len(prefix):]
+    lines = text.splitlines() if isinstance(text, str) else []
+    if line and 0 < line <= len(lines):
+        echoed = "'%s': " % lines[line - 1]
+        if reason.startswith(echoed):
+            reason = reason[len(echoed):]
+    reason = _LONG_TOKEN.sub(lambda m: quote(m.group(), quotes=False), reason)
+    return reason if len(reason) <= 160 else reason[:157] + '...'
+
+
+def decode_prototxt(raw, filename):
+    """The text of a prototxt file's bytes: UTF-8 (with or without a byte-order mark), with
+    comments in any encoding. A non-UTF-8 byte outside a comment is a CaffeError."""
+    if raw.startswith(_UTF8_BOM):
+        raw = raw[len(_UTF8_BOM):]
+    try:
+        return raw.decode('utf-8')
+    except UnicodeDecodeError:
+        pass
+    lines = []
+    for number, line in enumerate(raw.split(b'\n'), 1):
+        try:
+            lines.append(line.decode('utf-8'))
+            continue
+        except UnicodeDecodeError as exc:
+            bad = exc.start
+        comment = _comment_start(line)
+        if comment is None or bad < comment:
+            column = len(line[:bad].decode('utf-8', 'replace')) + 1
+            hint = ' (the file looks like UTF-16: save it as UTF-8)' \
+                if raw[:2] in (b'\xff\xfe', b'\xfe\xff') else ''
+            raise CaffeError('%s:%d:%d: byte 0x%02x is not UTF-8: outside comments a prototxt '
+                             'must be UTF-8 text%s' % (filename, number, column, line[bad], hint))
+        lines.append(line[:comment].decode('utf-8') + '#')     # the comment is not needed
+    return '\n'.join(lines)
+
+
+def _comment_start(line):
+    """The index of the '#' that starts a comment in a line of bytes, or None (a '#'
+    inside a quoted string starts none)."""
+    quote_char, escaped = None, False
+    for i, byte in enumerate(line):
+        if quote_char is not None:
+            if escaped:
+                escaped = False
+            elif byte == 0x5c:                              # backslash
+                escaped = True
+            elif byte == quote_char:
+                quote_char = None
+        elif byte in (0x22, 0x27):                          # " or '
+            quote_char = byte
+        elif byte == 0x23:                                  # #
+            return i
+    return None
+
+
+def read_prototxt(path, message):
+    """Parse the prototxt file at ``path`` into ``message`` (a fresh protobuf message)."""
+    try:
+        with open(path, 'rb') as f:
+            raw = f.read()
+    except OSError as exc:
+        raise CaffeError('cannot read %s: %s' % (quote(path), exc.strerror or exc)) from None
+    return parse_text(decode_prototxt(raw, str(path)), message, str(path))

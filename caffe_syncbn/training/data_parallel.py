@@ -1,0 +1,377 @@
+"""Data-parallel training: ``get_solver(solver_prototxt, devices='cpu:4', sync_bn=True)``.
+
+Rules (the README states them for users):
+- ``batch_size`` in the prototxt is PER DEVICE, as in Caffe's multi-GPU mode: one input
+  pipeline draws a global batch of R x batch_size per forward and splits it over the R
+  replicas along axis 0 (unevenly when the source gives fewer samples).
+- Each replica runs forward and backward on its slice. Loss layers divide by the GLOBAL
+  normalizer (see LayerContext.loss_normalizer) and SyncBN layers use global statistics.
+- The gradients of the learned params are summed over replicas and divided by R, so the
+  result is the gradient of one device on the whole batch. The sums run in buckets that
+  start while backward goes on (gradients.py). Every replica then applies the same
+  update, and params stay bitwise equal.
+
+The solver holds its replicas as a component (replication.py) and a strategy that makes
+the updates: synchronous (above) or asynchronous (asynchronous.py). Under mpiexec or
+srun the replicas of every process form one run (comm/mpi.py): process 0 logs, tests and
+snapshots; the others log only warnings and errors.
+"""
+import json
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+from .. import caffe_pb2
+from ..backend import activate_gpu, to_numpy
+from ..comm.mpi import job_link
+from ..convert import to_syncbn
+from ..errors import CaffeError
+from ..formats.atomic import atomic_write
+from ..layer import TRAIN, LayerContext
+from ..net import Net
+from .asynchronous import Asynchronous
+from .devices import describe_devices, parse_devices
+from .replication import Replicas, Synchronous
+from .snapshot_layout import UserTerms
+from .solvers import PycaffeSolver, Solver, load_solver_param, upgrade_solver_param
+from .start_log import log_batches, log_built, log_sync_bn
+
+log = logging.getLogger('caffe_syncbn')
+MODES = ('sync', 'async')
+#: beside a solverstate: the number of replicas and the global batches of its run
+RUN_FILE_SUFFIX = '.replicas.json'
+
+
+def _share_cores(devices, link):
+    """Virtual CPU devices share the machine's cores (with the devices of the job's other
+    processes on it): give each replica's BLAS calls its share, or R replicas x all cores
+    of BLAS threads fight over the same cores."""
+    processes = link.processes_on_this_node() if link is not None else 1
+    if len(devices) * processes < 2 or devices[0][0] != 'cpu':
+        return None
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // (len(devices) * processes)),
+                             user_api='blas')
+
+
+def _backend(kind):
+    if kind == 'gpu':
+        import cupy
+        return cupy
+    return np
+
+
+class DataParallelSolver(PycaffeSolver):
+    """Caffe's solver of the type the solver file names, over replicas on ``devices``:
+    ``mode`` 'sync' (one global batch per update) or 'async' (see asynchronous.py), in
+    this process or, under an MPI launcher, in every process of the job (``link``)."""
+
+    def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None,
+                 level=None, stages=(), weights=None, mode='sync', max_staleness=None,
+                 link='auto'):
+        if mode not in MODES:
+            raise CaffeError('mode %r: expected one of %s' % (mode, ', '.join(MODES)))
+        if mode == 'async' and sync_bn:
+            raise CaffeError('-async cannot run with -sync_bn: SyncBN normalizes with the '
+                             'statistics of all replicas in the same step, and asynchronous '
+                             'replicas take no steps together')
+        if max_staleness is not None and (mode != 'async' or max_staleness < 0):
+            raise CaffeError('-max_staleness %s: needs -async and a number >= 0' % max_staleness)
+        devices = parse_devices(devices)
+        link = job_link() if link == 'auto' else link
+        self.replication = Replicas(devices, link, communicate=mode == 'sync')
+        for line in describe_devices(devices, self.replication):
+            log.info('%s', line)
+        self.sync_bn = sync_bn
+        self._train_state = caffe_pb2.NetState(stage=stages)
+        if level is not None:
+            self._train_state.level = level
+        self._weights = weights
+        self._blas_limit = _share_cores(devices, link)
+        self.pool.run(self._activate_device)
+        self._parts = [None] * len(devices)
+        self._seed = seed
+        self._user_train_param = None
+        self._testing = False
+        self._source_lock = threading.Lock()
+        if mode == 'sync':
+            self.strategy = Synchronous(self)
+        else:
+            self.strategy = Asynchronous(self, max_staleness)
+        super().__init__(solver, dtype=dtype, xp=_backend(devices[0][0]))
+        self.workers = [Solver(self.param, net=net, test_nets=[], dtype=self.dtype, xp=self.xp)
+                        for net in self.replicas[1:]] if mode == 'sync' else []
+        for worker in self.workers:
+            worker.is_root = False
+        self.strategy.start()
+
+    # ---- what the component holds ------------------------------------------------------------
+    @property
+    def replicas(self):
+        """The local replica nets."""
+        return self.replication.nets
+
+    @property
+    def pool(self):
+        return self.replication.pool
+
+    @property
+    def pipeline(self):
+        return self.replication.pipeline
+
+    @property
+    def devices(self):
+        return self.replication.devices
+
+    @property
+    def process(self):
+        """This process's rank in an MPI job (0 alone)."""
+        return self.replication.process
+
+    # ---- building -------------------------------------------------------------------------
+    def _activate_device(self, rank):
+        kind, index = self.devices[rank]
+        if kind == 'gpu':
+            activate_gpu(index)
+
+    def create_net(self, net_param, phase):
+        if phase == TRAIN:                   # caffe train -level/-stage: the train net only
+            net_param.state.MergeFrom(self._train_state)
+        if self.sync_bn:
+            if phase == TRAIN:
+                self._user_train_param = net_param
+                log_sync_bn(net_param)
+            net_param = to_syncbn(net_param)[0]
+        start = time.perf_counter()
+        if phase != TRAIN:                   # test nets run alone, on replica 0's device
+            net = self._alone(net_param, phase)
+            log_built(net, 'test', 1, start)
+            return net
+        if self.replicas:
+            raise CaffeError('a data-parallel solver has exactly one train net')
+        seed = self._seed if self._seed is not None else (self.param.random_seed
+                                                           if self.param.random_seed >= 0 else 1701)
+        replication = self.replication
+        root = replication.build(net_param, phase, seed, self._layer_feed, self.xp, self.dtype)
+        log_built(root, 'train', replication.total, start)
+        readers = replication.data_layers()
+        log_batches(readers, replication.input_layers, replication, self.param.iter_size)
+        replication.start_pipeline(seed, per_replica=self.strategy.name == 'async')
+        return self.strategy.train_net(lambda: self._alone(net_param, phase), root)
+
+    def _alone(self, net_param, phase):
+        """A net of its own on replica 0's device (test nets, the asynchronous holder)."""
+        context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
+        return self.pool.run_on(0, lambda: Net(net_param, phase, level=net_param.state.level,
+                                               context=context))
+
+    def _load_weights(self, net):
+        """The solver's ``weights``, or those given to get_solver instead (as ``caffe train
+        -weights`` replaces them), each with the time it took: a VGG-sized file takes seconds."""
+        if self._weights is None:
+            paths = [p.strip() for entry in self.param.weights for p in entry.split(',')]
+        else:
+            paths = list(self._weights)
+        for path in filter(None, paths):
+            log.info('Finetuning from %s', path)
+            start = time.perf_counter()
+            self.file_terms.load_weights(net, path)
+            log.info('Loaded %s in %.2f s', path, time.perf_counter() - start)
+
+    def broadcast_params(self):
+        """Make every replica's blobs (params and statistics) equal to replica 0's."""
+        self.strategy.broadcast_params()
+
+    # ---- data ------------------------------------------------------------------------------
+    def _layer_feed(self, rank, layer):
+        parts = self._parts[rank]
+        if parts is None or layer.name not in parts['layers']:
+            if layer.type == 'Input':
+                raise CaffeError("Input layer '%s' has no data to train on: give the net a "
+                                 'data layer (Data, ImageData, HDF5Data, ...) or the solver a '
+                                 'source (solver.set_data_source)' % layer.name)
+            raise CaffeError("data layer '%s' has no batch from the input pipeline" % layer.name)
+        return parts['layers'][layer.name]
+
+    def next_parts(self):
+        """The local replicas' parts of the next global batch: Input blobs from
+        set_data_source (a dict of global arrays, split over all replicas, or a list of one
+        dict per local replica), data layers from the pipeline."""
+        replication = self.replication
+        parts = [{'layers': {}} for _ in range(len(replication))]
+        source = self._data_sources.get('train')
+        if source is not None:
+            replication.source_parts(source(), parts)
+        if replication.pipeline is not None:
+            for rank, layers in enumerate(replication.pipeline.next_split()):
+                parts[rank]['layers'].update(layers)
+        self._parts = parts
+
+    def feed_replica(self, rank):
+        """Asynchronous replicas: replica ``rank``'s next batch of its own, from its pipeline
+        or from one call of the data source (whose arrays are all that replica's)."""
+        layers = {}
+        source = self._data_sources.get('train')
+        if source is not None:
+            with self._source_lock:
+                batch = source()
+            parts = [{'layers': {}}]
+            self.replication.input_parts([batch], parts)
+            layers.update(parts[0]['layers'])
+        if self.replication.pipeline is not None:
+            layers.update(self.replication.pipeline[rank].next_split()[0])
+        self._parts[rank] = {'layers': layers}
+
+    # ---- one iteration -----------------------------------------------------------------------
+    def forward_backward_all(self):
+        return self.strategy.forward_backward_all()
+
+    def forward_all(self):
+        return self.strategy.forward_all()
+
+    def apply_update(self):
+        return self.strategy.apply_update()
+
+    def log_outputs(self, net, which, values=None):
+        """The train net's outputs as the mean over all replicas: for a loss, whose replicas
+        divide by the global normalizer, that mean is the loss of the global batch."""
+        if net is self.net and values is None and self.strategy.name == 'async':
+            # the holder runs no forward: replica 0's outputs, of its last batch
+            values = {name: to_numpy(self.replicas[0].blobs[name].data) for name in net.outputs}
+        elif net is self.net and values is None and self.replication.total > 1:
+            outputs = [{name: to_numpy(r.blobs[name].data) for name in net.outputs}
+                       for r in self.replicas]
+            values = {}
+            for name in net.outputs:
+                shape = np.shape(outputs[0][name])
+                total = self.replication.sum_over_all([o[name] for o in outputs])
+                values[name] = (total / self.replication.total).reshape(shape)
+        super().log_outputs(net, which, values)
+
+    # ---- processes -----------------------------------------------------------------------------
+    def test_all(self):
+        """Process 0 tests; the others learn whether a stop came during the test."""
+        if self.process == 0:
+            self._testing = True
+            try:
+                results = super().test_all()
+            finally:
+                self._testing = False
+        else:
+            results = []
+        if self.replication.processes > 1 and self.strategy.name == 'sync':
+            self.requested_early_exit = bool(self._agree([0, self.requested_early_exit])[1])
+        return results
+
+    def _requested_action(self):
+        """A stop or snapshot request (a signal) of any process holds for all of them: they
+        agree on it between iterations, so they stop at the same one."""
+        action = super()._requested_action()
+        if self._testing or self.replication.processes == 1 or self.strategy.name != 'sync':
+            return action
+        snapshot, stop = self._agree([action == 'snapshot', action == 'stop'])
+        return 'stop' if stop else ('snapshot' if snapshot else None)
+
+    def _agree(self, flags):
+        values = [np.array(flags, np.float64)] + \
+            [np.zeros(len(flags)) for _ in range(len(self.replication) - 1)]
+        return self.replication.sum_over_all(values) > 0
+
+    # ---- state -----------------------------------------------------------------------------
+    def restore(self, path):
+        super().restore(path)
+        self._warn_if_global_batch_changed(path)
+        self.strategy.after_restore()
+
+    def global_batches(self):
+        """{data layer: its global batch} (batch_size is per device)."""
+        return {layer.name: layer.batch_size * self.replication.total
+                for layer in self.replication.data_layers()}
+
+    def _warn_if_global_batch_changed(self, state_path):
+        """The global batch of the run a snapshot came from is in a file beside it; a
+        resume on another number of devices or processes changes it."""
+        if self.process != 0:
+            return
+        try:
+            with open(os.fspath(state_path) + RUN_FILE_SUFFIX) as f:
+                before = json.load(f)
+        except (OSError, ValueError):
+            return
+        batches = before.get('global_batches') if isinstance(before, dict) else None
+        if not isinstance(batches, dict):       # not a file of ours: nothing to compare
+            return
+        now = self.global_batches()
+        changed = {name: (batches[name], batch) for name, batch in now.items()
+                   if batches.get(name, batch) != batch}
+        for name, (old, new) in changed.items():
+            log.warning("Resuming with %d replicas where the snapshot was written by %s: the "
+                        "global batch of data layer '%s' changes from %d to %d (batch_size is per "
+                        'device); adjust base_lr or batch_size if that is not what you want',
+                        self.replication.total, before.get('replicas', '?'), name, old, new)
+
+    def snapshot(self):
+        """Caffe's snapshot, written by process 0 alone, with a line saying how long it took
+        and how large it is."""
+        if self.process != 0:
+            return None
+        start = time.perf_counter()
+        paths = super().snapshot()
+        if paths:
+            with atomic_write(paths[1] + RUN_FILE_SUFFIX) as f:
+                f.write(json.dumps({'replicas': self.replication.total,
+                                    'global_batches': self.global_batches()}).encode())
+        size = sum(os.path.getsize(p) for p in paths or () if os.path.isfile(p))
+        log.info('Snapshot of iteration %d written: %.3g MB in %.2f s', self.iter, size / 1e6,
+                 time.perf_counter() - start)
+        return paths
+
+    def make_file_terms(self):
+        """Under --sync-bn, files speak the user's prototxt (BatchNorm+Scale or BN)."""
+        if self._user_train_param is None:
+            return super().make_file_terms()
+        return UserTerms(self._user_train_param, self.net)
+
+    def solve(self, resume_file=None):
+        if self.strategy.follows_process_0():
+            return self.strategy.follow()
+        return super().solve(resume_file)
+
+    def step(self, iters):
+        if self.strategy.name == 'async' and self.nan_effect != 'none':
+            raise CaffeError('-nan_effect %s needs synchronous updates: under -async each '
+                             "replica's update is applied as it arrives, so there is no "
+                             'iteration to stop or snapshot before' % self.nan_effect)
+        if self.strategy.follows_process_0():
+            return self.strategy.follow()
+        return super().step(iters)
+
+    def close(self):
+        self.strategy.close()
+        self.replication.close()
+        if self._blas_limit is not None:
+            self._blas_limit.restore_original_limits()
+            self._blas_limit = None
+
+
+def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
+               weights=None, mode='sync', max_staleness=None):
+    """The solver a solver prototxt (or SolverParameter) asks for, running on ``devices``:
+    'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0' (replicas sharing a GPU).
+    ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN. ``level`` and
+    ``stages`` add to the train net's NetState, and ``weights`` (caffemodel paths) replace
+    the solver's own ``weights``, as caffe train's -level, -stage and -weights do. ``mode``
+    'async' makes asynchronous updates, with replicas at most ``max_staleness`` updates
+    ahead of the slowest (None: no bound). Under mpiexec or srun, every process's devices
+    join one run."""
+    if isinstance(solver, caffe_pb2.SolverParameter):
+        solver = upgrade_solver_param(caffe_pb2.SolverParameter.FromString(
+            solver.SerializeToString()))
+    else:
+        load_solver_param(solver)          # a bad file is one error, before any device starts
+    return DataParallelSolver(solver, devices=devices, sync_bn=sync_bn, dtype=dtype, level=level,
+                              stages=stages, weights=weights, mode=mode,
+                              max_staleness=max_staleness)

@@ -1,0 +1,150 @@
+"""Caffe's update rules: the ComputeUpdateValue step of each solver type.
+
+A rule owns the history arrays of every learnable param, in Caffe's order (the order
+the solverstate stores them in), and turns a param's (normalized, regularized)
+gradient in ``blob.diff`` into the update that the solver then subtracts from
+``blob.data``. Arithmetic follows Caffe's, step by step, in the param dtype: the
+scalars are dtype scalars, so float32 nets round as Caffe's float code does.
+"""
+import math
+
+import numpy as np
+
+from ..errors import CaffeError
+from ..netparam.solver_param import SOLVER_TYPES
+
+
+class UpdateRule:
+    #: how many history arrays each param has (Adam and AdaDelta keep two)
+    history_per_param = 1
+
+    def __init__(self, solver_param, params, lr_mults, dtype=None):
+        self.param = solver_param
+        self.lr_mults = list(lr_mults)
+        self.dtype = np.dtype(dtype or (params[0].dtype if params else np.float32))
+        d = self.dtype.type
+        self.momentum = d(solver_param.momentum)
+        self.delta = d(solver_param.delta)
+        self.check()
+        # Caffe's history order: the first set for every param, then the second set.
+        self.history = [blob.xp.zeros(blob.shape, self.dtype)
+                        for _ in range(self.history_per_param) for blob in params]
+        self.num_params = len(params)
+
+    def check(self):
+        """Raise for settings this solver type rejects."""
+
+    def local_rate(self, i, rate):
+        d = self.dtype.type
+        return d(rate) * d(self.lr_mults[i])
+
+    def compute_update(self, i, blob, rate, iteration=0):
+        """Replace ``blob.diff`` (param ``i``'s gradient) with its update."""
+        raise NotImplementedError
+
+
+class SGDRule(UpdateRule):
+    """v = momentum * v + lr * g; the update is v."""
+
+    def compute_update(self, i, blob, rate, iteration=0):
+        history = self.history[i]
+        history *= self.momentum
+        history += self.local_rate(i, rate) * blob.diff
+        blob.diff[...] = history
+
+
+class NesterovRule(UpdateRule):
+    """Step back along the old velocity, then over-step along the new one."""
+
+    def compute_update(self, i, blob, rate, iteration=0):
+        history = self.history[i]
+        previous = history.copy()
+        history *= self.momentum
+        history += self.local_rate(i, rate) * blob.diff
+        d = self.dtype.type
+        blob.diff[...] = (d(1) + self.momentum) * history - self.momentum * previous
+
+
+class _NoMomentumRule(UpdateRule):
+    name = ''
+
+    def check(self):
+        if self.param.momentum != 0:
+            raise CaffeError('momentum cannot be used with %s (got momentum %g); remove it'
+                             % (self.name, self.param.momentum))
+
+
+class AdaGradRule(_NoMomentumRule):
+    """h += g^2; update = lr * g / (sqrt(h) + delta)."""
+    name = 'AdaGrad'
+
+    def compute_update(self, i, blob, rate, iteration=0):
+        history, grad = self.history[i], blob.diff
+        history += grad * grad
+        blob.diff[...] = self.local_rate(i, rate) * (grad / (blob.xp.sqrt(history) + self.delta))
+
+
+class RMSPropRule(_NoMomentumRule):
+    """h = decay * h + (1 - decay) * g^2; update = lr * g / (sqrt(h) + delta)."""
+    name = 'RMSProp'
+
+    def check(self):
+        super().check()
+        if not 0 <= self.param.rms_decay < 1:
+            raise CaffeError('RMSProp needs 0 <= rms_decay < 1, got %g' % self.param.rms_decay)
+
+    def compute_update(self, i, blob, rate, iteration=0):
+        d = self.dtype.type
+        decay = d(self.param.rms_decay)
+        history, grad = self.history[i], blob.diff
+        history *= decay
+        history += (d(1) - decay) * (grad * grad)
+        blob.diff[...] = self.local_rate(i, rate) * (grad / (blob.xp.sqrt(history) + self.delta))
+
+
+class AdaDeltaRule(UpdateRule):
+    """Zeiler's AdaDelta; history[i] is E[g^2], history[N + i] is E[dx^2] (without the lr)."""
+    history_per_param = 2
+
+    def compute_update(self, i, blob, rate, iteration=0):
+        d = self.dtype.type
+        xp, grad = blob.xp, blob.diff
+        mean_grad_sq = self.history[i]
+        mean_step_sq = self.history[self.num_params + i]
+        keep, mix = self.momentum, d(1) - self.momentum
+        mean_grad_sq *= keep
+        mean_grad_sq += mix * (grad * grad)
+        step = grad * xp.sqrt((mean_step_sq + self.delta) / (mean_grad_sq + self.delta))
+        mean_step_sq *= keep
+        mean_step_sq += mix * (step * step)
+        blob.diff[...] = self.local_rate(i, rate) * step
+
+
+class AdamRule(UpdateRule):
+    """Adam; history[i] is the first moment m, history[N + i] the second moment v."""
+    history_per_param = 2
+
+    def check(self):
+        p = self.param
+        if not (0 <= p.momentum < 1 and 0 <= p.momentum2 < 1):
+            raise CaffeError('Adam needs 0 <= momentum < 1 and 0 <= momentum2 < 1, got %g and %g'
+                             % (p.momentum, p.momentum2))
+
+    def compute_update(self, i, blob, rate, iteration=0):
+        d = self.dtype.type
+        xp, grad = blob.xp, blob.diff
+        beta1, beta2 = self.momentum, d(self.param.momentum2)
+        t = iteration + 1
+        # Caffe computes pow(beta, t) in double precision, then rounds the correction.
+        correction = d(math.sqrt(1.0 - float(beta2) ** t) / (1.0 - float(beta1) ** t))
+        first = self.history[i]
+        second = self.history[self.num_params + i]
+        first *= beta1
+        first += (d(1) - beta1) * grad
+        second *= beta2
+        second += (d(1) - beta2) * (grad * grad)
+        blob.diff[...] = (self.local_rate(i, rate) * correction) * (first / (xp.sqrt(second) + self.delta))
+
+
+RULES = dict(zip(SOLVER_TYPES, (SGDRule, NesterovRule, AdaGradRule, RMSPropRule, AdaDeltaRule,
+                                 AdamRule)))

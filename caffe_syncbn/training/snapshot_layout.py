@@ -1,0 +1,184 @@
+"""The terms a solver's files speak: its own net's, or the prototxt the user wrote.
+
+Under --sync-bn a solver trains a converted net (SyncBN layers), but the files it reads and
+writes speak the prototxt as the user wrote it (``UserTerms``): a snapshot's caffemodel holds
+that net's BatchNorm+Scale or BN layers, and its solverstate's history is laid out as that
+net's learnable params are, so stock Caffe loads both and our tools read them with or
+without --sync-bn. Without a conversion the net's own terms apply (``NetTerms``). Both have
+one small interface: ``load_weights``, ``save``, ``history_out`` and ``history_in``.
+A solverstate's history holds ``sets`` arrays per learnable param (2 for Adam and AdaDelta),
+set after set.
+"""
+import numpy as np
+
+from ..backend import to_numpy
+from ..errors import CaffeError
+from ..formats.caffemodel import Record, write_records, write_records_hdf5
+from ..netparam.graph import filter_net, insert_splits
+from ..weights.copy import copy_weights
+from ..weights.norm_forms import fit_norm_weights, norm_units
+
+
+def net_slots(net):
+    """(layer name, blob index) of each of ``net.learnable_params``, in their order."""
+    index = {id(blob): k for k, blob in enumerate(net.learnable_params)}
+    slots = [None] * len(index)
+    for name, layer in zip(net._layer_names, net.layers):
+        for j, blob in enumerate(layer.blobs):
+            k = index.get(id(blob))
+            if k is not None and slots[k] is None:
+                slots[k] = (name, j)
+    return slots
+
+
+def _size(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _fit_layout(saved, path, layouts, needs):
+    """(index of the first layout, a list of shapes, that ``saved`` fits; the arrays
+    reshaped to it), or a CaffeError that says what does not fit."""
+    for k, shapes in enumerate(layouts):
+        if len(saved) == len(shapes) and all(a.size == _size(s) for a, s in zip(saved, shapes)):
+            return k, [a.reshape(s) for a, s in zip(saved, shapes)]
+    for shapes in layouts:
+        if len(saved) == len(shapes):
+            bad = next(i for i, (a, s) in enumerate(zip(saved, shapes)) if a.size != _size(s))
+            raise CaffeError('solver state %s: history blob %d has shape %s, the net needs %s'
+                             % (path, bad, saved[bad].shape, tuple(shapes[bad])))
+    raise CaffeError('solver state %s has %d history blobs, but %s needs %s'
+                     % (path, len(saved), needs, ' or '.join(str(len(s)) for s in layouts)))
+
+
+class NetTerms:
+    """Files in the terms of the net itself."""
+
+    def __init__(self, net):
+        self.net = net
+
+    def load_weights(self, net, path, complete=False):
+        """Load a caffemodel into ``net``; with ``complete`` every layer with params must
+        be in it (a snapshot of this net)."""
+        net.copy_from(path, complete=complete)
+
+    def save(self, path, hdf5):
+        """Write the net's weights as a caffemodel (HDF5 if ``hdf5``)."""
+        (self.net.save_hdf5 if hdf5 else self.net.save)(path)
+
+    def history_out(self, history):
+        return [to_numpy(h) for h in history]
+
+    def history_in(self, saved, path, sets, needs):
+        """The saved history arrays, checked and shaped as the rule's history; ``needs``
+        names the solver in errors."""
+        shapes = [blob.shape for blob in self.net.learnable_params] * sets
+        return _fit_layout(saved, path, [shapes], needs)[1]
+
+
+class UserTerms(NetTerms):
+    """Files in the terms of ``user_param``, the NetParameter (with its NetState) that ``net``
+    was converted from."""
+
+    def __init__(self, user_param, net):
+        super().__init__(net)
+        self.source_layers = list(user_param.layer)
+        self.layers = list(insert_splits(filter_net(user_param, net.net_param.state)).layer)
+        units = [u for u in norm_units(self.layers) if u.kind == 'BatchNorm']
+        self._batchnorms = {u.name for u in units}
+        self._scale_of = {u.scale_name: u.name for u in units if u.scale_name is not None}
+        self.net_slots = net_slots(net)
+        self.user_slots = self._owned_slots()
+        # the net slot each user slot takes its values from; None: BatchNorm's statistics,
+        # which are never learned, so their history is zero
+        self.source_of = {}
+        for name, j in self.user_slots:
+            if name in self._batchnorms:
+                self.source_of[(name, j)] = None
+            else:
+                self.source_of[(name, j)] = (self._scale_of.get(name, name), j)
+        missing = sorted(set(self.source_of.values()) - set(self.net_slots) - {None})
+        if missing:
+            raise CaffeError("blob %d of layer '%s' of the prototxt has no counterpart in the "
+                             'converted net' % missing[0][::-1])
+
+    def _blob_count(self, layer):
+        if layer.type == 'BatchNorm':
+            return 3
+        if layer.name in self._scale_of:
+            return 1 + int(layer.scale_param.bias_term)
+        net_layer = self.net.layer_by_name.get(layer.name)
+        return len(net_layer.blobs) if net_layer is not None else 0
+
+    def _owned_slots(self):
+        """Caffe's learnable params of the user's net: a param whose ParamSpec name an
+        earlier layer has already used is shared, not owned."""
+        slots, names = [], set()
+        for layer in self.layers:
+            for j in range(self._blob_count(layer)):
+                name = layer.param[j].name if j < len(layer.param) else ''
+                if name in names:
+                    continue
+                if name:
+                    names.add(name)
+                slots.append((layer.name, j))
+        return slots
+
+    def _net_shape(self, slot):
+        name, j = slot
+        return self.net.layer_by_name[name].blobs[j].shape
+
+    def _user_shape(self, slot):
+        """BatchNorm's blobs are (C,), (C,), (1,); an absorbed Scale's are (C,)."""
+        name, j = slot
+        unit = self._scale_of.get(name, name if name in self._batchnorms else None)
+        if unit is None:
+            return self._net_shape(slot)
+        channels = self.net.layer_by_name[unit].blobs[0].count
+        return (1,) if name in self._batchnorms and j == 2 else (channels,)
+
+    def load_weights(self, net, path, complete=False):
+        copy_weights(net, path, source_layers=self.source_layers, complete=complete)
+
+    def save(self, path, hdf5):
+        own = {name: [to_numpy(b.data) for b in layer.blobs]
+               for name, layer in zip(self.net._layer_names, self.net.layers) if layer.blobs}
+        fitted = fit_norm_weights(self.layers, own, [layer.param for layer in self.net.layers],
+                                  'the trained net')
+        records = [Record(layer, fitted.get(layer.name, []), self.net.phase)
+                   for layer in self.layers]
+        if not hdf5:
+            write_records(path, records, self.net.name)
+            return
+        owned = set(self.user_slots)
+        write_records_hdf5(path, records, {(r.param.name, j) for r in records
+                                           for j in range(len(r.arrays))
+                                           if (r.param.name, j) not in owned})
+
+    def history_out(self, history):
+        index = {slot: k for k, slot in enumerate(self.net_slots)}
+        per_set = len(self.net_slots)
+        out = []
+        for s in range(len(history) // per_set if per_set else 0):
+            for slot in self.user_slots:
+                source, shape = self.source_of[slot], self._user_shape(slot)
+                out.append(np.zeros(shape, to_numpy(history[0]).dtype) if source is None
+                           else to_numpy(history[s * per_set + index[source]]).reshape(shape))
+        return out
+
+    def history_in(self, saved, path, sets, needs):
+        """Reads the user's layout (what we write) and the converted net's (what earlier
+        versions wrote)."""
+        user = [self._user_shape(slot) for slot in self.user_slots] * sets
+        own = [self._net_shape(slot) for slot in self.net_slots] * sets
+        layout, arrays = _fit_layout(saved, path, [user, own], needs)
+        if layout == 1:
+            return arrays
+        where = {source: k for k, slot in enumerate(self.user_slots)
+                 for source in [self.source_of[slot]] if source is not None}
+        out = []
+        for s in range(sets):
+            for slot in self.net_slots:
+                k, shape = where.get(slot), self._net_shape(slot)
+                out.append(np.zeros(shape, arrays[0].dtype) if k is None
+                           else arrays[s * len(self.user_slots) + k].reshape(shape))
+        return out

@@ -1,0 +1,173 @@
+"""The three forms of batch normalization, and rewrites of nets and weights between them.
+
+A *norm unit* is one normalization of a net, in one of three forms:
+  BatchNorm (BVLC), with the Scale that follows it if there is one: BatchNorm holds
+      [mean_sum, var_sum, factor s], each (C,) and s (1,), and mean = mean_sum / s
+      (0 when s == 0, as Caffe reads it); the Scale holds [gamma (C,), beta (C,)].
+  BN (the PSPNet and yjxiong forks) and SyncBN: [slope, bias, mean, var], each 1xCx1x1.
+In TEST all three compute y = slope * (x - mean) / sqrt(var + eps) + bias, so weights move
+between them through one per-channel record, ``NormStats``, and TEST outputs stay the same:
+  - A BatchNorm without a Scale has slope 1 and bias 0, and cannot hold other values.
+  - The running variance moves as stored. BatchNorm and SyncBN average the unbiased batch
+    variance, the forks' BN the biased one (smaller by m/(m-1), m = N*H*W of a batch).
+  - eps moves between batch_norm_param and bn_param, and moving_average_fraction is the
+    momentum.
+  - Written as BatchNorm, the statistics get the factor s = the power of two nearest
+    1 / (1 - moving_average_fraction), the value that Caffe's own s tends to as it trains
+    (1024 for the default 0.999). Scaling by a power of two is exact, so TEST outputs are
+    bitwise unchanged, and a stock Caffe that resumes training goes on averaging with
+    about the right weight instead of restarting its sums.
+"""
+import collections
+import math
+
+import numpy as np
+
+from ..errors import CaffeError
+from ..formats.caffemodel import as_array
+
+NormUnit = collections.namedtuple('NormUnit', 'kind name index scale_name scale_index')
+NormStats = collections.namedtuple('NormStats', 'mean var slope bias dtype')
+
+#: how many blobs each form stores under the normalization's own name
+_FORM_BLOBS = {'BatchNorm': 3, 'BN': 4, 'SyncBN': 4}
+
+
+# ---- finding the units ------------------------------------------------------------------
+def _consumers(layers, start, blob):
+    """Indices of the layers after ``start`` that read ``blob`` before it is overwritten."""
+    found = []
+    for i in range(start + 1, len(layers)):
+        if blob in layers[i].bottom:
+            found.append(i)
+        if blob in layers[i].top and blob not in layers[i].bottom:
+            break
+    return found
+
+
+def _fusable_scale(layers, i):
+    """The index of the Scale layer that only applies a per-channel affine to BatchNorm i."""
+    top = layers[i].top[0] if layers[i].top else None
+    users = _consumers(layers, i, top)
+    if not users:
+        return None
+    j = users[0]
+    scale = layers[j]
+    if scale.type != 'Scale' or len(scale.bottom) != 1 or scale.scale_param.axis != 1 \
+            or scale.scale_param.num_axes != 1:
+        return None
+    in_place_chain = scale.top[0] == top
+    if not in_place_chain and len(users) > 1:
+        return None               # someone else reads the un-scaled blob: keep the Scale
+    return j
+
+
+def norm_units(layers):
+    """The norm units of a list of LayerParameters, in net order."""
+    units = []
+    for i, layer in enumerate(layers):
+        if layer.type == 'BatchNorm':
+            j = _fusable_scale(layers, i)
+            units.append(NormUnit('BatchNorm', layer.name, i,
+                                  layers[j].name if j is not None else None, j))
+        elif layer.type in ('BN', 'SyncBN'):
+            units.append(NormUnit(layer.type, layer.name, i, None, None))
+    return units
+
+
+# ---- one unit's weights -----------------------------------------------------------------
+def stored_stats(arrays, scale_arrays=None):
+    """The NormStats of a unit's stored arrays: 3 (BatchNorm, with ``scale_arrays`` the
+    [gamma(, beta)] of its Scale) or 4 (BN, SyncBN). Raises ValueError when they do not fit."""
+    arrays = [np.asarray(a) for a in arrays]
+    flat = [a.astype(np.float64).reshape(-1) for a in arrays]
+    if len(arrays) == 4:
+        slope, bias, mean, var = flat
+    elif len(arrays) == 3:
+        mean_sum, var_sum, factor = flat
+        if factor.size != 1:
+            raise ValueError('its scale factor blob has %d values, expected 1' % factor.size)
+        inverse = 0.0 if factor[0] == 0 else 1.0 / factor[0]
+        mean, var = mean_sum * inverse, var_sum * inverse
+        scale = [np.asarray(a, np.float64).reshape(-1) for a in (scale_arrays or [])]
+        slope = scale[0] if scale else np.ones_like(mean)
+        bias = scale[1] if len(scale) > 1 else np.zeros_like(mean)
+    else:
+        raise ValueError('it has %d blobs; a batch norm has 3 (BatchNorm) or 4 (BN, SyncBN)'
+                         % len(arrays))
+    sizes = {v.size for v in (mean, var, slope, bias)}
+    if len(sizes) != 1:
+        raise ValueError('its blobs disagree on the channel count: %s'
+                         % sorted(v.size for v in (slope, bias, mean, var)))
+    return NormStats(mean, var, slope, bias, arrays[0].dtype)
+
+
+def statistics_factor(fraction):
+    """The BatchNorm scale factor written for a moving_average_fraction (module docstring)."""
+    if not 0 < fraction < 1:
+        return 1.0
+    return 2.0 ** round(math.log2(1.0 / (1.0 - fraction)))
+
+
+def unit_arrays(unit, stats, layers):
+    """{layer name: arrays} holding ``stats`` in the form of ``unit`` (whose layers are
+    ``layers``). Raises ValueError for an affine a Scale-less BatchNorm cannot hold."""
+    cast = lambda v, shape: np.asarray(v, stats.dtype).reshape(shape)  # noqa: E731
+    channels = stats.mean.size
+    if unit.kind != 'BatchNorm':
+        return {unit.name: [cast(v, (1, channels, 1, 1))
+                            for v in (stats.slope, stats.bias, stats.mean, stats.var)]}
+    bn = layers[unit.index]
+    s = statistics_factor(bn.batch_norm_param.moving_average_fraction)
+    out = {unit.name: [cast(stats.mean * s, channels), cast(stats.var * s, channels),
+                       cast([s], 1)]}
+    has_bias = unit.scale_name is not None and layers[unit.scale_index].scale_param.bias_term
+    if unit.scale_name is not None:
+        out[unit.scale_name] = [cast(stats.slope, channels)] + \
+            ([cast(stats.bias, channels)] if has_bias else [])
+    lost = [what for what, values, neutral, kept in (
+        ('slope', stats.slope, 1, unit.scale_name is not None),
+        ('bias', stats.bias, 0, has_bias)) if not kept and np.any(values != neutral)]
+    if lost:
+        raise ValueError('its %s cannot be held by %s (%s)' % (
+            ' and '.join(lost), "BatchNorm '%s'" % unit.name if unit.scale_name is None
+            else "Scale '%s', which has no bias_term" % unit.scale_name,
+            'no Scale follows it' if unit.scale_name is None else 'add bias_term: true'))
+    return out
+
+
+def fit_norm_weights(target_layers, blobs, source_layers=None, source='weights'):
+    """``blobs`` ({layer name: stored blobs}) with every norm unit of ``target_layers`` that
+    they hold in another form rewritten into the target's form.
+
+    ``source_layers`` are the layers the blobs were written for: they tell which Scale goes
+    with a stored BatchNorm. Without them a BatchNorm stored for a BN or SyncBN target is
+    an error, as its Scale is unknown. ``source`` names the file in errors.
+    """
+    out = collections.OrderedDict(blobs)
+    written_for = {u.name: u for u in norm_units(source_layers or [])}
+    for unit in norm_units(target_layers):
+        stored = blobs.get(unit.name)
+        if not stored or len(stored) == _FORM_BLOBS[unit.kind]:
+            continue
+        origin = written_for.get(unit.name)
+        scale_arrays = None
+        if any(b is None for b in stored):
+            raise CaffeError("%s: batch norm '%s' lacks blob %d"
+                             % (source, unit.name, [b is None for b in stored].index(True)))
+        if len(stored) == 3:
+            if origin is None or origin.kind != 'BatchNorm':
+                raise CaffeError(
+                    "%s: layer '%s' holds BatchNorm statistics (3 blobs) but is a %s here (4 "
+                    'blobs), and the file does not say which Scale layer goes with it: load it '
+                    'with the prototxt it was written for' % (source, unit.name, unit.kind))
+            if origin.scale_name is not None:
+                scale_arrays = [as_array(b) for b in blobs.get(origin.scale_name, [])
+                                if b is not None]
+        try:
+            stats = stored_stats([as_array(b) for b in stored], scale_arrays)
+            out.update(unit_arrays(unit, stats, target_layers))
+        except ValueError as exc:
+            raise CaffeError("%s: cannot load batch norm '%s' into the net's %s: %s"
+                             % (source, unit.name, unit.kind, exc)) from None
+    return out
