@@ -79,12 +79,10 @@ class Replica:
             self.top[0].diff[...] = rs.standard_normal(shape, np.float32).astype(dtype)
 
     def forward(self):
-        from caffe_syncbn.layers import norm_gpu as syncbn_gpu
-        syncbn_gpu.layer_forward(self.layer, self.bottom, self.top)
+        self.layer.forward(self.bottom, self.top)
 
     def backward(self):
-        from caffe_syncbn.layers import norm_gpu as syncbn_gpu
-        syncbn_gpu.layer_backward(self.layer, self.top, [True], self.bottom)
+        self.layer.backward(self.top, [True], self.bottom)
 
 
 def time_replicas(cupy, replicas, step, iters, repeats):

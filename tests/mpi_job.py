@@ -147,7 +147,7 @@ def nccl(out, link):
     import fake_nccl
 
     from caffe_syncbn.comm.mpi import nccl_across_processes
-    from caffe_syncbn.comm.streams import HostStreams
+    from host_streams import HostStreams
     made = []
     original = fake_nccl.NcclCommunicator.__init__
 

@@ -87,6 +87,12 @@ def test_imports_go_down_the_floors(module):
             assert FLOORS[room_of(target)] < FLOORS[room], where + ', a floor that is not below'
 
 
+def test_every_room_is_a_package_that_setup_py_finds():
+    """find_packages skips a folder without __init__.py: its modules would not install."""
+    folders = {path.parent for path in PACKAGE.rglob('*.py')}
+    assert [str(f) for f in folders if not (f / '__init__.py').exists()] == []
+
+
 def test_no_import_circles():
     graph = {m: {t for t, _, _ in imports(m, p) if t != m} for m, p in MODULES.items()}
     state = {}

@@ -3,10 +3,11 @@ import time
 
 import numpy as np
 import pytest
-
-from caffe_syncbn.comm import CollectiveMismatch, CommAborted, CountingComm, ThreadComm
-from caffe_syncbn.comm.thread import PARALLEL_SUM_MIN_SIZE
+from counting_comm import CountingComm
 from threads import run_threads
+
+from caffe_syncbn.comm import CollectiveMismatch, CommAborted, ThreadComm
+from caffe_syncbn.comm.thread import PARALLEL_SUM_MIN_SIZE
 
 
 def run_members(fn, comms, timeout=20.0):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.backend import cpu_threads
-from caffe_syncbn.layers import conv, conv_cpu
+from caffe_syncbn.layers import conv, conv_cpu, norm_cpu, norm_math
 from caffe_syncbn.testing import build_layer
 
 
@@ -107,8 +107,7 @@ def _run_convolution(body, shape, host):
     layer, bottom, top = build_layer(_conv_text(body), [_randn(*shape)])
     for i, blob in enumerate(layer.blobs):
         blob.data[...] = _randn(*blob.shape, seed=3 + i)
-    if not host:
-        layer.__dict__['host'] = False
+    layer.host = host             # False: the array code of conv.py (the GPU path)
     layer.forward(bottom, top)
     top[0].diff[...] = _randn(*top[0].shape, seed=4)
     for blob in layer.blobs:
@@ -117,18 +116,11 @@ def _run_convolution(body, shape, host):
     return [top[0].data, bottom[0].diff] + [blob.diff for blob in layer.blobs]
 
 
-@pytest.fixture
-def array_path(monkeypatch):
-    """Lets a test switch a ConvolutionLayer to the array code of conv.py (GPU path)."""
-    monkeypatch.setattr(conv.ConvolutionLayer, 'host', property(
-        lambda self: self.__dict__.get('host', True)))
-
-
 @pytest.mark.parametrize('partial_sums', [True, False])
 @pytest.mark.parametrize('chunking', CHUNKINGS, ids=lambda c: 'bytes %d narrow %d' % c)
 @pytest.mark.parametrize('body, shape', GEOMETRIES)
 def test_host_convolution_matches_the_array_path(body, shape, chunking, partial_sums, threads,
-                                                array_path, monkeypatch):
+                                                monkeypatch):
     """Every chunking, on 1 to 3 threads, with the weight gradient summed per thread or
     the units run in turn."""
     monkeypatch.setattr(conv_cpu, 'PARTIAL_SUM_MIN_POSITIONS', 0 if partial_sums else 10 ** 9)
@@ -241,7 +233,7 @@ def _run_norm(text, shape, phase, in_place, host, learned=(True, True)):
     layer.reshape([x], [top])
     for i, blob in enumerate(layer.blobs):
         blob.data[...] = np.abs(_randn(*blob.shape, seed=i + 1)) + 0.5
-    layer.host = lambda array: host and array.dtype == np.float64
+    layer.engine = norm_cpu if host else norm_math
     if len(layer.blobs) == 4:
         layer.param_propagate_down = list(learned) + [False, False]
     layer.forward([x], [top])
@@ -283,13 +275,12 @@ def test_host_batch_norm_keeps_x_hat_only_in_place_when_its_backward_reads_it():
                                   'local_size: 3 alpha: 1e-4 beta: 0.75'])
 def test_host_lrn_matches_the_array_path(body, threads, monkeypatch):
     from caffe_syncbn.layers import lrn
-    from caffe_syncbn.layers.lrn import LRNLayer
     monkeypatch.setattr(lrn, 'BAND_BYTES', 64)          # bands of 2 positions
     text = 'name: "n" type: "LRN" bottom: "x" top: "y" lrn_param { %s }' % body
     results = []
     for host in (True, False):
-        monkeypatch.setattr(LRNLayer, '_host', lambda self, a, host=host: host)
         layer, bottom, top = build_layer(text, [_randn(2, 7, 3, 5)])
+        layer.host = host
         layer.forward(bottom, top)
         top[0].diff[...] = _randn(*top[0].shape, seed=3)
         layer.backward(top, [True], bottom)
@@ -322,7 +313,7 @@ def test_blob_diff_is_made_on_first_use():
     assert blob.diff.shape == (4,) and not blob.diff.any()
 
 
-def test_host_convolution_with_bands_inside_the_padding(array_path, monkeypatch):
+def test_host_convolution_with_bands_inside_the_padding(monkeypatch):
     """FCN's first convolution pads by 100: whole bands of output rows read only padding."""
     monkeypatch.setattr(conv_cpu, 'COLUMN_BYTES', 1)
     monkeypatch.setattr(conv_cpu, 'MIN_POSITIONS', 1)

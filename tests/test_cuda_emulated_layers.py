@@ -122,7 +122,7 @@ def test_interp_equals_cpu(param, dtype):
     x = rs.standard_normal((2, 2, 4, 5))
     text = 'name: "i" type: "Interp" bottom: "x" top: "y" interp_param { %s }' % param
     layer, bottom, top = build_layer(text, [x], dtype=dtype)
-    assert interp_gpu.supported(layer, bottom[0].data)
+    assert interp_gpu.supports(layer.dtype) and not layer.copy_only
     dy = rs.standard_normal(top[0].shape)
     want = run(layer, bottom, top, None, None, dy)
     layer, bottom, top = build_layer(text, [x], dtype=dtype)

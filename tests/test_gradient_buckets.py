@@ -1,10 +1,11 @@
 """Gradient buckets (caffe_syncbn/gradients.py): each starts as soon as backward has passed
 its params' owners, the result does not depend on the bucket size, and iter_size works."""
 import numpy as np
+from counting_comm import CountingComm
 from test_data_parallel import batches, solver_param, train
 
 from caffe_syncbn import TRAIN, Net, caffe_pb2
-from caffe_syncbn.comm import Communicator, CountingComm
+from caffe_syncbn.comm import Communicator
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.training import data_parallel as training, replication
 from caffe_syncbn.training.gradient_buckets import GradientBuckets

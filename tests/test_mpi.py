@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from caffe_syncbn.comm.streams import HostStreams
+from host_streams import HostStreams
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / 'tests' / 'mpi_job.py'
@@ -195,6 +194,7 @@ def test_nccl_across_processes_sums_over_all_their_gpus():
     """Two "processes" (threads) of 2 GPUs each, through the fake NCCL and host streams:
     an allreduce sums the 4 buffers and a broadcast copies global rank 3's."""
     import fake_nccl
+
     from caffe_syncbn.comm.mpi import nccl_across_processes
     board = {'values': [None, None], 'barrier': threading.Barrier(2)}
     members = [None, None]

@@ -3,14 +3,14 @@ stand-in of the stream backend: dtype codes, counts, stream-ordered calls, the h
 comparison of calls, group calls, abort. The real NCCL runs in tests/gpu/."""
 import time
 
+import fake_nccl
 import numpy as np
 import pytest
+from host_streams import HostStreams
+from test_same_device_comm import ok, rank_order_sum, run_members
 
-import fake_nccl
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted
 from caffe_syncbn.comm.nccl import NcclComm
-from caffe_syncbn.comm.streams import HostStreams
-from test_same_device_comm import ok, rank_order_sum, run_members
 
 
 def create(n):

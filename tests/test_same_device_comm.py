@@ -9,12 +9,12 @@ import time
 
 import numpy as np
 import pytest
+from host_streams import HostStreams
+from threads import run_threads
 
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted
 from caffe_syncbn.comm.same_device import SameDeviceComm
-from caffe_syncbn.comm.streams import HostStreams, launch_copy, launch_sum
-from threads import run_threads
-
+from caffe_syncbn.comm.streams import launch_copy, launch_sum
 
 run_members = run_threads
 

@@ -12,12 +12,13 @@ import time
 
 import numpy as np
 import pytest
+from counting_comm import CountingComm
+from threads import run_threads
 
 from caffe_syncbn.blob import Blob
-from caffe_syncbn.comm import CollectiveMismatch, CommAborted, CountingComm, ThreadComm
+from caffe_syncbn.comm import CollectiveMismatch, CommAborted, ThreadComm
 from caffe_syncbn.layer import TEST, TRAIN, LayerContext, create_layer
 from caffe_syncbn.testing import layer_param
-from threads import run_threads
 
 MOMENTUM = float(np.float32(0.9))      # bn_param.momentum is a proto float
 EPS = float(np.float32(1e-4))

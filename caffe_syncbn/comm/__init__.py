@@ -4,10 +4,10 @@
 threads of one process, ``SoloComm`` (solo.py) is a run with one replica. NCCL and MPI
 communicators implement the same interface.
 """
-from .base import (CollectiveMismatch, CommAborted, Communicator, CompletedHandle, CountingComm,
+from .base import (CollectiveMismatch, CommAborted, Communicator, CompletedHandle,
                    Handle)
 from .solo import SoloComm
 from .thread import ThreadComm
 
-__all__ = ['CollectiveMismatch', 'CommAborted', 'Communicator', 'CompletedHandle', 'CountingComm',
+__all__ = ['CollectiveMismatch', 'CommAborted', 'Communicator', 'CompletedHandle',
            'Handle', 'SoloComm', 'ThreadComm']

@@ -18,7 +18,7 @@ So the host never waits on the GPU, every member gets bitwise the same sum, and 
 GPU never waits on a host (an aborted collective leaves no kernel spinning).
 
 The stream operations go through a small backend (streams.py): ``CupyStreams`` on a
-GPU, and ``HostStreams``, a CPU stand-in over numpy arrays that can defer every stream
+GPU, and the tests' HostStreams, a CPU stand-in over numpy arrays that can defer every stream
 operation and run them later in a random interleaving that honours stream order and
 event waits, so CI tests the ordering logic without a GPU. Host (numpy) arrays and
 ``allreduce_scalar`` are summed on the host in rank order, as ThreadComm does.

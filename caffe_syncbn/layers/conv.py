@@ -9,7 +9,7 @@ import numpy as np
 
 from ..backend import cpu_threads
 from ..layer import Layer, register
-from . import conv_cpu, conv_gpu as im2col_gpu, im2col as im2col_module
+from . import conv_cpu, conv_gpu, im2col as im2col_module
 from .im2col import conv_output_shape
 from .shape import canonical_axis
 
@@ -105,6 +105,10 @@ class _SpatialLayer(Layer):
         self.pointwise = (all(k == 1 for k in self.kernel) and all(s == 1 for s in self.stride)
                           and not any(self.pad))
         self.kernel_count = int(np.prod(self.kernel))
+        # the engine, chosen once: im2col by the CUDA kernels (2-D), or as array code; and
+        # whether the host's blocked GEMMs of conv_cpu run the layer
+        self.im2col = conv_gpu if self.cuda_kernels and self.num_spatial == 2 else im2col_module
+        self.host = self.xp is np and not self.cuda_kernels
 
     def _reshape_input(self, bottom):
         shape = bottom[0].shape
@@ -122,18 +126,12 @@ class _SpatialLayer(Layer):
     def _image(self, array, channels, spatial):
         return array.reshape((self.batch, channels) + tuple(spatial))
 
-    def _im2col_module(self):
-        """The kernels of caffe_syncbn/gpu for 2-D convolutions, else the array code."""
-        if self.cuda_kernels and self.num_spatial == 2:
-            return im2col_gpu
-        return im2col_module
-
     def _columns(self, image):
         """im2col of ``image`` ``(N, C, *spatial)``; a view of it for 1x1 kernels."""
         if self.pointwise:
             return image
         try:
-            return self._im2col_module().im2col(image, self.kernel, self.pad, self.stride,
+            return self.im2col.im2col(image, self.kernel, self.pad, self.stride,
                                                 self.dilation)
         except ValueError as e:
             raise self.error(str(e)) from None
@@ -141,7 +139,7 @@ class _SpatialLayer(Layer):
     def _image_from_columns(self, col, spatial):
         if self.pointwise:
             return col
-        return self._im2col_module().col2im(col, spatial, self.kernel, self.pad, self.stride,
+        return self.im2col.col2im(col, spatial, self.kernel, self.pad, self.stride,
                                             self.dilation)
 
 
@@ -256,11 +254,6 @@ class ConvolutionLayer(_ConvolutionBase):
                 dcol = dcol.reshape((self.batch, self.channels) + self.kernel + self.out_spatial)
                 dx = self._image_from_columns(dcol, self.in_spatial)
                 b.diff[...] = dx.reshape(b.shape)
-
-    @property
-    def host(self):
-        """Whether the numpy path of conv_cpu runs this layer."""
-        return self.xp is np and not self.cuda_kernels
 
     def _matrices(self, array, rows):
         """``array`` as (N, rows, positions): a 1x1 convolution's input is its own columns."""

@@ -46,6 +46,9 @@ class InterpLayer(Layer):
                              % (ip.pad_beg, ip.pad_end))
         self.crop_begin = -ip.pad_beg
         self.out_hw = self._taps = self._taps_for = None
+        # the engine, chosen once: the CUDA kernels (float32, float64), else array code
+        self.kernels = interp_gpu if self.cuda_kernels and interp_gpu.supports(self.dtype) \
+            else None
 
     def _out_size(self, ip, height, width):
         """The fork's size rules, chosen by which fields are present, in its order."""
@@ -101,17 +104,9 @@ class InterpLayer(Layer):
         b = self.crop_begin
         return array[:, :, b:b + self.in_hw[0], b:b + self.in_hw[1]]
 
-    def _kernel_path(self, array):
-        """The Interp module of caffe_syncbn/gpu when it runs this layer, else None."""
-        if self.cuda_kernels:
-            if interp_gpu.supported(self, array):
-                return interp_gpu
-        return None
-
     def forward(self, bottom, top):
-        kernels = self._kernel_path(bottom[0].data)
-        if kernels is not None:
-            kernels.forward(self, bottom, top)
+        if self.kernels is not None and not self.copy_only:   # a pure crop is one copy
+            self.kernels.forward(self, bottom, top)
             return
         x = self._cropped(bottom[0].data)
         if self.copy_only:
@@ -133,9 +128,8 @@ class InterpLayer(Layer):
                out.dtype.itemsize)
 
     def backward(self, top, propagate_down, bottom):
-        kernels = self._kernel_path(top[0].diff)
-        if kernels is not None:
-            kernels.backward(self, top, propagate_down, bottom)
+        if self.kernels is not None and not self.copy_only:
+            self.kernels.backward(self, top, propagate_down, bottom)
             return
         if not propagate_down[0]:
             return

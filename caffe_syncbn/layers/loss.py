@@ -11,7 +11,7 @@ import numpy as np
 from .. import caffe_pb2
 from ..formats.blobs import read_blob_proto
 from ..layer import Layer, register
-from . import loss_gpu as softmax_loss_gpu
+from . import loss_gpu
 
 FULL = caffe_pb2.LossParameter.FULL
 VALID = caffe_pb2.LossParameter.VALID
@@ -147,13 +147,15 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
         self.check_tops(top, minimum=1, maximum=2)
         self.ignore_label = ignore_label_of(self.param.loss_param)
         self.mode = self.normalization_mode()
+        # the engine, chosen once: the CUDA kernels, or array code
+        self.kernels = loss_gpu if self.cuda_kernels else None
 
     def axis_param(self):
         return self.param.softmax_param.axis
 
     def forward(self, bottom, top):
-        if self.cuda_kernels:
-            softmax_loss_gpu.forward(self, bottom, top)
+        if self.kernels is not None:
+            self.kernels.forward(self, bottom, top)
             return
         xp = self.xp
         self.softmax_and_labels(bottom, top)
@@ -162,8 +164,8 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
         self.set_loss(top, -xp.sum(xp.where(self.valid, log_p, 0)), self.normalizer_value)
 
     def backward(self, top, propagate_down, bottom):
-        if self.cuda_kernels:
-            softmax_loss_gpu.backward(self, top, propagate_down, bottom)
+        if self.kernels is not None:
+            self.kernels.backward(self, top, propagate_down, bottom)
             return
         self.refuse_label_gradient(propagate_down)
         if not propagate_down[0]:

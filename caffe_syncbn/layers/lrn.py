@@ -41,6 +41,10 @@ class LRNLayer(Layer):
         self.k = lp.k if self.across else 1.0
         self.cells = self.size if self.across else self.size ** 2
         self._scale = None
+        # the engine, chosen once: ACROSS_CHANNELS runs on the CUDA kernels, or on the
+        # host's banded passes over numpy; WITHIN_CHANNEL runs as array code
+        self.kernels = lrn_gpu if self.cuda_kernels and self.across else None
+        self.host = self.across and self.xp is np and not self.cuda_kernels
 
     def reshape(self, bottom, top):
         if bottom[0].num_axes != 4:
@@ -52,9 +56,6 @@ class LRNLayer(Layer):
         if self.across:
             return centered_window_sum(a, 1, self.size)
         return centered_window_sum(centered_window_sum(a, 2, self.size), 3, self.size)
-
-    def _host(self, array):
-        return self.across and isinstance(array, np.ndarray) and not self.cuda_kernels
 
     def _bands(self, shape, work):
         """``work(n, band)`` over images and bands of positions of (N, C, H*W) arrays, about
@@ -104,23 +105,23 @@ class LRNLayer(Layer):
         self._bands(x.shape, work)
 
     def forward(self, bottom, top):
-        if self.cuda_kernels and self.across:
-            lrn_gpu.forward(self, bottom, top)
+        if self.kernels is not None:
+            self.kernels.forward(self, bottom, top)
             return
         x = bottom[0].data
-        if self._host(x):
+        if self.host:
             self._host_forward(x, top[0].data)
             return
         self._scale = self.k + (self.alpha / self.cells) * self._window_sum(x * x)
         top[0].data[...] = x * self._scale ** -self.beta
 
     def backward(self, top, propagate_down, bottom):
-        if self.cuda_kernels and self.across:
-            lrn_gpu.backward(self, top, propagate_down, bottom)
+        if self.kernels is not None:
+            self.kernels.backward(self, top, propagate_down, bottom)
             return
         if not propagate_down[0]:
             return
-        if self._host(bottom[0].data):
+        if self.host:
             self._host_backward(bottom[0].data, top[0].data, top[0].diff, bottom[0].diff)
             return
         x, y, dy, scale = bottom[0].data, top[0].data, top[0].diff, self._scale

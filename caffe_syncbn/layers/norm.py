@@ -44,26 +44,32 @@ statistics of the GLOBAL batch, the union of every replica's local batch:
 * Uneven local batches are exact; a replica with an EMPTY local batch (N=0) joins
   both collectives, gets the same running stats and an output of shape (0, C, ...).
 
-The statistics and normalization steps are the module-level functions below, so a
-GPU backend can replace them with fused kernels.
+The layers below hold these rules, both allreduces included; the passes over the data are
+an engine's (norm_math.py says what one does), chosen once at setup: the CUDA kernels
+(norm_gpu), the host's blocked passes (norm_cpu), or array code (norm_math).
 """
 import numpy as np
 
 from ..layer import TEST, Layer, register
-from . import norm_cpu, norm_gpu
-from .norm_math import (STAT, batch_input_gradient, channel_view, gradient_sums, inverse_std,
-                        local_statistics, moments, normalize, per_channel, rebase_sums, work_dtype)
+from . import norm_cpu, norm_gpu, norm_math
+from .norm_math import STAT, channel_view, inverse_std, moments
 
 
 class _ChannelNorm(Layer):
-    """What the three layers share: shapes, in-place-safe output, the cached x_hat, and the
-    numpy path of norm_cpu (x_hat kept only when the backward reads it and the layer runs
-    in place, else made again from the input)."""
+    """What the three layers share: shapes, the engine, the per-channel statistics as
+    float64, and the x_hat the backward reads."""
 
     def setup_channels(self, bottom, top):
         self.check_bottoms(bottom, exact=1)
         self.check_tops(top, exact=1)
         self.channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
+        if self.cuda_kernels:
+            self.engine = norm_gpu
+        elif self.xp is np and self.dtype in (np.float32, np.float64):
+            self.engine = norm_cpu
+        else:
+            self.engine = norm_math
+        self._x_hat_buffer = None
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -72,9 +78,6 @@ class _ChannelNorm(Layer):
             raise self.error('expected %d channels (axis 1), got bottom shape %s'
                              % (self.channels, shape))
         top[0].reshape(shape)
-
-    def write_top(self, top, y3):
-        top[0].data[...] = y3.reshape(top[0].shape)
 
     def stat(self, j):
         return self.blobs[j].data.reshape(-1).astype(STAT)
@@ -86,29 +89,33 @@ class _ChannelNorm(Layer):
         blob = self.blobs[j]
         blob.diff += values.reshape(blob.shape).astype(self.dtype)
 
-    def host(self, array):
-        """Whether norm_cpu runs this layer on ``array``."""
-        return self.xp is np and not self.cuda_kernels and array.dtype in (np.float32, np.float64)
+    def local_moments(self, x3, reference=None):
+        """(count, mean, biased var) of this forward's batch; ``share`` joins the
+        replicas' sums first (SyncBN)."""
+        packed, shift = self.engine.local_sums(x3, reference)
+        self.share(packed)
+        if x3.shape[0] * x3.shape[2] == 0 and float(packed[0]) == 0:   # the only read-back
+            raise self.error('the global batch is empty (local shape %s on every replica)'
+                             % (x3.shape,) if self.ctx.replicas > 1 else
+                             'cannot take batch statistics of an empty batch (shape %s)'
+                             % (x3.shape,))
+        return moments(packed, shift)
 
-    def local_statistics(self, x3):
-        if self.host(x3):
-            return norm_cpu.statistics(x3, work_dtype(x3.dtype))
-        return local_statistics(x3, self.xp)
+    def share(self, packed):
+        """Sum per-channel sums over the replicas (SyncBN); alone, nothing to do."""
 
-    def host_normalize(self, bottom, top, mean, inv_std, keep_x_hat, slope=None, bias=None):
-        """y (and the x_hat the backward will read) on the host."""
+    def normalize(self, bottom, top, mean, keep_x_hat, slope=None, bias=None):
+        """y into the top; keeps what the backward reads x_hat from, if it reads it."""
         x3, y3 = channel_view(bottom[0].data), channel_view(top[0].data)
-        normalization = norm_cpu.Normalization(x3, mean, inv_std, work_dtype(x3.dtype))
-        in_place = top[0] is bottom[0] or top[0].data is bottom[0].data
         keep_x_hat = keep_x_hat and self.backward_runs
-        kept = None
-        if keep_x_hat and in_place:
-            kept = getattr(self, '_x_hat_buffer', None)
-            if kept is None or kept.shape != x3.shape or kept.dtype != x3.dtype:
-                kept = self._x_hat_buffer = np.empty_like(x3)
-        norm_cpu.normalize(x3, y3, normalization, slope, bias, kept)
-        self._x_hat = None if not keep_x_hat else norm_cpu.XHat(
-            kept, None if kept is not None else x3, normalization)
+        buffer = None
+        in_place = top[0] is bottom[0] or top[0].data is bottom[0].data
+        if keep_x_hat and in_place:           # the input is gone once y is written
+            buffer = self._x_hat_buffer
+            if buffer is None or buffer.shape != x3.shape or buffer.dtype != x3.dtype:
+                buffer = self._x_hat_buffer = self.xp.empty_like(x3)
+        self._x_hat = self.engine.normalize(x3, y3, mean, self._inv_std, slope, bias,
+                                            keep_x_hat, buffer)
 
 
 @register('BatchNorm')
@@ -136,49 +143,29 @@ class BatchNorm(_ChannelNorm):
 
     def forward(self, bottom, top):
         xp = self.xp
-        x3 = channel_view(bottom[0].data)
         if self.use_global_stats:
             factor = float(self.blobs[2].data.reshape(-1)[0])
             factor = 0.0 if factor == 0 else 1.0 / factor
             mean, var = self.stat(0) * factor, self.stat(1) * factor
         else:
-            count, shift, s1, s2 = self.local_statistics(x3)
-            if count == 0:
-                raise self.error('cannot take batch statistics of an empty batch (shape %s)'
-                                 % (bottom[0].shape,))
-            mean, var = moments(count, s1, s2, shift, xp)
-            correction = count / (count - 1.0) if count > 1 else 1.0
+            count, mean, var = self.local_moments(channel_view(bottom[0].data))
             self.set_stat(2, self.stat(2) * self.fraction + 1)
             self.set_stat(0, self.stat(0) * self.fraction + mean)
-            self.set_stat(1, self.stat(1) * self.fraction + var * correction)
+            self.set_stat(1, self.stat(1) * self.fraction
+                          + var * (count / xp.maximum(count - 1, 1)))
             self._count = count
-        self._inv_std = inverse_std(var, self.eps, xp)
-        if self.host(x3):      # the global-statistics backward reads no x_hat
-            self.host_normalize(bottom, top, mean, self._inv_std, not self.use_global_stats)
-            return
-        self._x_hat = normalize(x3, mean, self._inv_std)
-        self.write_top(top, self._x_hat)
+        self._inv_std = inverse_std(var, self.eps)
+        self.normalize(bottom, top, mean, not self.use_global_stats)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy3 = channel_view(top[0].diff)
-        if self.host(dy3):
-            dx3 = channel_view(bottom[0].diff)
-            if self.use_global_stats:
-                norm_cpu.input_gradient(dx3, dy3, self._inv_std)
-            else:
-                norm_cpu.input_gradient(dx3, dy3, self._inv_std, self._x_hat,
-                                        *norm_cpu.gradient_sums(dy3, self._x_hat),
-                                        count=self._count)
-            return
+        dy3, dx3 = channel_view(top[0].diff), channel_view(bottom[0].diff)
         if self.use_global_stats:
-            dx = dy3 * per_channel(self._inv_std.astype(work_dtype(dy3.dtype)))
-        else:
-            sum_dy, sum_dy_x_hat = gradient_sums(dy3, self._x_hat)
-            dx = batch_input_gradient(dy3, self._x_hat, self._inv_std, sum_dy, sum_dy_x_hat,
-                                      self._count)
-        bottom[0].diff[...] = dx.reshape(bottom[0].shape)
+            self.engine.input_gradient(dx3, dy3, self._inv_std)
+            return
+        sums = self.engine.gradient_sums(dy3, self._x_hat)
+        self.engine.input_gradient(dx3, dy3, self._inv_std, self._x_hat, *sums, count=self._count)
 
 
 @register('BN')
@@ -208,95 +195,57 @@ class BN(_ChannelNorm):
         return (0.0, 0.0) if index >= 2 or self.affine_frozen else None
 
     def batch_moments(self, x3):
-        """(global count, mean, biased var) of this forward's batch."""
-        count, shift, s1, s2 = self.local_statistics(x3)
-        if count == 0:
-            raise self.error('cannot take batch statistics of an empty batch (shape %s)'
-                             % (x3.shape,))
-        mean, var = moments(count, s1, s2, shift, self.xp)
-        return count, mean, var
+        """(count, mean, biased var) of this forward's batch, about its own mean."""
+        return self.local_moments(x3)
 
     def running_variance(self, var, count):
         """The batch variance the running variance averages (BN: the biased one)."""
         return var
 
     def forward(self, bottom, top):
-        if self.cuda_kernels:
-            norm_gpu.layer_forward(self, bottom, top)
-            return
         x3 = channel_view(bottom[0].data)
         if self.use_running_stats:
             mean, var = self.stat(self.MEAN), self.stat(self.VAR)
-            self._count = x3.shape[0] * x3.shape[2]
+            self._count = self.xp.full(1, x3.shape[0] * x3.shape[2], STAT)
         else:
             self._count, mean, var = self.batch_moments(x3)
             keep = self.momentum
             self.set_stat(self.MEAN, keep * self.stat(self.MEAN) + (1 - keep) * mean)
             self.set_stat(self.VAR, keep * self.stat(self.VAR)
                           + (1 - keep) * self.running_variance(var, self._count))
-        self._inv_std = inverse_std(var, self.eps, self.xp)
-        if self.host(x3):
-            self.host_normalize(bottom, top, mean, self._inv_std, self.backward_reads_x_hat(),
-                                self.stat(self.SLOPE), self.stat(self.BIAS))
-            return
-        self._x_hat = normalize(x3, mean, self._inv_std)
-        dtype = self._x_hat.dtype
-        y3 = self._x_hat * per_channel(self.blobs[self.SLOPE].data.reshape(-1).astype(dtype))
-        y3 += per_channel(self.blobs[self.BIAS].data.reshape(-1).astype(dtype))
-        self.write_top(top, y3)
+        self._inv_std = inverse_std(var, self.eps)
+        self.normalize(bottom, top, mean, self.backward_reads_x_hat(),
+                       self.stat(self.SLOPE), self.stat(self.BIAS))
 
     def backward_reads_x_hat(self):
         return not self.affine_frozen
 
     def backward(self, top, propagate_down, bottom):
-        if self.cuda_kernels:
-            norm_gpu.layer_backward(self, top, propagate_down, bottom)
-            return
-        dy3 = channel_view(top[0].diff)
+        dy3, dx3 = channel_view(top[0].diff), channel_view(bottom[0].diff)
         scale = self.stat(self.SLOPE) * self._inv_std
-        if self.host(dy3):
-            self.host_backward(dy3, channel_view(bottom[0].diff), scale, propagate_down[0])
-            return
         if self.affine_frozen:
             if propagate_down[0]:
-                dx = dy3 * per_channel(scale.astype(work_dtype(dy3.dtype)))
-                bottom[0].diff[...] = dx.reshape(bottom[0].shape)
-            return
-        sum_dy, sum_dy_x_hat = gradient_sums(dy3, self._x_hat)
-        if self.wants_param_gradient(self.SLOPE):
-            self.add_param_gradient(self.SLOPE, sum_dy_x_hat)
-        if self.wants_param_gradient(self.BIAS):
-            self.add_param_gradient(self.BIAS, sum_dy)
-        if propagate_down[0]:
-            dx = self.input_gradient(dy3, scale, sum_dy, sum_dy_x_hat)
-            bottom[0].diff[...] = dx.reshape(bottom[0].shape)
-
-    def host_backward(self, dy3, dx3, scale, propagate_down):
-        if self.affine_frozen:
-            if propagate_down:
-                norm_cpu.input_gradient(dx3, dy3, scale)
+                self.engine.input_gradient(dx3, dy3, scale)
             return
         # without x_hat (a SyncBN on running statistics whose slope is not learned) only
         # sum(dy) is taken
-        sum_dy, sum_dy_x_hat = norm_cpu.gradient_sums(dy3, self._x_hat)
+        sum_dy, sum_dy_x_hat = self.engine.gradient_sums(dy3, self._x_hat)
         if self.wants_param_gradient(self.SLOPE):
             self.add_param_gradient(self.SLOPE, sum_dy_x_hat)
         if self.wants_param_gradient(self.BIAS):
             self.add_param_gradient(self.BIAS, sum_dy)
-        if propagate_down:
-            sums = self.batch_gradient_sums(sum_dy, sum_dy_x_hat)
-            if sums is None:
-                norm_cpu.input_gradient(dx3, dy3, scale)
-            else:
-                norm_cpu.input_gradient(dx3, dy3, scale, self._x_hat, *sums, count=self._count)
+        if not propagate_down[0]:
+            return
+        sums = self.batch_gradient_sums(sum_dy, sum_dy_x_hat)
+        if sums is None:
+            self.engine.input_gradient(dx3, dy3, scale)
+        else:
+            self.engine.input_gradient(dx3, dy3, scale, self._x_hat, *sums, count=self._count)
 
     def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
         """The sums dx takes with the batch-statistics formula, or None for dx = dy * scale.
         The forks apply that formula in TEST too (with the running x_hat)."""
         return sum_dy, sum_dy_x_hat
-
-    def input_gradient(self, dy3, scale, sum_dy, sum_dy_x_hat):
-        return batch_input_gradient(dy3, self._x_hat, scale, sum_dy, sum_dy_x_hat, self._count)
 
 
 @register('SyncBN')
@@ -306,23 +255,15 @@ class SyncBN(BN):
     affine_frozen = False
 
     def batch_moments(self, x3):
-        xp = self.xp
-        count, shift, s1, s2 = self.local_statistics(x3)
-        reference = self.stat(self.MEAN)          # identical on every replica
-        s1, s2 = rebase_sums(count, s1, s2, shift, reference)
+        # about the running mean, identical on every replica, so that the sums add up
+        return self.local_moments(x3, reference=self.stat(self.MEAN))
+
+    def share(self, packed):
         if self.ctx.comm is not None:
-            packed = xp.concatenate([xp.full(1, count, STAT), s1, s2])
             self.ctx.comm.allreduce(packed, tag=self.name)
-            count = int(round(float(packed[0])))
-            s1, s2 = packed[1:1 + self.channels], packed[1 + self.channels:]
-        if count == 0:
-            raise self.error('the global batch is empty (local shape %s on every replica)'
-                             % (x3.shape,))
-        mean, var = moments(count, s1, s2, reference, xp)
-        return count, mean, var
 
     def running_variance(self, var, count):
-        return var * (count / (count - 1.0)) if count > 1 else var
+        return var * (count / self.xp.maximum(count - 1, 1))
 
     def backward_reads_x_hat(self):
         return not self.use_running_stats or self.wants_param_gradient(self.SLOPE)
@@ -330,14 +271,6 @@ class SyncBN(BN):
     def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
         if self.use_running_stats:               # the true gradient of the TEST forward
             return None
-        if self.ctx.comm is not None:
-            packed = self.xp.concatenate([sum_dy, sum_dy_x_hat])
-            self.ctx.comm.allreduce(packed, tag=self.name)
-            sum_dy, sum_dy_x_hat = packed[:self.channels], packed[self.channels:]
-        return sum_dy, sum_dy_x_hat
-
-    def input_gradient(self, dy3, scale, sum_dy, sum_dy_x_hat):
-        sums = self.batch_gradient_sums(sum_dy, sum_dy_x_hat)
-        if sums is None:
-            return dy3 * per_channel(scale.astype(work_dtype(dy3.dtype)))
-        return batch_input_gradient(dy3, self._x_hat, scale, *sums, self._count)
+        packed = self.xp.concatenate([sum_dy, sum_dy_x_hat])
+        self.share(packed)
+        return packed[:self.channels], packed[self.channels:]

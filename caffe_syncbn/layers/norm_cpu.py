@@ -1,6 +1,7 @@
-"""Batch normalization's passes on the host (numpy), block by block.
+"""Batch normalization's host engine (numpy), block by block (see norm_math.py for the
+engine's four functions).
 
-The arithmetic of norm.py's named steps, but each pass walks the (N*C, S) rows of an
+The arithmetic of norm_math's array engine, but each pass walks the (N*C, S) rows of an
 (N, C, S) array a cache-sized block at a time, split over cpu_threads, and writes into
 the arrays it is given, so no temporary of the blob's size exists and the several
 operations of a pass find their block in the cache. Per-channel sums are taken per row
@@ -13,8 +14,7 @@ input is gone) or made again from the input block by block: see ``XHat``.
 import numpy as np
 
 from ..backend import cpu_threads
-
-STAT = np.float64
+from .norm_math import STAT, pack, rebase_sums, work_dtype
 
 
 def _rows(a3):
@@ -37,7 +37,7 @@ def _channel_sums(row_sums, a3):
 
 class Normalization:
     """x_hat = ((x - K) - (mean - K)) * inv_std with K the mean in the work dtype, as
-    norm.normalize computes it, one block of rows at a time."""
+    norm_math.x_hat_of computes it, one block of rows at a time."""
 
     def __init__(self, x3, mean, inv_std, dtype):
         images = x3.shape[0]
@@ -69,15 +69,15 @@ class XHat:
         return self.normalization.into(x, np.empty_like(x), r0, r1)
 
 
-def statistics(x3, dtype):
-    """(count, shift, s1, s2) as norm.local_statistics: sums of (x - shift) and
-    (x - shift)^2 per channel (float64) about the shift, this batch's mean rounded to
-    ``dtype``."""
+def local_sums(x3, reference=None):
+    """Sums of (x - shift) and (x - shift)^2 per channel (float64) about the shift, this
+    batch's mean rounded to the work dtype, moved to ``reference`` when given."""
     images, channels, _ = x3.shape
     count = images * x3.shape[2]
+    dtype = work_dtype(x3.dtype)
     if count == 0:
         zero = np.zeros(channels, STAT)
-        return 0, zero.astype(dtype), zero, zero
+        return pack(np, 0, zero, zero), zero if reference is None else reference
     x = _rows(x3)
     totals = np.empty(x.shape[0], STAT)
 
@@ -93,12 +93,22 @@ def statistics(x3, dtype):
         s1[r0:r1] = d.sum(axis=1)
         s2[r0:r1] = np.einsum('ij,ij->i', d, d)
     _blocks(x3, sums)
-    return count, shift, _channel_sums(s1, x3), _channel_sums(s2, x3)
+    s1, s2 = _channel_sums(s1, x3), _channel_sums(s2, x3)
+    if reference is None:
+        return pack(np, count, s1, s2), shift.astype(STAT)
+    return pack(np, count, *rebase_sums(count, s1, s2, shift, reference)), reference
 
 
-def normalize(x3, y3, normalization, slope=None, bias=None, kept=None):
-    """y = x_hat (* slope + bias) into ``y3`` (which may be ``x3``); x_hat also into
-    ``kept`` when given."""
+def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None):
+    normalization = Normalization(x3, mean, inv_std, work_dtype(x3.dtype))
+    kept = x_hat_out if keep else None
+    _normalize_rows(x3, y3, normalization, slope, bias, kept)
+    if not keep:
+        return None
+    return XHat(kept, None if kept is not None else x3, normalization)
+
+
+def _normalize_rows(x3, y3, normalization, slope, bias, kept):
     x, y = _rows(x3), _rows(y3)
     images = x3.shape[0]
     dtype = y3.dtype
@@ -118,8 +128,6 @@ def normalize(x3, y3, normalization, slope=None, bias=None, kept=None):
 
 
 def gradient_sums(dy3, x_hat):
-    """Per-channel sum(dy) and sum(dy * x_hat) (float64), as norm.gradient_sums; the
-    second is None when ``x_hat`` is."""
     dy = _rows(dy3)
     sum_dy, sum_dy_x_hat = np.empty(dy.shape[0], STAT), np.empty(dy.shape[0], STAT)
 
@@ -134,14 +142,11 @@ def gradient_sums(dy3, x_hat):
 
 
 def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, count=None):
-    """dx = scale * dy, or with batch statistics over ``count`` values
-    scale * (dy - sum(dy)/m - x_hat * sum(dy*x_hat)/m) as norm.batch_input_gradient, into
-    ``dx3`` (which may be ``dy3``)."""
     dx, dy = _rows(dx3), _rows(dy3)
     images, dtype = dy3.shape[0], dx3.dtype
     per_row = _tiled(scale, images, dtype)
     if sum_dy is not None:
-        m = max(count, 1)
+        m = np.maximum(count, 1)
         along_x_hat = _tiled(scale * sum_dy_x_hat / m, images, dtype)
         constant = _tiled(scale * sum_dy / m, images, dtype)
 

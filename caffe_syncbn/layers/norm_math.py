@@ -1,15 +1,35 @@
-"""Batch normalization's math as array code (numpy or CuPy), below every engine.
+"""Batch normalization's math, below every engine, and the array engine itself.
 
-Statistics are per channel (axis 1) over every other axis, viewed as (N, C, S). The
-per-channel statistics are float64 (``STAT``); elementwise work runs in the blob dtype,
-but at least float32 (``work_dtype``).
+Statistics are per channel (axis 1) over every other axis, viewed as (N, C, S). Every
+per-channel statistic is float64 (``STAT``); elementwise work runs in the blob dtype, but
+at least in float32 (``work_dtype``).
+
+The layers of norm.py hold the rules (which statistics, which collective, which running
+update); an engine holds the passes over the data, with one signature in all three:
+
+    local_sums(x3, reference=None)  -> (packed, shift): packed is the float64 array
+        [count, sum(x - K) (C), sum((x - K)^2) (C)] about K = shift, which is
+        ``reference`` when given (C values the blob dtype holds exactly), else a shift of
+        the engine's choosing that keeps the sums free of cancellation
+    normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None)
+        y = x_hat (* slope + bias) into y3, which may be x3; with ``keep``, returns what the
+        backward reads x_hat from (written into ``x_hat_out`` when given: the layer runs in
+        place and x3 is gone; else made again from x3)
+    gradient_sums(dy3, x_hat) -> (sum(dy), sum(dy * x_hat) or None when x_hat is None)
+    input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, count=None)
+        dx into dx3 (which may be dy3): scale * dy, or through batch statistics over
+        ``count`` values scale * (dy - sum(dy)/m - x_hat * sum(dy*x_hat)/m)
+
+This module is the engine for any array module (numpy in float16, CuPy without the
+kernels); norm_cpu.py is the host engine and norm_gpu.py the CUDA one.
 """
 import numpy as np
+
+from ..backend import get_array_module
 
 STAT = np.float64   # dtype of every per-channel statistic
 
 
-# ---- the math shared by the three layers ---------------------------------------------------
 def channel_view(x):
     """(N, C, ...) -> (N, C, S); an (N, C) array is (N, C, 1), an (N,) one is (N, 1, 1)."""
     channels = x.shape[1] if x.ndim > 1 else 1
@@ -25,24 +45,9 @@ def per_channel(v):
     return v.reshape(1, -1, 1)
 
 
-def local_shifted_sums(x3, shift):
-    """Per-channel sum(x - shift) and sum((x - shift)^2) over axes 0 and 2, as float64."""
-    d = x3 - per_channel(shift)
-    s1 = d.sum(axis=(0, 2)).astype(STAT)
-    d *= d
-    return s1, d.sum(axis=(0, 2)).astype(STAT)
-
-
-def local_statistics(x3, xp):
-    """(count, shift, s1, s2): the shifted sums about this batch's own mean (the shift,
-    rounded to the work dtype), so that s2 carries no cancellation."""
-    count = x3.shape[0] * x3.shape[2]
-    dtype = work_dtype(x3.dtype)
-    if count == 0:
-        zero = xp.zeros(x3.shape[1], STAT)
-        return 0, zero.astype(dtype), zero, zero
-    shift = x3.mean(axis=(0, 2), dtype=dtype).astype(dtype)
-    return (count, shift) + local_shifted_sums(x3, shift)
+# ---- per-channel math shared by the layers and the engines --------------------------------
+def pack(xp, count, s1, s2):
+    return xp.concatenate([xp.full(1, count, STAT), s1.astype(STAT), s2.astype(STAT)])
 
 
 def rebase_sums(count, s1, s2, old_shift, new_shift):
@@ -51,14 +56,41 @@ def rebase_sums(count, s1, s2, old_shift, new_shift):
     return s1 + count * e, s2 + 2 * e * s1 + count * e * e
 
 
-def moments(count, s1, s2, shift, xp):
-    """Per-channel mean and BIASED variance (float64) of ``count`` values from their sums
-    about ``shift``."""
-    delta = s1 / count
-    return shift.astype(STAT) + delta, xp.maximum(s2 / count - delta * delta, 0)
+def moments(packed, shift):
+    """(count (1,), mean, BIASED variance), float64, from packed sums about ``shift``."""
+    xp = get_array_module(packed)
+    channels = shift.size
+    count = packed[:1]
+    delta = packed[1:1 + channels] / count
+    return count, shift.astype(STAT) + delta, \
+        xp.maximum(packed[1 + channels:] / count - delta * delta, 0)
 
 
-def normalize(x3, mean, inv_std):
+def inverse_std(var, eps):
+    return 1.0 / get_array_module(var).sqrt(var + eps)
+
+
+# ---- the array engine ------------------------------------------------------------------------
+def local_sums(x3, reference=None):
+    """Sums about this batch's own mean (two passes, no cancellation), moved to
+    ``reference`` in float64 when given."""
+    xp = get_array_module(x3)
+    count, channels = x3.shape[0] * x3.shape[2], x3.shape[1]
+    dtype = work_dtype(x3.dtype)
+    if count == 0:
+        zero = xp.zeros(channels, STAT)
+        return pack(xp, 0, zero, zero), zero if reference is None else reference
+    shift = x3.mean(axis=(0, 2), dtype=dtype).astype(dtype)
+    d = x3 - per_channel(shift)
+    s1 = d.sum(axis=(0, 2)).astype(STAT)
+    d *= d
+    s2 = d.sum(axis=(0, 2)).astype(STAT)
+    if reference is None:
+        return pack(xp, count, s1, s2), shift.astype(STAT)
+    return pack(xp, count, *rebase_sums(count, s1, s2, shift, reference)), reference
+
+
+def x_hat_of(x3, mean, inv_std):
     """x_hat = ((x - K) - (mean - K)) * inv_std in the work dtype, K = the mean rounded to
     that dtype: x - K is exact for x near the mean and (mean - K) is tiny, so a large
     mean costs no precision."""
@@ -70,21 +102,29 @@ def normalize(x3, mean, inv_std):
     return x_hat
 
 
-def gradient_sums(dy3, x_hat3):
-    """Per-channel sum(dy) and sum(dy * x_hat) over axes 0 and 2, as float64."""
-    return dy3.sum(axis=(0, 2)).astype(STAT), (dy3 * x_hat3).sum(axis=(0, 2)).astype(STAT)
+def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None):
+    x_hat = x_hat_of(x3, mean, inv_std)
+    if slope is None:
+        y3[...] = x_hat
+    else:
+        y3[...] = x_hat * per_channel(slope.astype(x_hat.dtype)) + \
+            per_channel(bias.astype(x_hat.dtype))
+    return x_hat if keep else None
 
 
-def batch_input_gradient(dy3, x_hat3, scale, sum_dy, sum_dy_x_hat, count):
-    """dx = scale * (dy - sum(dy)/m - x_hat * sum(dy*x_hat)/m): the gradient through
-    statistics taken over m = ``count`` values (scale = slope / std)."""
+def gradient_sums(dy3, x_hat):
+    sum_dy = dy3.sum(axis=(0, 2)).astype(STAT)
+    if x_hat is None:
+        return sum_dy, None
+    return sum_dy, (dy3 * x_hat).sum(axis=(0, 2)).astype(STAT)
+
+
+def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, count=None):
+    xp = get_array_module(dy3)
     dtype = work_dtype(dy3.dtype)
-    m = max(count, 1)
     dx = dy3 * per_channel(scale.astype(dtype))
-    dx -= x_hat3 * per_channel((scale * sum_dy_x_hat / m).astype(dtype))
-    dx -= per_channel((scale * sum_dy / m).astype(dtype))
-    return dx
-
-
-def inverse_std(var, eps, xp):
-    return 1.0 / xp.sqrt(var + eps)
+    if sum_dy is not None:
+        m = xp.maximum(count, 1)
+        dx -= x_hat * per_channel((scale * sum_dy_x_hat / m).astype(dtype))
+        dx -= per_channel((scale * sum_dy / m).astype(dtype))
+    dx3[...] = dx

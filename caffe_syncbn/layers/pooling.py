@@ -265,6 +265,9 @@ class PoolingLayer(Layer):
         self.method = caffe_pb2.PoolingParameter.PoolMethod.Name(pp.pool)
         self.check_tops(top, minimum=1, maximum=2 if self.method == 'MAX' else 1)
         self.pool = None
+        # the engine, chosen once: the CUDA kernels for MAX and AVE, else Pool2d's own code
+        self.kernels = pooling_gpu if self.cuda_kernels and self.method in ('MAX', 'AVE') \
+            else None
 
     def reshape(self, bottom, top):
         _require_4d(self, bottom[0])
@@ -277,16 +280,9 @@ class PoolingLayer(Layer):
         for t in top:
             t.reshape(bottom[0].shape[:2] + self.pool.out_hw)
 
-    def _kernel_path(self):
-        """The pooling module of caffe_syncbn/gpu when it runs this layer, else None."""
-        if self.cuda_kernels and self.method in ('MAX', 'AVE'):
-            return pooling_gpu
-        return None
-
     def forward(self, bottom, top):
-        kernels = self._kernel_path()
-        if kernels is not None:
-            top[0].data[...] = kernels.forward(self.pool, bottom[0].data)
+        if self.kernels is not None:
+            top[0].data[...] = self.kernels.forward(self.pool, bottom[0].data)
         else:
             self.pool.forward(bottom[0].data, self.phase, self.ctx.rng, out=top[0].data)
         if len(top) > 1:
@@ -295,10 +291,9 @@ class PoolingLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        kernels = self._kernel_path()
         try:
-            if kernels is not None:
-                bottom[0].diff[...] = kernels.backward(self.pool, top[0].diff)
+            if self.kernels is not None:
+                bottom[0].diff[...] = self.kernels.backward(self.pool, top[0].diff)
             else:
                 self.pool.backward(top[0].diff, self.phase, out=bottom[0].diff)
         except ValueError as e:

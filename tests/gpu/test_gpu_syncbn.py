@@ -16,7 +16,6 @@ from caffe_syncbn.comm import CommAborted  # noqa: E402
 from caffe_syncbn.comm.nccl import NcclComm  # noqa: E402
 from caffe_syncbn.comm.same_device import SameDeviceComm  # noqa: E402
 from caffe_syncbn.layer import TRAIN, LayerContext, create_layer  # noqa: E402
-from caffe_syncbn.layers import norm_gpu as syncbn_gpu  # noqa: E402
 from caffe_syncbn.testing import layer_param  # noqa: E402
 
 C = 8
@@ -29,8 +28,9 @@ def params(seed=0):
             rs.uniform(0.5, 2, C)]
 
 
-def make(xp, dtype, comm=None):
-    layer = create_layer(layer_param(TEXT), LayerContext(phase=TRAIN, xp=xp, dtype=dtype, comm=comm))
+def make(xp, dtype, comm=None, kernels=None):
+    context = LayerContext(phase=TRAIN, xp=xp, dtype=dtype, comm=comm, cuda_kernels=kernels)
+    layer = create_layer(layer_param(TEXT), context)
     bottom, top = [Blob((1, C, 2, 2), dtype, xp)], [Blob((), dtype, xp)]
     layer.setup(bottom, top)
     for blob, value in zip(layer.blobs, params()):
@@ -38,19 +38,16 @@ def make(xp, dtype, comm=None):
     return layer, bottom, top
 
 
-def step(layer, bottom, top, x, dy, fused):
+def step(layer, bottom, top, x, dy):
     xp = bottom[0].xp
     bottom[0].reshape(x.shape)
     bottom[0].data[...] = xp.asarray(x)
     layer.reshape(bottom, top)
-    (syncbn_gpu.layer_forward(layer, bottom, top) if fused else layer.forward(bottom, top))
+    layer.forward(bottom, top)
     for b in layer.blobs:
         b.diff[...] = 0
     top[0].diff[...] = xp.asarray(dy)
-    if fused:
-        syncbn_gpu.layer_backward(layer, top, [True], bottom)
-    else:
-        layer.backward(top, [True], bottom)
+    layer.backward(top, [True], bottom)
     out = [top[0].data, bottom[0].diff] + [b.data for b in layer.blobs] + \
         [b.diff for b in layer.blobs[:2]]
     return [cupy.asnumpy(a) if xp is cupy else a.copy() for a in out]
@@ -59,7 +56,7 @@ def step(layer, bottom, top, x, dy, fused):
 def reference(x, dy, steps):
     layer, bottom, top = make(np, np.float64)
     for _ in range(steps):
-        result = step(layer, bottom, top, x, dy, fused=False)
+        result = step(layer, bottom, top, x, dy)
     return result
 
 
@@ -69,11 +66,10 @@ def run_replicas(comms, x, dy, splits, dtype, steps, fused=True):
     def replica(r):
         try:
             with cupy.cuda.Device(0), cupy.cuda.Stream(non_blocking=True) as stream:
-                layer, bottom, top = make(cupy, dtype, comms[r])
+                layer, bottom, top = make(cupy, dtype, comms[r], kernels=fused)
                 part = slice(splits[r], splits[r + 1])
                 for _ in range(steps):
-                    res = step(layer, bottom, top, x[part].astype(dtype), dy[part].astype(dtype),
-                               fused)
+                    res = step(layer, bottom, top, x[part].astype(dtype), dy[part].astype(dtype))
                 stream.synchronize()
                 results[r] = res
         except BaseException as exc:
@@ -154,7 +150,7 @@ def test_a_failing_replica_stops_the_others_without_a_hang():
                 for k in range(5):
                     if r == 1 and k == 2:
                         raise RuntimeError('replica 1 failed at step 2')
-                    step(layer, bottom, top, x, x, fused=True)
+                    step(layer, bottom, top, x, x)
         except BaseException as exc:
             errors[r] = exc
             comms[r].abort(exc)
