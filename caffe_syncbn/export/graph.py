@@ -42,7 +42,7 @@ def exportable_types():
 
 
 def _load_rules():
-    from . import conv, neuron, norm, shape, vision  # noqa: F401  (they register the rules)
+    from . import conv, detection, neuron, norm, shape, vision  # noqa: F401  (registers rules)
 
 
 class Unsupported(Exception):

@@ -102,7 +102,7 @@ class PriorBoxLayer(Layer):
                     sizes.append((min_size * root, min_size / root))
         return np.array(sizes, np.float64)
 
-    def _priors(self):
+    def prior_boxes(self):
         map_h, map_w = self.map_size
         image_h, image_w = self.image_size or self.image_shape
         step_h, step_w = self.step or (image_h / map_h, image_w / map_w)
@@ -124,7 +124,7 @@ class PriorBoxLayer(Layer):
         # the boxes depend only on the shapes: build them once per shape
         key = (self.map_size, self.image_shape)
         if self.cached is None or self.cached[0] != key:
-            self.cached = (key, self.xp.asarray(self._priors().astype(self.dtype)))
+            self.cached = (key, self.xp.asarray(self.prior_boxes().astype(self.dtype)))
         top[0].data[...] = self.cached[1]
 
 
