@@ -84,3 +84,35 @@ def test_fork_layer_in_a_net_is_one_error_line(tmp_path):
     line = one_error_line(run_cli('time', '-model', net, '-iterations', 1))
     assert "layer 'region': layer type 'Region' is from the YOLO ports of Caffe and is not " \
            "implemented" in line
+
+
+SSD_TRAIN_DATA = '''
+layer {
+  name: "data" type: "AnnotatedData" top: "data" top: "label"
+  transform_param {
+    mirror: true mean_value: 127.5
+    resize_param { prob: 1 resize_mode: WARP height: 300 width: 300 interp_mode: LINEAR }
+    emit_constraint { emit_type: CENTER }
+    distort_param { brightness_prob: 0.5 brightness_delta: 32 }
+    expand_param { prob: 0.5 max_expand_ratio: 4 }
+  }
+  data_param { source: "trainval_lmdb" batch_size: 2 backend: LMDB }
+  annotated_data_param {
+    batch_sampler { sampler { min_scale: 0.3 max_scale: 1 }
+                    sample_constraint { min_jaccard_overlap: 0.5 } max_sample: 1 max_trials: 50 }
+    label_map_file: "labelmap_voc.prototxt"
+  }
+}
+'''
+
+
+def test_ssd_fork_training_data_layer_parses_and_names_its_fork(tmp_path):
+    net = tmp_path / 'train.prototxt'
+    net.write_text(SSD_TRAIN_DATA)
+    param = parse_text(SSD_TRAIN_DATA, caffe_pb2.NetParameter())
+    transform = param.layer[0].transform_param
+    assert transform.resize_param.height == 300 and transform.expand_param.max_expand_ratio == 4
+    assert param.layer[0].annotated_data_param.batch_sampler[0].max_trials == 50
+    line = one_error_line(run_cli('time', '-model', net, '-phase', 'TRAIN', '-iterations', 1))
+    assert "layer 'data': layer type 'AnnotatedData' is from Wei Liu's SSD fork of Caffe " \
+           "and is not implemented" in line
