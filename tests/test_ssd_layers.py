@@ -193,3 +193,19 @@ def test_bad_settings_and_shapes_name_the_layer(text, bottoms, message):
     with pytest.raises(CaffeError) as info:
         build_layer(param, [np.zeros(shape) for shape in bottoms])
     assert "layer 'bad'" in str(info.value) and message in str(info.value)
+
+
+def test_detection_output_without_background_and_shared_boxes():
+    """background_label_id -1 with shared boxes: every class is scored (the fork aborts)."""
+    param = text_format.Parse(
+        'name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "priors" '
+        'top: "out" detection_output_param { num_classes: 2 background_label_id: -1 }',
+        caffe_pb2.LayerParameter())
+    priors = np.array([[0, 0, 0.5, 0.5, 0.5, 0.5, 1, 1], [0.1] * 8], np.float32).reshape(1, 2, 8)
+    conf = np.array([[0.3, 0.7, 0.6, 0.4]], np.float32)
+    layer, bottom, top = build_layer(param, [np.zeros((1, 8)), conf, priors], dtype=np.float32)
+    layer.forward(bottom, top)
+    np.testing.assert_allclose(top[0].data[0, 0], [[0, 0, 0.6, 0.5, 0.5, 1, 1],
+                                                   [0, 0, 0.3, 0, 0, 0.5, 0.5],
+                                                   [0, 1, 0.7, 0, 0, 0.5, 0.5],
+                                                   [0, 1, 0.4, 0.5, 0.5, 1, 1]], rtol=1e-6)
