@@ -114,6 +114,8 @@ def prior_box_cases():
          'min_size: 10 min_size: 20 max_size: 20 max_size: 40 aspect_ratio: 3 flip: false '
          'step_h: 30 step_w: 20'),
         ('prior_box_default_variance', (1, 2, 3, 3), (1, 3, 50, 40), 'min_size: 16'),
+        ('prior_box_img_size_clip', (1, 2, 4, 4), (1, 3, 40, 60),
+         'min_size: 64 max_size: 90 aspect_ratio: 3 img_size: 128 clip: true offset: 0'),
     ]
     for name, feature, image, param in cases:    # only the bottoms' shapes matter
         layer_case(name, 'layer { name: "pb" type: "PriorBox" bottom: "feature" bottom: "image" '
