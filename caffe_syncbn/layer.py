@@ -10,14 +10,13 @@ Every layer has four steps, as in Caffe:
                           several backward passes sum up as in Caffe (iter_size, shared params).
 ``bottom`` and ``top`` are lists of Blob. A top may be the same Blob as a bottom (in-place).
 """
-import difflib
-
 import numpy as np
 
 from .blob import Blob
 from .caffe_pb2 import TEST, TRAIN  # noqa: F401  (the phases, as pycaffe names them here)
 from .errors import CaffeError, layer_error, quote
 from .fillers import fill
+from .forks import close_names, fork_of_layer_type
 
 _REGISTRY = {}
 
@@ -41,9 +40,13 @@ def layer_class(type_name, param=None):
     try:
         return _REGISTRY[type_name]
     except KeyError:
-        close = difflib.get_close_matches(type_name, list(_REGISTRY), n=3, cutoff=0.5)
-        hint = ('; did you mean %s?' % ', '.join(repr(c) for c in close)) if close else ''
         where = ('layer %s: ' % quote(param.name)) if param is not None else ''
+        fork = fork_of_layer_type(type_name)
+        if fork is not None:
+            raise CaffeError('%slayer type %s is from %s and is not implemented'
+                             % (where, quote(type_name), fork)) from None
+        close = close_names(type_name, _REGISTRY)
+        hint = ('; did you mean %s?' % ', '.join(repr(c) for c in close)) if close else ''
         raise CaffeError('%sunknown layer type %s%s (known types: see layer_type_list())'
                          % (where, quote(type_name), hint)) from None
 

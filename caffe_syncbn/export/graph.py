@@ -40,7 +40,6 @@ def rule_for(type_name):
     return _RULES.get(type_name)
 
 
-
 class Unsupported(Exception):
     """A rule cannot express this layer's configuration; the exporter reports them all."""
 

@@ -9,9 +9,11 @@ import re
 from google.protobuf import text_format
 
 from ..errors import MAX_QUOTE, CaffeError, quote
+from ..forks import fork_of_param_field
 
 _UTF8_BOM = b'\xef\xbb\xbf'
 _LONG_TOKEN = re.compile(r'[^\s\'"]{%d,}' % (MAX_QUOTE + 1))
+_UNKNOWN_FIELD = re.compile(r'has no field named "(\w+)"')
 
 
 def parse_text(text, message, filename='<string>'):
@@ -20,9 +22,16 @@ def parse_text(text, message, filename='<string>'):
         return text_format.Parse(text, message)
     except text_format.ParseError as exc:
         line, column = exc.GetLine(), exc.GetColumn()
-        raise CaffeError('%s:%s:%s: cannot parse %s: %s'
+        raise CaffeError('%s:%s:%s: cannot parse %s: %s%s'
                          % (filename, line, column, message.DESCRIPTOR.name,
-                            _reason(exc, text, line))) from None
+                            _reason(exc, text, line), _fork_hint(exc))) from None
+
+
+def _fork_hint(exc):
+    """Where an unknown field comes from, when it is a known fork's layer setting."""
+    unknown = _UNKNOWN_FIELD.search(str(exc))
+    fork = fork_of_param_field(unknown.group(1)) if unknown else None
+    return ' (a layer setting of %s, not implemented)' % fork if fork else ''
 
 
 def _reason(exc, text, line):

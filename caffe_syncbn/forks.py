@@ -1,0 +1,72 @@
+"""Layer types and layer settings of well-known Caffe forks that this package does not
+implement, so that a net using one is told where the layer comes from instead of
+being offered the nearest name of another layer.
+
+``FORK_LAYER_TYPES`` maps a layer type to the fork it comes from, ``FORK_PARAM_FIELDS``
+a LayerParameter field (``*_param``, as a prototxt spells it) to its fork. A type
+or field that gets implemented is removed here (the tests check both ways).
+"""
+import difflib
+
+YOLO = 'the YOLO ports of Caffe'
+FASTER_RCNN = "py-faster-rcnn's Caffe"
+RFCN = "R-FCN's Caffe"
+SEGNET = "SegNet's Caffe"
+SSD = "Wei Liu's SSD fork of Caffe"
+SHUFFLENET = 'the ShuffleNet ports of Caffe'
+DEPTHWISE = 'the MobileNet depthwise-convolution forks of Caffe'
+SENET = "SENet's Caffe"
+
+FORK_LAYER_TYPES = {
+    'Reorg': YOLO,
+    'Region': YOLO,
+    'RegionLoss': YOLO,
+    'ROIPooling': FASTER_RCNN,
+    'SmoothL1Loss': FASTER_RCNN + ' and ' + SSD,
+    'PSROIPooling': RFCN,
+    'Upsample': SEGNET,
+    'DenseImageData': SEGNET,
+    'ShuffleChannel': SHUFFLENET,
+    'ConvolutionDepthwise': DEPTHWISE,
+    'DepthwiseConvolution': DEPTHWISE,
+    'Axpy': SENET,
+    'MultiBoxLoss': SSD,
+    'AnnotatedData': SSD,
+    'VideoData': SSD,
+}
+
+FORK_PARAM_FIELDS = {
+    'reorg_param': YOLO,
+    'region_param': YOLO,
+    'region_loss_param': YOLO,
+    'roi_pooling_param': FASTER_RCNN,
+    'smooth_l1_loss_param': FASTER_RCNN,
+    'psroi_pooling_param': RFCN,
+    'upsample_param': SEGNET,
+    'dense_image_data_param': SEGNET,
+    'shuffle_channel_param': SHUFFLENET,
+}
+
+#: how close (difflib ratio) a known name must be to be offered as a correction
+SUGGESTION_CUTOFF = 0.8
+
+
+def close_names(name, known, count=3):
+    """Known names that ``name`` is probably a misspelling of (none when none is close);
+    case is ignored, so 'Relu' finds 'ReLU'."""
+    by_lower = {}
+    for candidate in known:
+        by_lower.setdefault(candidate.lower(), candidate)
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=count,
+                                      cutoff=SUGGESTION_CUTOFF)
+    return [by_lower[lower] for lower in close]
+
+
+def fork_of_layer_type(type_name):
+    """The fork that a layer type this package lacks comes from, or None."""
+    return FORK_LAYER_TYPES.get(type_name)
+
+
+def fork_of_param_field(field_name):
+    """The fork that a LayerParameter field this package lacks comes from, or None."""
+    return FORK_PARAM_FIELDS.get(field_name)

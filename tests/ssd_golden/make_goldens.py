@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""Write the SSD goldens of this folder by running the layers in the SSD fork of Caffe.
+
+Run by hand with the fork's pycaffe (see README.md), never by the tests:
+
+    PYTHONPATH=$HOME/caffe-ref/ssd-caffe/python python3 tests/ssd_golden/make_goldens.py
+
+For each case it writes <case>.prototxt (the net the fork ran: Input layers feeding
+the layer under test, or the whole detection net) and <case>.npz:
+  data/<blob>            every blob after the forward
+  topdiff/<blob>         the diff put on the tested layer's tops (backward cases)
+  diff/<blob>            the diff of the tested layer's bottoms after the backward
+  param/<i>, param_diff/<i>   the tested layer's learned blobs and their diffs
+The mAP cases run the fork's solver test (eval_type "detection") and store its log's mAP.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+os.environ.setdefault('GLOG_minloglevel', '2')
+import caffe  # noqa: E402  (the fork's pycaffe)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+caffe.set_mode_cpu()
+caffe.set_random_seed(1701)      # the fillers of Normalize's scale draw from Caffe's generator
+
+
+def input_layers(shapes):
+    return ''.join('layer { name: "%s" type: "Input" top: "%s" input_param { shape { %s } } }\n'
+                   % (name, name, ' '.join('dim: %d' % d for d in shape))
+                   for name, shape in shapes)
+
+
+def save(name, prototxt, arrays):
+    if prototxt is not None:
+        with open(os.path.join(HERE, name + '.prototxt'), 'w') as f:
+            f.write(prototxt)
+    np.savez_compressed(os.path.join(HERE, name + '.npz'), **arrays)
+    print('%-34s %s' % (name, ', '.join('%s%s' % (k, v.shape) for k, v in sorted(arrays.items()))))
+
+
+def layer_case(name, layer_text, inputs, backward, seed):
+    """One layer fed by Input layers; ``inputs`` maps bottom name -> array."""
+    rs = np.random.RandomState(seed)
+    prototxt = ('name: "%s"\n' % name + ('force_backward: true\n' if backward else '')
+                + input_layers([(k, v.shape) for k, v in inputs.items()]) + layer_text)
+    with tempfile.NamedTemporaryFile('w', suffix='.prototxt', delete=False) as f:
+        f.write(prototxt)
+    net = caffe.Net(f.name, caffe.TEST)
+    os.unlink(f.name)
+    for k, v in inputs.items():
+        net.blobs[k].data[...] = v
+    net.forward()
+    out = {'data/' + k: net.blobs[k].data.copy() for k in net.blobs}
+    tested = net.layers[-1]
+    top_names = [k for k in net.top_names[net._layer_names[-1]]]
+    for i, blob in enumerate(tested.blobs):
+        out['param/%d' % i] = blob.data.copy()
+    if backward:
+        for top in top_names:
+            diff = rs.standard_normal(net.blobs[top].data.shape).astype(np.float32)
+            net.blobs[top].diff[...] = diff
+            out['topdiff/' + top] = diff
+        net.backward()
+        for k in inputs:
+            out['diff/' + k] = net.blobs[k].diff.copy()
+        for i, blob in enumerate(tested.blobs):
+            out['param_diff/%d' % i] = blob.diff.copy()
+    save(name, prototxt, out)
+
+
+def permute_cases():
+    rs = np.random.RandomState(1)
+    x = rs.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    layer_case('permute_nhwc', 'layer { name: "p" type: "Permute" bottom: "x" top: "y" '
+               'permute_param { order: 0 order: 2 order: 3 order: 1 } }\n', {'x': x}, True, 2)
+    x = rs.standard_normal((2, 3, 4)).astype(np.float32)
+    layer_case('permute_partial_order', 'layer { name: "p" type: "Permute" bottom: "x" top: "y" '
+               'permute_param { order: 1 } }\n', {'x': x}, True, 3)
+
+
+def normalize_cases():
+    rs = np.random.RandomState(4)
+    x = rs.standard_normal((2, 4, 3, 5)).astype(np.float32)
+    cases = [
+        ('normalize_defaults', 'norm_param { scale_filler { type: "constant" value: 2.5 } }'),
+        ('normalize_per_position_uniform_scale',
+         'norm_param { across_spatial: false channel_shared: false '
+         'scale_filler { type: "constant" value: 20 } }'),
+        ('normalize_per_position_varied_scale',
+         'norm_param { across_spatial: false channel_shared: false eps: 0.001 '
+         'scale_filler { type: "uniform" min: 0.5 max: 3 } }'),
+        ('normalize_across_spatial_varied_scale',
+         'norm_param { channel_shared: false scale_filler { type: "uniform" min: 0.5 max: 3 } }'),
+    ]
+    for seed, (name, param) in enumerate(cases, 10):
+        layer_case(name, 'layer { name: "n" type: "Normalize" bottom: "x" top: "y" %s }\n'
+                   % param, {'x': x}, True, seed)
+
+
+def prior_box_cases():
+    cases = [
+        ('prior_box_mobilenet_ssd', (1, 8, 5, 5), (1, 3, 300, 300),
+         'min_size: 60 max_size: 105 aspect_ratio: 2 aspect_ratio: 3 flip: true clip: false '
+         'variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 offset: 0.5'),
+        ('prior_box_truncated_sizes_steps', (2, 4, 3, 4), (2, 3, 100, 150),
+         'min_size: 30.7 max_size: 45.9 aspect_ratio: 2 aspect_ratio: 0.5 aspect_ratio: 1 '
+         'flip: true clip: true variance: 0.2 img_h: 90 img_w: 120 step: 28 offset: 0.3'),
+        ('prior_box_two_sizes_no_flip', (1, 2, 2, 3), (1, 3, 64, 64),
+         'min_size: 10 min_size: 20 max_size: 20 max_size: 40 aspect_ratio: 3 flip: false '
+         'step_h: 30 step_w: 20'),
+        ('prior_box_default_variance', (1, 2, 3, 3), (1, 3, 50, 40), 'min_size: 16'),
+        ('prior_box_img_size_clip', (1, 2, 4, 4), (1, 3, 40, 60),
+         'min_size: 64 max_size: 90 aspect_ratio: 3 img_size: 128 clip: true offset: 0'),
+    ]
+    for name, feature, image, param in cases:    # only the bottoms' shapes matter
+        layer_case(name, 'layer { name: "pb" type: "PriorBox" bottom: "feature" bottom: "image" '
+                   'top: "priors" prior_box_param { %s } }\n' % param,
+                   {'feature': np.zeros(feature, np.float32),
+                    'image': np.zeros(image, np.float32)}, False, 0)
+
+
+def clustered_priors(rs, count):
+    """Priors around a few centres, so that decoded boxes overlap and NMS has work."""
+    centres = rs.uniform(0.2, 0.8, (6, 2))[rs.randint(0, 6, count)]
+    centres += rs.normal(0, 0.03, centres.shape)
+    sizes = rs.uniform(0.1, 0.4, (count, 2))
+    boxes = np.concatenate([centres - sizes / 2, centres + sizes / 2], axis=1)
+    variances = np.tile([0.1, 0.1, 0.2, 0.2], (count, 1))
+    return np.stack([boxes.reshape(-1), variances.reshape(-1)])[None].astype(np.float32)
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def detection_output_cases():
+    rs = np.random.RandomState(6)
+    num, priors, classes = 2, 150, 5
+    cases = [
+        ('detection_output_center_size', True, 1.5,
+         'num_classes: 5 share_location: true background_label_id: 0 '
+         'nms_param { nms_threshold: 0.45 top_k: 60 } code_type: CENTER_SIZE '
+         'keep_top_k: 40 confidence_threshold: 0.25'),
+        ('detection_output_corner_per_class_eta', False, 1.5,
+         'num_classes: 5 share_location: false background_label_id: -1 '
+         'nms_param { nms_threshold: 0.8 eta: 0.7 } code_type: CORNER '
+         'variance_encoded_in_target: true confidence_threshold: 0.3'),
+        ('detection_output_corner_size_keep_top_k', True, 1.0,
+         'num_classes: 5 background_label_id: 2 nms_param { nms_threshold: 0.5 } '
+         'code_type: CORNER_SIZE keep_top_k: 7'),
+        ('detection_output_nothing_found', True, 0.1,
+         'num_classes: 5 nms_param { nms_threshold: 0.45 } code_type: CENTER_SIZE '
+         'confidence_threshold: 0.9'),
+    ]
+    for name, shared, spread, param in cases:
+        loc_classes = 1 if shared else classes
+        loc = (rs.standard_normal((num, priors * loc_classes * 4)) * 0.5).astype(np.float32)
+        if 'CORNER' in param and 'variance_encoded_in_target: true' in param:
+            loc *= 0.05
+        conf = softmax(rs.standard_normal((num, priors, classes)) * spread * 2)
+        layer_case(name, 'layer { name: "det" type: "DetectionOutput" bottom: "loc" '
+                   'bottom: "conf" bottom: "priors" top: "detections" '
+                   'detection_output_param { %s } }\n' % param,
+                   {'loc': loc, 'conf': conf.reshape(num, -1).astype(np.float32),
+                    'priors': clustered_priors(rs, priors)}, False, 0)
+
+
+def evaluation_inputs(rs, images, classes):
+    """Detections (1, 1, D, 7) and ground truth (1, 1, G, 8) with the cases that matter:
+    duplicates of one box, difficult boxes, labels and images without ground truth."""
+    truth, found = [], []
+    for image in range(images):
+        for _ in range(rs.randint(1, 5)):
+            label = rs.randint(1, classes)
+            xy = rs.uniform(0, 0.6, 2)
+            box = np.concatenate([xy, xy + rs.uniform(0.1, 0.4, 2)])
+            difficult = float(rs.rand() < 0.25)
+            truth.append([image, label, 0] + list(box) + [difficult])
+            for _ in range(rs.randint(0, 4)):       # near copies: one tp, then fps
+                jitter = rs.normal(0, 0.04, 4)
+                found.append([image, label, rs.rand()] + list(box + jitter))
+        for _ in range(rs.randint(0, 3)):            # strays, some on labels without truth
+            xy = rs.uniform(0, 0.7, 2)
+            found.append([image, rs.randint(1, classes), rs.rand()] + list(xy) + list(xy + 0.2))
+    found.append([images, 1, 0.5, 0.1, 0.1, 0.3, 0.3])   # an image with no truth at all
+    truth.append([-1] * 8)                                # ends the list: what follows is ignored
+    truth.append([0, 1, 0, 0.1, 0.1, 0.3, 0.3, 0])
+    det = np.array(found, np.float32)[None, None]
+    gt = np.array(truth, np.float32)[None, None]
+    return det, gt
+
+
+def detection_evaluate_cases():
+    rs = np.random.RandomState(7)
+    det, gt = evaluation_inputs(rs, 4, 4)
+    for name, param in [('detection_evaluate_difficult_counted',
+                         'num_classes: 4 background_label_id: 0 overlap_threshold: 0.5'),
+                        ('detection_evaluate_difficult_ignored',
+                         'num_classes: 4 overlap_threshold: 0.4 evaluate_difficult_gt: false')]:
+        layer_case(name, 'layer { name: "eval" type: "DetectionEvaluate" bottom: "det" '
+                   'bottom: "gt" top: "eval" detection_evaluate_param { %s } }\n' % param,
+                   {'det': det, 'gt': gt}, False, 0)
+
+
+MAP_LAYER = '''
+import numpy as np
+import caffe
+
+
+class Batches(caffe.Layer):
+    """Top 0 / 1: the detections and ground truth of test iteration i (from a .npz)."""
+
+    def setup(self, bottom, top):
+        self.arrays = np.load(self.param_str)
+        self.iteration = 0
+
+    def reshape(self, bottom, top):
+        i = self.iteration % int(self.arrays['iterations'])
+        top[0].reshape(*self.arrays['det%d' % i].shape)
+        top[1].reshape(*self.arrays['gt%d' % i].shape)
+
+    def forward(self, bottom, top):
+        i = self.iteration % int(self.arrays['iterations'])
+        top[0].data[...] = self.arrays['det%d' % i]
+        top[1].data[...] = self.arrays['gt%d' % i]
+        self.iteration += 1
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+'''
+
+
+def map_cases():
+    """mAP by the fork's solver over 3 test iterations, for each ap_version."""
+    rs = np.random.RandomState(8)
+    work = tempfile.mkdtemp()
+    arrays = {'iterations': np.array(3)}
+    for i in range(3):
+        arrays['det%d' % i], arrays['gt%d' % i] = evaluation_inputs(rs, 3, 5)
+    batches = os.path.join(work, 'batches.npz')
+    np.savez(batches, **arrays)
+    with open(os.path.join(work, 'map_layer.py'), 'w') as f:
+        f.write(MAP_LAYER)
+    evaluate = 'num_classes: 6 overlap_threshold: 0.5 evaluate_difficult_gt: false'
+    test_net = ('name: "map"\nlayer { name: "batches" type: "Python" top: "det" top: "gt" '
+                'python_param { module: "map_layer" layer: "Batches" param_str: "%s" } }\n'
+                'layer { name: "eval" type: "DetectionEvaluate" bottom: "det" bottom: "gt" '
+                'top: "eval" detection_evaluate_param { %s } }\n' % (batches, evaluate))
+    train_net = ('name: "train"\nlayer { name: "x" type: "DummyData" top: "x" dummy_data_param '
+                 '{ shape { dim: 1 dim: 1 } } }\nlayer { name: "ip" type: "InnerProduct" '
+                 'bottom: "x" top: "y" inner_product_param { num_output: 1 } }\nlayer { '
+                 'name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "x" top: "loss" }\n')
+    for name, text in (('train.prototxt', train_net), ('test.prototxt', test_net)):
+        with open(os.path.join(work, name), 'w') as f:
+            f.write(text)
+    maps = {}
+    for version in ('11point', 'MaxIntegral', 'Integral'):
+        solver = os.path.join(work, 'solver_%s.prototxt' % version)
+        with open(solver, 'w') as f:
+            f.write('train_net: "%s/train.prototxt"\ntest_net: "%s/test.prototxt"\n'
+                    'test_iter: 3\ntest_interval: 1\ntest_initialization: true\nbase_lr: 0\n'
+                    'max_iter: 1\nlr_policy: "fixed"\ndisplay: 0\nsnapshot_after_train: false\n'
+                    'eval_type: "detection"\nap_version: "%s"\nshow_per_class_result: true\n'
+                    % (work, work, version))
+        script = ('import caffe; caffe.set_mode_cpu(); s = caffe.get_solver(%r); s.step(1)'
+                  % solver)
+        env = dict(os.environ, GLOG_minloglevel='0', GLOG_logtostderr='1',
+                   PYTHONPATH=work + os.pathsep + os.environ.get('PYTHONPATH', ''))
+        log = subprocess.run([sys.executable, '-c', script], env=env, cwd=work,
+                             capture_output=True, text=True).stderr
+        means = re.findall(r'Test net output #0: eval = ([-0-9.e]+)', log)
+        per_class = re.findall(r'class(\d+): ([-0-9.e]+)', log)
+        if not means:
+            sys.exit('no mAP in the solver log:\n' + log[-3000:])
+        maps['map/' + version] = np.array(float(means[0]))
+        for label, ap in per_class[:len(per_class)]:
+            maps['ap/%s/%s' % (version, label)] = np.array(float(ap))
+    out = dict(maps)
+    for i in range(3):
+        out['det%d' % i], out['gt%d' % i] = arrays['det%d' % i], arrays['gt%d' % i]
+    save('detection_map', test_net.replace(batches, 'batches.npz') + '# solver: eval_type '
+         '"detection", test_iter 3\n', out)
+
+
+def net_case():
+    """The small MobileNet-SSD-like deploy net, random weights, two images."""
+    proto = os.path.join(HERE, 'mini_ssd_deploy.prototxt')
+    net = caffe.Net(proto, caffe.TEST)
+    rs = np.random.RandomState(9)
+    for name, blobs in net.params.items():
+        kind = net.layers[list(net._layer_names).index(name)].type
+        for i, blob in enumerate(blobs):
+            if kind == 'BatchNorm':
+                values = [rs.normal(0, 0.2, blob.data.shape), rs.uniform(0.5, 2, blob.data.shape),
+                          np.ones(blob.data.shape)][i]
+            elif kind == 'Scale':
+                values = rs.uniform(0.5, 1.5, blob.data.shape) if i == 0 else \
+                    rs.normal(0, 0.1, blob.data.shape)
+            elif kind == 'Normalize':
+                values = rs.uniform(5, 15, blob.data.shape)
+            else:
+                fan_in = max(1, int(np.prod(blob.data.shape[1:])))
+                values = rs.normal(0, np.sqrt(2.0 / fan_in), blob.data.shape)
+            blob.data[...] = values
+    net.save(os.path.join(HERE, 'mini_ssd.caffemodel'))
+    image = rs.uniform(-1, 1, net.blobs['data'].data.shape).astype(np.float32)
+    net.blobs['data'].data[...] = image
+    net.forward()
+    keep = ['data', 'mbox_loc', 'mbox_conf_flatten', 'mbox_priorbox', 'detection_out']
+    out = {'data/' + k: net.blobs[k].data.copy() for k in keep}
+    save('mini_ssd', None, out)      # its net is mini_ssd_deploy.prototxt
+    print('   detections:', out['data/detection_out'].shape)
+
+
+if __name__ == '__main__':
+    permute_cases()
+    normalize_cases()
+    prior_box_cases()
+    detection_output_cases()
+    detection_evaluate_cases()
+    map_cases()
+    net_case()
