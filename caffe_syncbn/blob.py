@@ -163,6 +163,14 @@ class Blob:
             self.data = _zeros(self.xp, shape, self.dtype)
             self._diff = None
 
+    def view(self, array):
+        """Make ``data`` the array given (a view of another blob's storage); the diff,
+        if the shape changes, is made again when first used."""
+        checked_shape(array.shape, self.dtype)
+        if array.shape != self.data.shape:
+            self._diff = None
+        self.data = array
+
     def share_data(self, other):
         """Caffe's ShareData: this blob's data is the same memory as other's."""
         self.data = other.data

@@ -121,6 +121,9 @@ class Layer:
     #: set by the Net: False when this layer's backward never runs (it leads to no loss and
     #: backward is not forced), so its forward need not keep what only the backward reads
     backward_runs = True
+    #: True for a layer that writes its tops once and whose later forwards rely on them
+    #: (DummyData's constant fillers): a memory plan gives its tops storage of their own
+    tops_persist = False
 
     def __init__(self, param, ctx=None):
         self.param = param

@@ -2,10 +2,7 @@
 
 The Net knows the Layer contract and the registry, never a concrete layer type.
 """
-
-
 import collections
-import itertools
 import logging
 import os
 
@@ -13,10 +10,12 @@ import numpy as np
 
 from . import layers  # noqa: F401  (importing the package registers the built-in layer types)
 from . import caffe_pb2
-from .backend import mode_array_module, to_numpy
+from .backend import mode_array_module
 from .blob import Blob, format_bytes, memory_limit, storage_of
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
+from .memory_plan import MEMORY_PLANS, ForwardPlan, KeptBlobs
+from .net_batches import BatchedCalls
 from .netparam.graph import filter_net, insert_splits, net_state
 from .netparam.upgrade import load_net_param
 from .weights.copy import copy_weights
@@ -25,17 +24,20 @@ from .weights.save import net_to_proto, write_caffemodel, write_hdf5
 log = logging.getLogger('caffe_syncbn')
 
 
-class Net:
+class Net(BatchedCalls):
     """A Caffe net. ``Net(model, phase, weights=None)`` or pycaffe's old ``Net(model, weights, phase)``.
 
     model:   prototxt path or NetParameter
     phase:   TRAIN or TEST
     level, stages: the NetState used with include/exclude rules
     context: a LayerContext (backend, dtype, communicator) shared by every layer
+    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share' makes a net that
+             runs forward only, whose blobs share storage by liveness (memory_plan.py):
+             it keeps the inputs, the outputs and the blobs named in ``keep``
     """
 
     def __init__(self, model, phase=None, weights=None, level=0, stages=(), context=None,
-                 dtype=None):
+                 dtype=None, memory_plan='off', keep=()):
         if isinstance(phase, (str, os.PathLike)):          # old form Net(model, weights, phase)
             phase, weights = weights, phase
         if phase is None:
@@ -48,11 +50,17 @@ class Net:
         param = load_net_param(model)
         self.net_param = insert_splits(filter_net(param, net_state(param, phase, level, stages)))
         self.name = param.name
+        if memory_plan not in MEMORY_PLANS:
+            raise CaffeError('memory_plan %s: expected one of %s'
+                             % (quote(memory_plan), ', '.join(MEMORY_PLANS)))
+        self._plan = None
         if isinstance(model, caffe_pb2.NetParameter):
             self._build()
         else:
             with naming(os.fspath(model)):
                 self._build()
+        if memory_plan == 'share':
+            self._plan_memory(list(keep))
         if weights:
             self.copy_from(weights)
 
@@ -224,6 +232,33 @@ class Net:
             layer.backward_runs = need
         self._bottom_need_backward = bottom_need_backward
 
+    def _plan_memory(self, keep):
+        unknown = [name for name in keep if name not in self.blobs]
+        if unknown:
+            raise CaffeError("keep: net '%s' has no blob %s" % (self.name, quote(unknown[0])))
+        self._layer_need_backward = [False] * len(self.layers)
+        for layer in self.layers:              # nothing need be kept for a backward
+            layer.backward_runs = False
+        kept = set(self.inputs) | set(self.outputs) | set(keep)
+        persistent = [top for layer, tops in zip(self.layers, self._tops) if layer.tops_persist
+                      for top in tops]
+        self._plan = ForwardPlan(self._bottoms, self._tops,
+                                 [self.blobs[name] for name in kept] + persistent)
+        self._apply_plan()
+        self.blobs = KeptBlobs([(name, blob) for name, blob in self.blobs.items() if name in kept],
+                               [name for name in self.blobs if name not in kept])
+
+    def _input_shapes(self):
+        return [self.blobs[name].shape for name in self.inputs]
+
+    def _apply_plan(self):
+        self.reshape()                         # sized for the inputs as they are now
+        planned = self._plan.apply(self.context.xp)
+        self.reshape()                         # the aliases take views of the new storage
+        self._planned_inputs = self._input_shapes()
+        log.debug("Net '%s': %d planned blob groups share %s", self.name,
+                  len(self._plan.groups), format_bytes(planned))
+
     def _write_loss_weights(self):
         """Caffe keeps each loss weight in its top's diff, where backward starts from."""
         for tops, weights in zip(self._tops, self._loss_weights):
@@ -242,6 +277,9 @@ class Net:
     def forward_prefilled(self, start=0, end=None):
         """Run layers start..end (inclusive) on the blobs as they are; return the loss."""
         end = len(self.layers) - 1 if end is None else end
+        if self._plan is not None and (self._input_shapes() != self._planned_inputs
+                                       or not self._plan.holds()):
+            self._apply_plan()                 # new shapes since the last plan
         loss = 0.0
         for i in range(start, end + 1):
             layer, bottoms, tops = self.layers[i], self._bottoms[i], self._tops[i]
@@ -257,6 +295,9 @@ class Net:
         """Run backward for layers start down to end (inclusive); ``after_layer(i)`` is called
         once layer i is through (run or skipped), e.g. to start reducing its gradients."""
         start = len(self.layers) - 1 if start is None else start
+        if self._plan is not None:
+            raise CaffeError("net '%s' runs forward only: its memory plan shares the blobs a "
+                             "backward would read; build it with memory_plan='off'" % self.name)
         for i in range(start, end - 1, -1):
             if self._layer_need_backward[i]:
                 self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
@@ -288,47 +329,6 @@ class Net:
         self.backward_from(start_i, end_i)
         names = self.inputs if end is None else self.bottom_names[self._layer_names[end_i]]
         return {name: self.blobs[name].diff for name in list(names) + list(diffs or [])}
-
-    def forward_all(self, blobs=None, **inputs):
-        """pycaffe's forward_all: arrays of any length, run in batches of the net's batch
-        size (the last one padded with zeros); returns {output name: numpy array} with the
-        padding dropped. An output without a batch axis (a loss) gives one value per batch."""
-        if not inputs:
-            return {name: to_numpy(value).copy() for name, value in self.forward(blobs).items()}
-        collected = {}
-        for batch, real in self._batches(inputs):
-            _collect(collected, self.forward(blobs, **batch), real)
-        return {name: np.concatenate(parts) for name, parts in collected.items()}
-
-    def forward_backward_all(self, blobs=None, diffs=None, **arrays):
-        """pycaffe's forward_backward_all: input arrays (by input name) and output diffs (by
-        output name) in batches; returns ({output: array}, {input: diff array})."""
-        _check_lengths(arrays)
-        forward = self._batches({k: v for k, v in arrays.items() if k in self.inputs})
-        backward = self._batches({k: v for k, v in arrays.items() if k in self.outputs})
-        outs, grads = {}, {}
-        for (fb, real), (bb, real_b) in itertools.zip_longest(forward, backward, fillvalue=({}, None)):
-            real = real if fb else real_b
-            _collect(outs, self.forward(blobs, **fb), real)
-            _collect(grads, self.backward(diffs, **bb), real)
-        return ({name: np.concatenate(parts) for name, parts in outs.items()},
-                {name: np.concatenate(parts) for name, parts in grads.items()})
-
-    def _batches(self, arrays):
-        """Yield ({name: batch array}, number of real rows) in the net's batch size."""
-        if not arrays:
-            return
-        count = _check_lengths(arrays)
-        size = self.blobs[next(iter(arrays))].shape[0] or count
-        for start in range(0, count, size):
-            real = min(size, count - start)
-            batch = {}
-            for name, values in arrays.items():
-                part = np.asarray(values[start:start + real])
-                if real < size:
-                    part = np.concatenate([part, np.zeros((size - real,) + part.shape[1:], part.dtype)])
-                batch[name] = part
-            yield batch, real
 
     def share_with(self, other):
         """Caffe's ShareTrainedLayersWith: every layer here named as one of ``other``'s uses
@@ -416,23 +416,6 @@ class Net:
     def __repr__(self):
         return "Net('%s', %s, %d layers)" % (self.name, 'TRAIN' if self.phase == TRAIN else 'TEST',
                                               len(self.layers))
-
-
-def _check_lengths(arrays):
-    """The common length of the arrays given to forward_all/forward_backward_all."""
-    lengths = {name: len(values) for name, values in arrays.items()}
-    if len(set(lengths.values())) > 1:
-        raise CaffeError('forward_all/forward_backward_all: the arrays differ in length: %s'
-                         % ', '.join('%s %d' % item for item in lengths.items()))
-    return next(iter(lengths.values()), 0)
-
-
-def _collect(collected, arrays, real):
-    """Append the first ``real`` rows of each array (host copies) to collected[name]."""
-    for name, value in arrays.items():
-        value = to_numpy(value)
-        part = value[:real] if value.ndim else value.reshape(1)
-        collected.setdefault(name, []).append(part.copy())
 
 
 def _reshaped_view(owner, shape):

@@ -97,6 +97,9 @@ def _parser(command):
     if command == 'test':
         p.flag('weights', required=True, metavar='FILES', help="the caffemodels to score, "
                                                                "separated by ','")
+        p.flag('memory_plan', choices=('share', 'off'), default='share',
+               help='share: blobs share storage by liveness, as a net that runs forward '
+                    'only may (default); off: every blob keeps its own, as in Caffe')
     if command == 'time':
         p.flag('batch', type=positive_int('rows'), metavar='N',
                help="the batch size (default: the prototxt's)")
@@ -246,7 +249,8 @@ def test(args):
     import numpy as np
 
     net = _build_on(devices, lambda: Net(args.model, TEST if args.phase == 'TEST' else TRAIN,
-                                         level=args.level or 0, stages=args.stage), weights)
+                                         level=args.level or 0, stages=args.stage,
+                                         memory_plan=args.memory_plan), weights)
     if net.inputs:
         log.warning('Input blobs %s are not filled by the net; they stay zero',
                     ', '.join(net.inputs))

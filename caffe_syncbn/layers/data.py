@@ -91,6 +91,8 @@ class DummyDataLayer(Layer):
     """Tops filled by data_filler (0 = zeros, 1 for all tops, or one each); random fillers
     are drawn again on every forward, constant ones once."""
 
+    tops_persist = True
+
     def setup(self, bottom, top):
         self.check_bottoms(bottom, exact=0)
         self.check_tops(top, minimum=1)

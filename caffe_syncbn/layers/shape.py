@@ -17,9 +17,8 @@ def canonical_axis(layer, blob, axis):
 
 def share_view(top, source, shape):
     """Make ``top.data`` a view of ``source`` with ``shape`` (Caffe's ShareData);
-    ``top.diff`` stays the top's own array."""
-    top.reshape(shape)
-    top.data = source.reshape(shape)
+    ``top.diff`` stays the top's own array. Nothing of the top's size is allocated."""
+    top.view(source.reshape(shape))
 
 
 @register('Split')

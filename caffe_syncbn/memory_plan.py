@@ -1,0 +1,128 @@
+"""The memory plan of a net that runs forward only: blobs share storage by liveness.
+
+Blobs that alias one array (an in-place top, Split tops, Reshape and Flatten views) form
+one group. A group is live from the first layer that writes one of its blobs to the last
+layer that reads or writes one. Groups whose lives do not overlap take turns in one
+buffer, sized for the largest; a group that starts at layer i reuses a buffer only when
+its previous occupant was last used before layer i, so no layer ever reads a bottom that
+its own top overwrote. The groups of kept blobs (the net's inputs and outputs, and those
+the user names) keep storage of their own.
+
+Buffers are plain ``empty`` arrays: nothing is resident until a layer writes it. The plan
+holds while the shapes do; the Net plans again when its input shapes change.
+"""
+import collections
+
+import numpy as np
+
+from .blob import storage_of
+from .errors import CaffeError, quote
+
+#: the memory plans a Net takes: 'off' keeps every blob (pycaffe's Net), 'share' plans a
+#: net that runs forward only
+MEMORY_PLANS = ('off', 'share')
+
+
+def new_buffer(xp, nbytes):
+    """Storage for one planned buffer (the tests fill it with NaN bytes instead)."""
+    return xp.empty(nbytes, np.uint8)
+
+
+class ForwardPlan:
+    """The groups of a net's blobs and, once ``apply``-ed, the buffers they share.
+
+    ``bottoms`` and ``tops`` are the net's per-layer lists of Blob; ``kept`` the blobs
+    that keep their own storage."""
+
+    def __init__(self, bottoms, tops, kept):
+        self.blobs = _unique([b for layer in bottoms + tops for b in layer])
+        parent = {id(b): id(b) for b in self.blobs}
+
+        def root(key):
+            while parent[key] != key:
+                parent[key] = parent[parent[key]]
+                key = parent[key]
+            return key
+
+        for layer_bottoms, layer_tops in zip(bottoms, tops):
+            for top in layer_tops:
+                for bottom in layer_bottoms:
+                    if top is bottom or storage_of(top.data) is storage_of(bottom.data):
+                        parent[root(id(top))] = root(id(bottom))
+        members = {}
+        for blob in self.blobs:
+            members.setdefault(root(id(blob)), []).append(blob)
+        kept_ids = {id(b) for b in kept}
+        self.groups = []
+        for group in members.values():
+            writes = [i for i, layer in enumerate(tops) if any(t in group for t in layer)]
+            uses = writes + [i for i, layer in enumerate(bottoms) if any(b in group for b in layer)]
+            if not writes or any(id(b) in kept_ids for b in group):
+                continue               # an input, or kept: storage of its own
+            owner = next(b for i in sorted(writes) for b in tops[i] if b in group)
+            if storage_of(owner.data) is not owner.data:
+                continue               # a view of a layer's own array (Parameter's top)
+            self.groups.append(_Group(owner, min(writes), max(uses)))
+        self.groups.sort(key=lambda g: g.first)
+        self.buffers = []
+
+    def apply(self, xp):
+        """Give every group's owner a view of its buffer (the layers' reshape makes the
+        aliases' views again); returns the bytes of all buffers."""
+        for group in self.groups:           # sized for the shapes the blobs have now
+            group.nbytes = storage_of(group.owner.data).nbytes
+        sizes, free_after = [], []             # per buffer: bytes, last layer of its occupant
+        for group in self.groups:
+            free = [k for k, last in enumerate(free_after) if last < group.first]
+            fits = [k for k in free if sizes[k] >= group.nbytes]
+            if fits:
+                k = min(fits, key=lambda k: sizes[k])
+            elif free:
+                k = max(free, key=lambda k: sizes[k])
+                sizes[k] = group.nbytes
+            else:
+                k = len(sizes)
+                sizes.append(group.nbytes)
+                free_after.append(None)
+            group.buffer = k
+            free_after[k] = group.last
+        self.buffers = [new_buffer(xp, size) for size in sizes]
+        for group in self.groups:
+            owner = group.owner
+            view = self.buffers[group.buffer][:group.nbytes]
+            owner.data = view.view(owner.dtype).reshape(owner.shape)
+        return sum(sizes)
+
+    def holds(self):
+        """Whether every group still lives in its buffer: a reshape to a new size gives a
+        blob storage of its own, and then the net plans again."""
+        return all(storage_of(g.owner.data) is self.buffers[g.buffer] for g in self.groups)
+
+
+class _Group:
+    def __init__(self, owner, first, last):
+        self.owner, self.first, self.last = owner, first, last
+        self.nbytes = self.buffer = None
+
+
+class KeptBlobs(collections.OrderedDict):
+    """A planned net's ``blobs``: the kept ones; asking for another names the remedy."""
+
+    def __init__(self, items, dropped):
+        super().__init__(items)
+        self.dropped = set(dropped)
+
+    def __missing__(self, name):
+        if name in self.dropped:
+            raise CaffeError("blob %s was not kept; pass keep=[%s] or memory_plan='off'"
+                             % (quote(name), quote(name)))
+        raise KeyError(name)
+
+
+def _unique(blobs):
+    seen, out = set(), []
+    for blob in blobs:
+        if id(blob) not in seen:
+            seen.add(id(blob))
+            out.append(blob)
+    return out
