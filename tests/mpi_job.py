@@ -201,7 +201,7 @@ def fault(out, link, solver_path):
     reader (in the input pipeline) or snapshot (rank 0, halfway through the solverstate);
     FAULT_RANK the process; FAULT_AT the call that fails."""
     import caffe_syncbn.formats.solverstate as state
-    import caffe_syncbn.training.solver as solver_module
+    import caffe_syncbn.training.snapshot_layout as snapshot_layout
     from caffe_syncbn.cli import main
     from caffe_syncbn.cli.common import run_main
     from caffe_syncbn.layers.data import HDF5Reader
@@ -234,7 +234,7 @@ def fault(out, link, solver_path):
                 f.write(state._to_proto(solver_state).SerializeToString()[:16])
                 f.flush()
                 strike()
-        solver_module.write_solver_state = half_written
+        snapshot_layout.write_solver_state = half_written
     mode = '-async' if os.environ.get('FAULT_MODE') == 'async' else '-sync_bn'
     run_main(lambda: main(['train', '-solver', solver_path, '-cpu_devices', '2', mode]))
 

@@ -10,7 +10,7 @@ from caffe_syncbn import caffe_pb2
 from caffe_syncbn.backend import to_numpy
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.netparam.prototxt import parse_text
-from caffe_syncbn.training.data_parallel import get_solver
+from caffe_syncbn.training.solvers import get_solver
 
 NET = '''
 name: "dp"
@@ -160,7 +160,7 @@ def test_a_failing_replica_stops_all_and_raises_the_original_error():
 
 
 def test_device_strings():
-    from caffe_syncbn.training.devices import parse_devices
+    from caffe_syncbn.training.device_names import parse_devices
     assert parse_devices('cpu:4') == [('cpu', i) for i in range(4)]
     assert parse_devices(['cpu:0', 'cpu:1']) == [('cpu', 0), ('cpu', 1)]
     with pytest.raises(CaffeError):

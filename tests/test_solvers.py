@@ -13,9 +13,12 @@ from caffe_syncbn.blob import Blob
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.training.rules import RULES
-from caffe_syncbn.training.solvers import (LearningRatePolicy, Solver, SolverState, get_solver,
-                                           get_solver_class, load_solver_param, read_solver_state,
-                                           write_solver_state)
+from caffe_syncbn.formats.solverstate import SolverState, read_solver_state, write_solver_state
+from caffe_syncbn.netparam.solver_param import load_solver_param
+from caffe_syncbn.pycaffe.caffe import get_solver
+from caffe_syncbn.training.lr_policy import LearningRatePolicy
+from caffe_syncbn.training.solver import Solver
+from caffe_syncbn.training.solvers import get_solver_class
 
 from conftest import GOLDEN, require
 
