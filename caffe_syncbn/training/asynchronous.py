@@ -256,8 +256,8 @@ class Asynchronous:
             params, version = state
             for blob, data in zip(blobs, params):
                 blob.data[...] = blob.xp.asarray(data)
-            loss = solver.accumulate(net.clear_param_diffs, functools.partial(
-                self._one_pass, local_rank, net), dtype=float)
+            loss = float(solver.accumulate(net.clear_param_diffs, functools.partial(
+                self._one_pass, local_rank, net), dtype=float))
             state = holder.push(rank, version, loss, [to_numpy(b.diff) for b in learned],
                                 [to_numpy(blobs[i].data) for i in self._kept])
 

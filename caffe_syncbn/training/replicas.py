@@ -194,10 +194,6 @@ class Replicas:
             raise RuntimeError('replicas without communicators cannot sum across processes')
         return self.pool.run(lambda rank: self.comms[rank].allreduce(arrays[rank], tag='sums'))[0]
 
-    def sum_of_sums(self, local_sum):
-        """The sum over every process of each one's ``local_sum`` (a float)."""
-        return float(self.sum_over_all([local_sum] + [0.0] * (len(self) - 1))[0])
-
     def close(self):
         for pipeline in (self.pipeline if isinstance(self.pipeline, list) else [self.pipeline]):
             if pipeline is not None:

@@ -171,15 +171,16 @@ class Solver:
     def accumulate(self, clear, one_pass, dtype=None):
         """Caffe's ``iter_size``: ``clear()`` the param diffs, then ``iter_size`` calls of
         ``one_pass(last)``, each one forward/backward pass whose gradients add to the diffs
-        (``last``: the gradients are complete after it); the mean of their losses, added
-        up in ``dtype`` (the solver's, as Caffe does)."""
+        (``last``: the gradients are complete after it); the mean of the losses they return
+        (numbers, or arrays of one loss per replica), added up in ``dtype`` (the solver's,
+        as Caffe does)."""
         d = np.dtype(dtype or self.dtype).type
         iter_size = self.param.iter_size
         clear()
         loss = d(0)
         for k in range(iter_size):
             loss += d(one_pass(k == iter_size - 1))
-        return float(loss / d(iter_size))
+        return loss / d(iter_size)
 
     def forward_all(self):
         """A forward pass only (the display pass after training); returns the loss."""
@@ -432,7 +433,7 @@ class OneNet:
 
     def forward_backward_all(self):
         solver = self.solver
-        return solver.accumulate(solver.net.clear_param_diffs, self._one_pass)
+        return float(solver.accumulate(solver.net.clear_param_diffs, self._one_pass))
 
     def _one_pass(self, last):
         self.solver._feed(self.solver.net, 'train')

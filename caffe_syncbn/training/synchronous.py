@@ -8,6 +8,8 @@ It is a strategy of the solver (see solver.py): ``forward_backward_all``, ``forw
 ``update``; and, for the data-parallel solver, ``start``, ``train_net``,
 ``broadcast_params``, ``after_restore``, ``follows_process_0`` and ``close``.
 """
+import numpy as np
+
 from ..backend import get_array_module
 from .gradient_buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .rules import ParamUpdate
@@ -52,19 +54,20 @@ class Synchronous:
 
     def forward_backward_all(self):
         replicas = self.replicas
-        local = self.solver.accumulate(
+        losses = self.solver.accumulate(
             lambda: replicas.pool.run(lambda rank: replicas.nets[rank].clear_param_diffs()),
-            self._one_pass, dtype=float)
+            self._one_pass, dtype=np.float64)
         if replicas.total > 1:
             replicas.pool.run(lambda rank: self._gradient_buckets(rank).finish())
-        return replicas.sum_of_sums(local) / replicas.total
+        # summed in global rank order, so any placement of the replicas gives the same bits
+        return float(replicas.sum_over_all(losses)[0]) / replicas.total
 
     def _one_pass(self, last):
-        """Every replica's pass on its part of the next global batch; the sum of their
-        losses. The gradients are reduced in the last pass only: they are final then."""
+        """Every replica's pass on its part of the next global batch; their losses. The
+        gradients are reduced in the last pass only: they are final then."""
         self.solver.next_parts()
-        return sum(float(loss) for loss in
-                   self.replicas.pool.run(lambda rank: self._forward_backward(rank, last)))
+        return np.array(self.replicas.pool.run(lambda rank: self._forward_backward(rank, last)),
+                        np.float64)
 
     def _gradient_buckets(self, rank):
         if self._buckets[rank] is None:
