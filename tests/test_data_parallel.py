@@ -225,3 +225,32 @@ def test_memory_data_feeds_every_replica_from_the_arrays_set_on_the_net():
         finally:
             solver.close()
     np.testing.assert_allclose(weights['cpu:2'], weights['cpu:1'], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('release', ['with', 'del'])
+def test_a_solver_leaves_no_threads_behind(tmp_path, release):
+    """Replica threads, communicator helpers and the input pipeline's prefetch threads end
+    after a ``with`` block, and when a solver dropped without close() is collected."""
+    import gc
+
+    from test_train_net import make_job
+    path = str(make_job(tmp_path / 'job', 2))
+    baseline = threading.active_count()
+    solver = get_solver(path, devices='cpu:4')
+    solver.step(1)
+    assert threading.active_count() > baseline
+    if release == 'with':
+        with solver:
+            solver.step(1)
+    del solver
+    gc.collect()
+    assert _threads_after(baseline) <= baseline
+
+
+def _threads_after(count, seconds=10):
+    """The number of threads once it is down to ``count`` (threads end a moment after
+    they are told to), or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while threading.active_count() > count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return threading.active_count()
