@@ -33,7 +33,7 @@ from ..netparam.solver_param import (copy_message, load_solver_param, test_net_p
 from .lr_policy import LearningRatePolicy
 from .rules import ParamUpdate, rule_class
 from .snapshot_layout import NetLayout, snapshot_names, snapshot_prefix_problem
-from .solver_checks import FirstNonFinite, check_solver_param
+from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -223,7 +223,7 @@ class Solver:
     # ---- the loop -----------------------------------------------------------------------------
     def step(self, iters):
         """Run ``iters`` iterations (fewer when a stop is requested)."""
-        if self.nan_effect not in ('none', 'snapshot', 'stop'):
+        if self.nan_effect not in NAN_EFFECTS:
             raise CaffeError("nan_effect is %r; expected 'none', 'snapshot' or 'stop'"
                              % self.nan_effect)
         start_iter, stop_iter = self.iter, self.iter + int(iters)
@@ -301,11 +301,8 @@ class Solver:
         what = self._non_finite.check(loss, self.net, unlearned) if self.is_root else None
         if what is None:
             return None
-        log.warning('Iteration %d: %s is not finite (first time); %s', self.iter, what, {
-            'none': 'training goes on, as in Caffe (-nan_effect snapshot or stop would save '
-                    'the weights before this update)',
-            'snapshot': 'snapshotting the weights before this update; training goes on',
-            'stop': 'training stops before this update, as on a stop signal'}[self.nan_effect])
+        log.warning('Iteration %d: %s is not finite (first time); %s', self.iter, what,
+                    NAN_EFFECTS[self.nan_effect])
         return self.nan_effect
 
     def _requested_action(self):

@@ -41,6 +41,14 @@ def non_finite(loss, net):
     return 'a gradient'
 
 
+#: what each ``nan_effect`` does at the first non-finite loss or gradient, as the log says it
+NAN_EFFECTS = {
+    'none': 'training goes on, as in Caffe (-nan_effect snapshot or stop would save the '
+            'weights before this update)',
+    'snapshot': 'snapshotting the weights before this update; training goes on',
+    'stop': 'training stops before this update, as on a stop signal'}
+
+
 class FirstNonFinite:
     """The first non-finite loss or gradient of a run, found once."""
 
