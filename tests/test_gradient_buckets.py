@@ -1,4 +1,4 @@
-"""Gradient buckets (caffe_syncbn/gradients.py): each starts as soon as backward has passed
+"""Gradient buckets (caffe_syncbn/training/gradient_buckets.py): each starts as soon as backward has passed
 its params' owners, the result does not depend on the bucket size, and iter_size works."""
 import numpy as np
 from test_data_parallel import batches, solver_param, train

@@ -74,12 +74,12 @@ def pipeline_data(folder):
 
 @pytest.fixture(scope='module')
 def job(tmp_path_factory):
-    """One launch of the equivalence, pipeline, NCCL and asynchronous checks."""
+    """One launch of the equivalence, pipeline, NCCL, asynchronous and prefix checks."""
     if MPIEXEC is None:
         pytest.skip("mpiexec not found: pip install '.[mpi]' (make test installs it)")
     out = tmp_path_factory.mktemp('mpi')
     data = pipeline_data(out / 'data')
-    result, seconds = launch(out, 'equivalence', 'pipelines', 'nccl', 'async',
+    result, seconds = launch(out, 'equivalence', 'pipelines', 'nccl', 'async', 'prefix',
                              env={'PIPELINE_DATA': str(data)})
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -302,6 +302,15 @@ def test_a_stopped_rank_is_found_by_the_heartbeats(tmp_path):
     assert 'process(es) 1 sent no heartbeat for 4 s' in result.stderr
     assert '[rank 0] error:' in result.stderr
     assert seconds < 60, seconds
+
+
+def test_process_0_alone_probes_the_snapshot_prefix_and_its_verdict_holds_for_all(job):
+    """Every process probing, one could remove another's probe; so process 0 alone makes
+    one (a name of its own) and broadcasts what it found."""
+    ranks = [load(job / ('prefix-rank%d.npz' % r)) for r in range(2)]
+    assert [int(rank['probes']) for rank in ranks] == [1, 0]
+    errors = [str(rank['error']) for rank in ranks]
+    assert errors[0] == errors[1] and 'planted: no room at' in errors[0], errors
 
 
 @needs_mpi

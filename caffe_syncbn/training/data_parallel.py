@@ -8,7 +8,7 @@ Rules (the README states them for users):
   normalizer (see LayerContext.loss_normalizer) and SyncBN layers use global statistics.
 - The gradients of the learned params are summed over replicas and divided by R, so the
   result is the gradient of one device on the whole batch. The sums run in buckets that
-  start while backward goes on (gradients.py). Every replica then applies the same
+  start while backward goes on (gradient_buckets.py). Every replica then applies the same
   update, and params stay bitwise equal.
 
 The solver holds its replicas as a component (replicas.py) and, as its strategy (the
@@ -37,7 +37,7 @@ from ..net import Net
 from .asynchronous import Asynchronous
 from .device_names import describe_devices, parse_devices
 from .replicas import Replicas
-from .snapshot_layout import UserLayout, snapshot_prefix_problem
+from .snapshot_layout import UserLayout
 from .solver import Solver
 from .start_log import log_batches, log_built, log_sync_bn
 from .synchronous import Synchronous
@@ -165,7 +165,7 @@ class DataParallelSolver(Solver):
         return self.pool.run_on(0, lambda: Net(net_param, phase, level=net_param.state.level,
                                                context=context))
 
-    def _load_weights(self, net):
+    def load_weights(self, net):
         """The solver's ``weights``, or those given to get_solver instead (as ``caffe train
         -weights`` replaces them), each with the time it took: a VGG-sized file takes seconds."""
         if self._weights is None:
@@ -185,11 +185,11 @@ class DataParallelSolver(Solver):
     # ---- data ------------------------------------------------------------------------------
     def next_parts(self):
         """The local replicas' parts of the next global batch (Replicas.next_parts)."""
-        self.replication.next_parts(self._data_sources.get('train'))
+        self.replication.next_parts(self.data_sources.get('train'))
 
     def next_part(self, rank):
         """Asynchronous replicas: replica ``rank``'s next batch (Replicas.next_part)."""
-        self.replication.next_part(rank, self._data_sources.get('train'))
+        self.replication.next_part(rank, self.data_sources.get('train'))
 
     def add_callback(self, on_start, on_gradients_ready=None):
         """Refused: the replicas' passes run in their own threads, without these hooks."""
@@ -227,10 +227,10 @@ class DataParallelSolver(Solver):
             self.requested_early_exit = bool(self._agree([0, self.requested_early_exit])[1])
         return results
 
-    def _requested_action(self):
+    def requested_action(self):
         """A stop or snapshot request (a signal) of any process holds for all of them: they
         agree on it between iterations, so they stop at the same one."""
-        action = super()._requested_action()
+        action = super().requested_action()
         if self._testing or self.replication.processes == 1 or self.strategy.name != 'sync':
             return action
         snapshot, stop = self._agree([action == 'snapshot', action == 'stop'])

@@ -7,7 +7,7 @@ passes, the callbacks' ``on_gradients_ready``; the mean loss), then ``apply_upda
 rule, ``w -= update``), then ``iter += 1`` and maybe a snapshot.
 
 Where the passes and updates run is the solver's ``strategy``, the one seam between the
-loop and data parallelism. ``OneNet`` (here) runs the solver's own net in the caller's
+loop and data parallelism. ``OneNet`` (one_net.py) runs the solver's own net in the caller's
 thread; ``Synchronous`` and ``Asynchronous`` (synchronous.py, asynchronous.py) run
 replicas. A strategy has three methods, and uses the solver's public ones only:
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..backend import get_array_module, to_numpy
-from ..errors import CaffeError, naming, quote
+from ..errors import CaffeError, naming
 from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
 from ..layer import LayerContext
@@ -31,6 +31,7 @@ from ..net import Net
 from ..netparam.solver_param import (copy_message, load_solver_param, test_net_params,
                                      train_net_param, upgrade_solver_param)
 from .lr_policy import LearningRatePolicy
+from .one_net import OneNet
 from .rules import ParamUpdate, rule_class
 from .snapshot_layout import NetLayout, snapshot_names, snapshot_prefix_problem
 from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param
@@ -75,7 +76,7 @@ class Solver:
         self.net = net
         #: the layout of its weights and history in files: the net's own, or the user's prototxt
         self.snapshot_layout = self.make_snapshot_layout()
-        self._load_weights(net)
+        self.load_weights(net)
         if test_nets is None:
             with naming(self.source):
                 test_nets = [self.create_net(n, n.state.phase)
@@ -85,7 +86,7 @@ class Solver:
                              'test nets)' % (self.source, len(p.test_iter), len(test_nets)))
         self.test_nets = list(test_nets)
         for test_net in self.test_nets:
-            self._load_weights(test_net)
+            self.load_weights(test_net)
             test_net.share_weights_with(self.net)
         self.lr_policy = LearningRatePolicy(p, self.dtype, self.source)
         with naming(self.source):
@@ -105,7 +106,8 @@ class Solver:
         #: the learning rate of the last update
         self.last_rate = None
         self._losses = []
-        self._data_sources = {}
+        #: set_data_source's sources: {'train' or a test net's index: source}
+        self.data_sources = {}
         #: (on_start, on_gradients_ready) pairs, run around each iteration's passes
         self.callbacks = []
 
@@ -119,7 +121,7 @@ class Solver:
     def make_snapshot_layout(self):
         return NetLayout(self.net)
 
-    def _load_weights(self, net):
+    def load_weights(self, net):
         """The solver's ``weights`` entries (each a comma-separated list), as Caffe finetunes."""
         for entry in self.param.weights:
             for path in (name.strip() for name in entry.split(',')):
@@ -133,10 +135,12 @@ class Solver:
 
         ``test_net=None`` feeds the train net, an index feeds that test net.
         """
-        self._data_sources['train' if test_net is None else int(test_net)] = source
+        self.data_sources['train' if test_net is None else int(test_net)] = source
 
-    def _feed(self, net, key):
-        source = self._data_sources.get(key)
+    def feed(self, net, key):
+        """Put what the data source of ``key`` ('train' or a test net's index) gives into
+        ``net``'s blobs (nothing without a source)."""
+        source = self.data_sources.get(key)
         if source is None:
             return
         for name, value in source().items():
@@ -252,7 +256,7 @@ class Solver:
                 break
             self.apply_update()
             self.iter += 1
-            request = self._requested_action()
+            request = self.requested_action()
             if (p.snapshot and self.iter % p.snapshot == 0 and self.is_root) or request == 'snapshot':
                 self.snapshot()
             if request == 'stop':
@@ -305,7 +309,8 @@ class Solver:
                     NAN_EFFECTS[self.nan_effect])
         return self.nan_effect
 
-    def _requested_action(self):
+    def requested_action(self):
+        """None, 'stop' or 'snapshot': what ``action_request`` asks for now."""
         if self.action_request is None:
             return None
         action = self.action_request()
@@ -343,17 +348,17 @@ class Solver:
         d = self.dtype.type
         sums, loss = None, d(0)
         for _ in range(iters):
-            request = self._requested_action()
+            request = self.requested_action()
             while request is not None:
                 if request == 'snapshot':
                     self.snapshot()
                 else:
                     self.requested_early_exit = True
-                request = self._requested_action()
+                request = self.requested_action()
             if self.requested_early_exit:
                 log.info('Test interrupted.')
                 return None
-            self._feed(net, test_net_id)
+            self.feed(net, test_net_id)
             batch_loss = net.forward_prefilled()
             if self.param.test_compute_loss:
                 loss += d(batch_loss)
@@ -419,26 +424,3 @@ class Solver:
 
     def __exit__(self, *exc_info):
         self.close()
-
-
-class OneNet:
-    """The strategy of a solver on its own: its net, in the caller's thread (see the module
-    docstring for what a strategy is)."""
-
-    def __init__(self, solver):
-        self.solver = solver
-
-    def forward_backward_all(self):
-        solver = self.solver
-        return float(solver.accumulate(solver.net.clear_param_diffs, self._one_pass))
-
-    def _one_pass(self, last):
-        self.solver._feed(self.solver.net, 'train')
-        return self.solver.net.forward_backward()
-
-    def forward_all(self):
-        self.solver._feed(self.solver.net, 'train')
-        return self.solver.net.forward_prefilled()
-
-    def update(self, rate):
-        self.solver.update_params(rate)
