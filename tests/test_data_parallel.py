@@ -227,16 +227,18 @@ def test_memory_data_feeds_every_replica_from_the_arrays_set_on_the_net():
     np.testing.assert_allclose(weights['cpu:2'], weights['cpu:1'], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize('mode', ['sync', 'async'])
 @pytest.mark.parametrize('release', ['with', 'del'])
-def test_a_solver_leaves_no_threads_behind(tmp_path, release):
-    """Replica threads, communicator helpers and the input pipeline's prefetch threads end
-    after a ``with`` block, and when a solver dropped without close() is collected."""
+def test_a_solver_leaves_no_threads_behind(tmp_path, release, mode):
+    """Replica threads, communicator helpers, the input pipeline's prefetch threads (and the
+    asynchronous replicas' loops) end after a ``with`` block, and when a solver dropped
+    without close() is collected."""
     import gc
 
     from test_train_net import make_job
     path = str(make_job(tmp_path / 'job', 2))
     baseline = threading.active_count()
-    solver = get_solver(path, devices='cpu:4')
+    solver = get_solver(path, devices='cpu:4', mode=mode)
     solver.step(1)
     assert threading.active_count() > baseline
     if release == 'with':

@@ -31,6 +31,7 @@ import contextlib
 import functools
 import logging
 import threading
+import weakref
 from concurrent import futures
 
 import numpy as np
@@ -146,7 +147,8 @@ class Asynchronous:
     name = 'async'
 
     def __init__(self, solver, replicas, max_staleness=None):
-        self.solver, self.replicas = solver, replicas
+        # weakly: the replicas' threads must not keep a dropped solver alive
+        self.solver, self.replicas = weakref.proxy(solver), replicas
         self.max_staleness = max_staleness
         self.holder, self._loops, self._proxies = None, [], []
 
@@ -280,6 +282,11 @@ class Asynchronous:
                 raise future.exception()
         for future in self._loops:
             future.result()
+
+    def stop(self):
+        """Let the replicas' loops end, without waiting for them."""
+        if self.holder is not None:
+            self.holder.close()
 
     def close(self):
         holder = self.holder

@@ -93,15 +93,15 @@ class DataParallelSolver(Solver):
         if level is not None:
             self._train_state.level = level
         self._weights = weights
-        blas_limit = _share_cores(devices, link)
-        # the threads end when the solver is collected; the finalizer holds no solver
-        self._release = weakref.finalize(self, _release, self.replication, blas_limit)
+        strategy = Synchronous(self, self.replication) if mode == 'sync' else \
+            Asynchronous(self, self.replication, max_staleness)
+        # the threads end when the solver is collected: nothing here holds the solver
+        self._release = weakref.finalize(self, _release, strategy, self.replication,
+                                         _share_cores(devices, link))
         self.pool.run(self._activate_device)
         self._seed = seed
         self._user_train_param = None
         self._testing = False
-        strategy = Synchronous(self, self.replication) if mode == 'sync' else \
-            Asynchronous(self, self.replication, max_staleness)
         super().__init__(solver, dtype=dtype, xp=_backend(devices[0][0]), strategy=strategy)
         self.strategy.start()
 
@@ -324,7 +324,8 @@ class DataParallelSolver(Solver):
         self._release()
 
 
-def _release(replicas, blas_limit):
+def _release(strategy, replicas, blas_limit):
+    strategy.stop()
     replicas.close()
     if blas_limit is not None:
         blas_limit.restore_original_limits()

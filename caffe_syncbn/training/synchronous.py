@@ -6,8 +6,11 @@ are the gradient of one device on the whole batch; every replica applies the sam
 (a ``ParamUpdate`` of its own, with the same history), so params stay bitwise equal.
 It is a strategy of the solver (see solver.py): ``forward_backward_all``, ``forward_all``,
 ``update``; and, for the data-parallel solver, ``start``, ``train_net``,
-``broadcast_params``, ``after_restore``, ``follows_process_0`` and ``close``.
+``broadcast_params``, ``after_restore``, ``follows_process_0``, ``close`` and ``stop``
+(``close`` without waiting: for a solver collected without ``close()``).
 """
+import weakref
+
 import numpy as np
 
 from ..backend import get_array_module
@@ -23,7 +26,8 @@ class Synchronous:
     gradient_bucket_bytes = DEFAULT_BUCKET_BYTES
 
     def __init__(self, solver, replicas):
-        self.solver, self.replicas = solver, replicas
+        # weakly: the replicas' threads must not keep a dropped solver alive
+        self.solver, self.replicas = weakref.proxy(solver), replicas
         self._buckets = [None] * len(replicas)
         self.updaters = []
 
@@ -103,3 +107,6 @@ class Synchronous:
 
     def close(self):
         pass
+
+    def stop(self):
+        """Nothing waits on anything between iterations."""
