@@ -144,7 +144,8 @@ class RemoteHolder:
 class Asynchronous:
     """The strategy of asynchronous updates (see the module docstring)."""
 
-    name = 'async'
+    #: the replicas take no steps together: each reads and updates at its own pace
+    lockstep = False
 
     def __init__(self, solver, replicas, max_staleness=None):
         # weakly: the replicas' threads must not keep a dropped solver alive

@@ -156,7 +156,7 @@ class DataParallelSolver(Solver):
         log_built(root, 'train', replication.total, start)
         readers = replication.data_layers()
         log_batches(readers, replication.input_layers, replication, self.param.iter_size)
-        replication.start_pipeline(seed, per_replica=self.strategy.name == 'async')
+        replication.start_pipeline(seed, per_replica=not self.strategy.lockstep)
         return self.strategy.train_net(lambda: self._alone(net_param, phase), root)
 
     def _alone(self, net_param, phase):
@@ -199,7 +199,7 @@ class DataParallelSolver(Solver):
     def log_outputs(self, net, which, values=None):
         """The train net's outputs as the mean over all replicas: for a loss, whose replicas
         divide by the global normalizer, that mean is the loss of the global batch."""
-        if net is self.net and values is None and self.strategy.name == 'async':
+        if net is self.net and values is None and not self.strategy.lockstep:
             # the holder runs no forward: replica 0's outputs, of its last batch
             values = {name: to_numpy(self.replicas[0].blobs[name].data) for name in net.outputs}
         elif net is self.net and values is None and self.replication.total > 1:
@@ -223,7 +223,7 @@ class DataParallelSolver(Solver):
                 self._testing = False
         else:
             results = []
-        if self.replication.processes > 1 and self.strategy.name == 'sync':
+        if self.replication.processes > 1 and self.strategy.lockstep:
             self.requested_early_exit = bool(self._agree([0, self.requested_early_exit])[1])
         return results
 
@@ -231,7 +231,7 @@ class DataParallelSolver(Solver):
         """A stop or snapshot request (a signal) of any process holds for all of them: they
         agree on it between iterations, so they stop at the same one."""
         action = super().requested_action()
-        if self._testing or self.replication.processes == 1 or self.strategy.name != 'sync':
+        if self._testing or self.replication.processes == 1 or not self.strategy.lockstep:
             return action
         snapshot, stop = self._agree([action == 'snapshot', action == 'stop'])
         return 'stop' if stop else ('snapshot' if snapshot else None)
@@ -310,7 +310,7 @@ class DataParallelSolver(Solver):
         return super().solve(resume_file)
 
     def step(self, iters):
-        if self.strategy.name == 'async' and self.nan_effect != 'none':
+        if not self.strategy.lockstep and self.nan_effect != 'none':
             raise CaffeError('-nan_effect %s needs synchronous updates: under -async each '
                              "replica's update is applied as it arrives, so there is no "
                              'iteration to stop or snapshot before' % self.nan_effect)

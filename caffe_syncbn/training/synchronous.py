@@ -5,7 +5,7 @@ are summed in buckets that overlap backward (gradient_buckets.py) and averaged, 
 are the gradient of one device on the whole batch; every replica applies the same update
 (a ``ParamUpdate`` of its own, with the same history), so params stay bitwise equal.
 It is a strategy of the solver (see solver.py): ``forward_backward_all``, ``forward_all``,
-``update``; and, for the data-parallel solver, ``start``, ``train_net``,
+``update``; and, for the data-parallel solver, ``lockstep``, ``start``, ``train_net``,
 ``broadcast_params``, ``after_restore``, ``follows_process_0``, ``close`` and ``stop``
 (``close`` without waiting: for a solver collected without ``close()``).
 """
@@ -21,7 +21,8 @@ from .rules import ParamUpdate
 class Synchronous:
     """The strategy of synchronous updates (see the module docstring)."""
 
-    name = 'sync'
+    #: the replicas take every step together, on their parts of one global batch
+    lockstep = True
     #: about how many bytes of gradients go into one allreduce (gradient_buckets.py)
     gradient_bucket_bytes = DEFAULT_BUCKET_BYTES
 
