@@ -57,8 +57,7 @@ def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, s
     ``devices=None``: pycaffe's single-device solver of the file's type (``add_callback``
     works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype`` only."""
     if isinstance(solver, caffe_pb2.SolverParameter):
-        solver = upgrade_solver_param(copy_message(solver))
-        param = solver
+        solver = param = upgrade_solver_param(copy_message(solver))
     else:
         param = load_solver_param(solver)  # a bad file is one error, before any device starts
     if devices is None:

@@ -37,11 +37,12 @@ class Synchronous:
         return root
 
     def start(self):
-        """The other replicas' updates (replica 0's is the solver's), and equal params."""
-        solver = self.solver
-        self.updaters = [solver.updater] + [
-            ParamUpdate(solver.param, net, solver.rule_class, solver.dtype)
-            for net in self.replicas.nets[1:]]
+        """The other replicas' updates (replica 0's is the solver's), each made on its
+        replica's thread (its history on the replica's device), and equal params."""
+        solver, nets = self.solver, self.replicas.nets
+        self.updaters = self.replicas.pool.run(
+            lambda rank: ParamUpdate(solver.param, nets[rank], solver.rule_class, solver.dtype)
+            if rank else solver.updater)
         self.broadcast_params()
 
     def follows_process_0(self):
