@@ -77,7 +77,7 @@ def training_worker(iterations, devices, out):
     from make_dataset import make_dataset
 
     from caffe_syncbn.comm.mpi import job_link
-    from caffe_syncbn.training.data_parallel import get_solver
+    from caffe_syncbn.training.solvers import get_solver
     logging.getLogger('caffe_syncbn').setLevel(logging.WARNING)
     link = job_link()
     data = os.path.join(out, 'data')

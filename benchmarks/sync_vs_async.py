@@ -37,7 +37,7 @@ import compare  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
 import caffe_syncbn as caffe  # noqa: E402
-from caffe_syncbn.training.data_parallel import get_solver  # noqa: E402
+from caffe_syncbn.training.solvers import get_solver  # noqa: E402
 
 
 def slow_down(net, seconds):

@@ -91,7 +91,7 @@ def solver_param(net):
 
 
 def build(devices, sync_bn, cfg, batch_source):
-    from caffe_syncbn.training.data_parallel import get_solver
+    from caffe_syncbn.training.solvers import get_solver
     net = resnet_param(cfg['batch'] // devices, cfg['size'], cfg['width'], cfg['blocks'])
     solver = get_solver(solver_param(net), devices='cpu:%d' % devices, sync_bn=sync_bn)
     solver.set_data_source(batch_source)

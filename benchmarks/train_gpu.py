@@ -35,7 +35,7 @@ from caffe_syncbn import caffe_pb2  # noqa: E402
 from caffe_syncbn.backend import get_array_module  # noqa: E402
 from caffe_syncbn.cli.common import run_main  # noqa: E402
 from caffe_syncbn.errors import CaffeError  # noqa: E402
-from caffe_syncbn.training.devices import parse_devices  # noqa: E402
+from caffe_syncbn.training.device_names import parse_devices  # noqa: E402
 
 MODEL = os.path.join(ROOT, 'examples', 'resnet50', 'ResNet-50-deploy.prototxt')
 CLASSES = 1000
@@ -72,7 +72,7 @@ def train_net_param(local_batch, size, sync_bn):
 
 
 def make_solver(args, replicas):
-    from caffe_syncbn.training.data_parallel import get_solver
+    from caffe_syncbn.training.solvers import get_solver
     param = caffe_pb2.SolverParameter(type='SGD', base_lr=0.01, momentum=0.9, weight_decay=1e-4,
                                       lr_policy='fixed', max_iter=1 << 30, display=0,
                                       random_seed=1)

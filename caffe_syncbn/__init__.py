@@ -19,7 +19,7 @@ __version__ = '0.1.0'
 _LAZY = {
     'NetSpec': ('.pycaffe.net_spec', 'NetSpec'), 'to_proto': ('.pycaffe.net_spec', 'to_proto'),
     'params': ('.pycaffe.net_spec', 'params'), 'net_spec': ('.pycaffe.net_spec', None),
-    'get_solver': ('.training.data_parallel', 'get_solver'),
+    'get_solver': ('.training.solvers', 'get_solver'),
     'get_solver_from_string': ('.training.solvers', 'get_solver_from_string'),
     'io': ('.pycaffe.io', None), 'proto': ('.pycaffe.proto', None), 'draw': ('.pycaffe.draw', None),
     'coord_map': ('.pycaffe.coord_map', None),

@@ -55,7 +55,7 @@ def net_param(args):
 @reader
 def solver(args):
     """Build a solver from its prototxt, restore a solverstate if given, train steps."""
-    from caffe_syncbn.training.solvers import get_solver
+    from caffe_syncbn.pycaffe.caffe import get_solver
     solver = get_solver(args['solver'])
     if args.get('state'):
         solver.restore(args['state'])

@@ -1,7 +1,7 @@
 """Checks that run inside an MPI job; tests/test_mpi.py launches them and reads what they
 write. Several checks share one launch, because starting an MPI job on 2 cores is slow.
 
-    mpiexec -n 2 python tests/mpi_job.py OUT equivalence pipelines nccl async
+    mpiexec -n 2 python tests/mpi_job.py OUT equivalence pipelines nccl async prefix
     mpiexec -n 2 python tests/mpi_job.py OUT fault SOLVER     (FAULT=raise|kill|stop, ...)
 
 Each check writes OUT/<check>-rank<r>.npz; process 0 also writes the references that one
@@ -201,7 +201,7 @@ def fault(out, link, solver_path):
     reader (in the input pipeline) or snapshot (rank 0, halfway through the solverstate);
     FAULT_RANK the process; FAULT_AT the call that fails."""
     import caffe_syncbn.formats.solverstate as state
-    import caffe_syncbn.training.solver as solver_module
+    import caffe_syncbn.training.snapshot_layout as snapshot_layout
     from caffe_syncbn.cli import main
     from caffe_syncbn.cli.common import run_main
     from caffe_syncbn.layers.data import HDF5Reader
@@ -234,9 +234,40 @@ def fault(out, link, solver_path):
                 f.write(state._to_proto(solver_state).SerializeToString()[:16])
                 f.flush()
                 strike()
-        solver_module.write_solver_state = half_written
+        snapshot_layout.write_solver_state = half_written
     mode = '-async' if os.environ.get('FAULT_MODE') == 'async' else '-sync_bn'
     run_main(lambda: main(['train', '-solver', solver_path, '-cpu_devices', '2', mode]))
+
+
+# ---- the snapshot prefix -----------------------------------------------------------------------
+def prefix(out, link):
+    """How many probes of the snapshot prefix each process makes, and the error each raises
+    when process 0 alone finds the prefix unwritable (a stand-in verdict)."""
+    import tempfile
+
+    import caffe_syncbn.training.solver as solver_module
+    from caffe_syncbn.errors import CaffeError
+    from test_data_parallel import solver_param
+    param = solver_param()
+    param.snapshot, param.snapshot_prefix = 1, str(out / 'shared')
+    probes, mkstemp = [], tempfile.mkstemp
+
+    def counting(*args, **kwargs):
+        probes.append(kwargs.get('prefix'))
+        return mkstemp(*args, **kwargs)
+    tempfile.mkstemp = counting
+    try:
+        DataParallelSolver(param, devices='cpu:1', link=link).close()
+    finally:
+        tempfile.mkstemp = mkstemp
+    if link.rank == 0:
+        solver_module.snapshot_prefix_problem = lambda path: 'planted: no room at %s' % path
+    error = ''
+    try:
+        DataParallelSolver(param, devices='cpu:1', link=link).close()
+    except CaffeError as exc:
+        error = str(exc)
+    np.savez(out / ('prefix-rank%d.npz' % link.rank), probes=len(probes), error=error)
 
 
 def uncaught(link):
@@ -263,7 +294,7 @@ def main():
         return uncaught(link)
     for check in checks:
         {'equivalence': equivalence, 'pipelines': pipelines, 'nccl': nccl,
-         'async': asynchronous}[check](out, link)
+         'async': asynchronous, 'prefix': prefix}[check](out, link)
     link.close()
 
 

@@ -9,7 +9,7 @@ from test_data_parallel import batches, solver_param
 
 from caffe_syncbn.backend import to_numpy
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.training.data_parallel import get_solver
+from caffe_syncbn.training.solvers import get_solver
 
 
 def feed(solver, data):

@@ -18,7 +18,7 @@ import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write, remove_stale_temporaries
-from caffe_syncbn.training.solvers import get_solver
+from caffe_syncbn.pycaffe.caffe import get_solver
 
 from conftest import GOLDEN, ROOT, require
 
@@ -369,7 +369,7 @@ def test_a_2mb_token_is_not_echoed(tmp_path):
 
 
 def test_lr_policy_at_an_absurd_iteration(tmp_path):
-    from caffe_syncbn.training.solvers import LearningRatePolicy
+    from caffe_syncbn.training.lr_policy import LearningRatePolicy
     policy = LearningRatePolicy(caffe_pb2.SolverParameter(
         base_lr=0.1, lr_policy='poly', power=0.5, max_iter=10), source='s.prototxt')
     assert policy.rate(10) == 0
@@ -434,7 +434,7 @@ def test_file_size_limit_on_hdf5_snapshot_is_one_line(tmp_path):
     (tmp_path / 'snap').mkdir()
     script = ('import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000)); '
               'from caffe_syncbn.cli.common import run_main; '
-              'from caffe_syncbn.training.solvers import get_solver; '
+              'from caffe_syncbn.pycaffe.caffe import get_solver; '
               'run_main(lambda: get_solver("solver.prototxt").snapshot() and 0)')
     done = subprocess.run([sys.executable, '-c', script], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))

@@ -10,7 +10,7 @@ from caffe_syncbn import caffe_pb2
 from caffe_syncbn.backend import to_numpy
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.netparam.prototxt import parse_text
-from caffe_syncbn.training.data_parallel import get_solver
+from caffe_syncbn.training.solvers import get_solver
 
 NET = '''
 name: "dp"
@@ -160,7 +160,7 @@ def test_a_failing_replica_stops_all_and_raises_the_original_error():
 
 
 def test_device_strings():
-    from caffe_syncbn.training.devices import parse_devices
+    from caffe_syncbn.training.device_names import parse_devices
     assert parse_devices('cpu:4') == [('cpu', i) for i in range(4)]
     assert parse_devices(['cpu:0', 'cpu:1']) == [('cpu', 0), ('cpu', 1)]
     with pytest.raises(CaffeError):
@@ -225,3 +225,34 @@ def test_memory_data_feeds_every_replica_from_the_arrays_set_on_the_net():
         finally:
             solver.close()
     np.testing.assert_allclose(weights['cpu:2'], weights['cpu:1'], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('mode', ['sync', 'async'])
+@pytest.mark.parametrize('release', ['with', 'del'])
+def test_a_solver_leaves_no_threads_behind(tmp_path, release, mode):
+    """Replica threads, communicator helpers, the input pipeline's prefetch threads (and the
+    asynchronous replicas' loops) end after a ``with`` block, and when a solver dropped
+    without close() is collected."""
+    import gc
+
+    from test_train_net import make_job
+    path = str(make_job(tmp_path / 'job', 2))
+    baseline = threading.active_count()
+    solver = get_solver(path, devices='cpu:4', mode=mode)
+    solver.step(1)
+    assert threading.active_count() > baseline
+    if release == 'with':
+        with solver:
+            solver.step(1)
+    del solver
+    gc.collect()
+    assert _threads_after(baseline) <= baseline
+
+
+def _threads_after(count, seconds=10):
+    """The number of threads once it is down to ``count`` (threads end a moment after
+    they are told to), or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while threading.active_count() > count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return threading.active_count()

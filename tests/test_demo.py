@@ -10,7 +10,7 @@ import pytest
 
 from caffe_syncbn.cli.logparse import parse_log
 from caffe_syncbn.formats.caffemodel import read_net_param
-from caffe_syncbn.training.data_parallel import get_solver
+from caffe_syncbn.training.solvers import get_solver
 
 from conftest import ROOT
 

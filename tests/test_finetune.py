@@ -16,8 +16,8 @@ import pytest
 import caffe_syncbn as caffe
 from caffe_syncbn.convert import to_syncbn
 from caffe_syncbn.formats.caffemodel import read_net_param, read_weights
-from caffe_syncbn.training.data_parallel import get_solver
-from caffe_syncbn.training.solvers import read_solver_state, write_solver_state
+from caffe_syncbn.formats.solverstate import read_solver_state, write_solver_state
+from caffe_syncbn.training.solvers import get_solver
 from caffe_syncbn.weights.copy import arrays_of
 
 from conftest import GOLDEN, ROOT, require

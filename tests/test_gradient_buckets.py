@@ -1,4 +1,4 @@
-"""Gradient buckets (caffe_syncbn/gradients.py): each starts as soon as backward has passed
+"""Gradient buckets (caffe_syncbn/training/gradient_buckets.py): each starts as soon as backward has passed
 its params' owners, the result does not depend on the bucket size, and iter_size works."""
 import numpy as np
 from counting_comm import CountingComm
@@ -7,7 +7,7 @@ from test_data_parallel import batches, solver_param, train
 from caffe_syncbn import TRAIN, Net, caffe_pb2
 from caffe_syncbn.comm import Communicator
 from caffe_syncbn.netparam.prototxt import parse_text
-from caffe_syncbn.training import data_parallel as training, replication
+from caffe_syncbn.training import replicas, solvers, synchronous
 from caffe_syncbn.training.gradient_buckets import GradientBuckets
 
 SHARED = '''
@@ -55,9 +55,9 @@ def test_a_bucket_starts_when_backward_has_passed_its_owner_layers():
 
 def test_the_bucket_size_does_not_change_the_result(monkeypatch):
     data = batches(4)
-    monkeypatch.setattr(replication.Synchronous, 'gradient_bucket_bytes', 1)
+    monkeypatch.setattr(synchronous.Synchronous, 'gradient_bucket_bytes', 1)
     small, _ = train('cpu:4', data, (5, 4, 4, 3))
-    monkeypatch.setattr(replication.Synchronous, 'gradient_bucket_bytes', 1 << 30)
+    monkeypatch.setattr(synchronous.Synchronous, 'gradient_bucket_bytes', 1 << 30)
     one, _ = train('cpu:4', data, (5, 4, 4, 3))
     for mine, theirs in zip(small[0], one[0]):
         assert np.array_equal(mine, theirs)
@@ -69,12 +69,12 @@ def test_gradients_are_reduced_while_backward_goes_on(monkeypatch):
     comms = []
 
     def counting(devices, link=None):
-        comms[:] = [CountingComm(c) for c in replication.ThreadComm.create(len(devices))]
+        comms[:] = [CountingComm(c) for c in replicas.ThreadComm.create(len(devices))]
         return comms
 
-    monkeypatch.setattr(replication, 'make_comms', counting)
-    monkeypatch.setattr(replication.Synchronous, 'gradient_bucket_bytes', 1)
-    solver = training.get_solver(solver_param(), devices='cpu:2')
+    monkeypatch.setattr(replicas, 'make_comms', counting)
+    monkeypatch.setattr(synchronous.Synchronous, 'gradient_bucket_bytes', 1)
+    solver = solvers.get_solver(solver_param(), devices='cpu:2')
     data = iter(batches(1))
     solver.set_data_source(lambda: next(data))
     comms[0].reset()
@@ -91,8 +91,8 @@ def test_iter_size_accumulates_before_reducing():
     param = solver_param()
     param.iter_size = 2
     data = batches(6, seed=4)
-    single = training.get_solver(param, devices='cpu:1')
-    multi = training.get_solver(param, devices='cpu:2')
+    single = solvers.get_solver(param, devices='cpu:1')
+    multi = solvers.get_solver(param, devices='cpu:2')
     for solver in (single, multi):
         feed = iter(data)
         solver.set_data_source(lambda feed=feed: next(feed))

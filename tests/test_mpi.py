@@ -73,12 +73,12 @@ def pipeline_data(folder):
 
 @pytest.fixture(scope='module')
 def job(tmp_path_factory):
-    """One launch of the equivalence, pipeline, NCCL and asynchronous checks."""
+    """One launch of the equivalence, pipeline, NCCL, asynchronous and prefix checks."""
     if MPIEXEC is None:
         pytest.skip("mpiexec not found: pip install '.[mpi]' (make test installs it)")
     out = tmp_path_factory.mktemp('mpi')
     data = pipeline_data(out / 'data')
-    result, seconds = launch(out, 'equivalence', 'pipelines', 'nccl', 'async',
+    result, seconds = launch(out, 'equivalence', 'pipelines', 'nccl', 'async', 'prefix',
                              env={'PIPELINE_DATA': str(data)})
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -302,3 +302,29 @@ def test_a_stopped_rank_is_found_by_the_heartbeats(tmp_path):
     assert 'process(es) 1 sent no heartbeat for 4 s' in result.stderr
     assert '[rank 0] error:' in result.stderr
     assert seconds < 60, seconds
+
+
+def test_process_0_alone_probes_the_snapshot_prefix_and_its_verdict_holds_for_all(job):
+    """Every process probing, one could remove another's probe; so process 0 alone makes
+    one (a name of its own) and broadcasts what it found."""
+    ranks = [load(job / ('prefix-rank%d.npz' % r)) for r in range(2)]
+    assert [int(rank['probes']) for rank in ranks] == [1, 0]
+    errors = [str(rank['error']) for rank in ranks]
+    assert errors[0] == errors[1] and 'planted: no room at' in errors[0], errors
+
+
+@needs_mpi
+def test_jobs_sharing_a_snapshot_prefix_all_start(tmp_path):
+    """Jobs of 2 processes started at once with one snapshot prefix: only process 0 probes
+    the prefix, with a name of its own, so no job fails its check (it once did in 7 of 20).
+    STRESS_JOBS=20 runs the issue's 20 jobs; CI runs 4."""
+    from test_train_net import make_job
+    solver = make_job(tmp_path / 'job', 2, max_iter=1)
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    jobs = [subprocess.Popen([MPIEXEC, '-n', '2', sys.executable, '-m', 'caffe_syncbn', 'train',
+                              '-solver', str(solver)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, env=environment, cwd=tmp_path)
+            for _ in range(int(os.environ.get('STRESS_JOBS', 4)))]
+    failures = [error for error in (job.communicate(timeout=600)[1] for job in jobs)
+                if 'cannot write to snapshot prefix' in error]
+    assert all(job.returncode == 0 for job in jobs) and not failures, failures[:1]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.training.data_parallel import get_solver
+from caffe_syncbn.training.solvers import get_solver
 
 cv2 = pytest.importorskip('cv2')
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.comm import CommAborted, SoloComm
-from caffe_syncbn.training.replication import make_comms
+from caffe_syncbn.training.replicas import make_comms
 
 
 class DeviceArray:

@@ -13,9 +13,12 @@ from caffe_syncbn.blob import Blob
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.training.rules import RULES
-from caffe_syncbn.training.solvers import (LearningRatePolicy, Solver, SolverState, get_solver,
-                                           get_solver_class, load_solver_param, read_solver_state,
-                                           write_solver_state)
+from caffe_syncbn.formats.solverstate import SolverState, read_solver_state, write_solver_state
+from caffe_syncbn.netparam.solver_param import load_solver_param
+from caffe_syncbn.pycaffe.caffe import get_solver
+from caffe_syncbn.training.lr_policy import LearningRatePolicy
+from caffe_syncbn.training.solver import Solver
+from caffe_syncbn.training.solvers import get_solver_class
 
 from conftest import GOLDEN, require
 
@@ -650,3 +653,35 @@ def test_golden_solver(name, tmp_path, monkeypatch):
         for k in range(snapshot_at + 1, 13):
             resumed.step(1)
             check_iteration(resumed, ref, k, cancelled, prefix='resume/')
+
+
+# ---- the snapshot prefix, checked at the start ----------------------------------------------
+def test_the_prefix_probe_opens_no_predictable_name(tmp_path):
+    """A link planted at the name the old probe used (``<prefix>_iter_0.tempfile``) is left
+    alone, and so is the file it points to."""
+    target = tmp_path / 'precious.txt'
+    target.write_text('keep me')
+    planted = tmp_path / 'snap_iter_0.tempfile'
+    planted.symlink_to(target)
+    _probe_solver(tmp_path, snapshot=2, snapshot_prefix=str(tmp_path / 'snap'))
+    assert target.read_text() == 'keep me' and planted.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['net.prototxt', 'precious.txt',
+                                                         'snap_iter_0.tempfile']
+
+
+@pytest.mark.parametrize('snapshot', [0, 2])
+def test_a_prefix_that_cannot_be_written_fails_at_the_start(tmp_path, snapshot):
+    """Also when the final snapshot (snapshot_after_train) is the only one."""
+    with pytest.raises(CaffeError, match="cannot write to snapshot prefix '.*missing/snap'"):
+        _probe_solver(tmp_path, snapshot=snapshot, snapshot_prefix=str(tmp_path / 'missing' / 'snap'))
+    _probe_solver(tmp_path, snapshot=0, snapshot_after_train=False,
+                  snapshot_prefix=str(tmp_path / 'missing' / 'snap'))   # no snapshot: no check
+
+
+def _probe_solver(tmp_path, **fields):
+    (tmp_path / 'net.prototxt').write_text(
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+        'inner_product_param { num_output: 2 } }\n')
+    return Solver(solver_param(net=str(tmp_path / 'net.prototxt'), base_lr=0.1, lr_policy='fixed',
+                               **fields))

@@ -208,7 +208,7 @@ def test_first_non_finite_loss(tmp_path, effect):
         net = caffe.Net(str(tmp_path / 'net.prototxt'), caffe.TEST,
                         weights=str(tmp_path / 'snap_iter_2.caffemodel'))
         assert all(np.isfinite(b.data).all() for blobs in net.params.values() for b in blobs)
-        from caffe_syncbn.training.solvers import read_solver_state
+        from caffe_syncbn.formats.solverstate import read_solver_state
         assert read_solver_state(str(tmp_path / 'snap_iter_2.solverstate')).iter == 2
 
 

@@ -25,11 +25,11 @@ from ..backend import to_numpy
 from ..comm.mpi import ending_job_on_error, job_link
 from ..errors import CaffeError
 from ..glog import setup_logging
+from ..netparam.solver_param import load_solver_param
 from ..netparam.upgrade import load_net_param
 from ..netparam.upgrade_file import upgrade_file
 from ..pycaffe.draw import draw_net_to_file
-from ..training.data_parallel import get_solver
-from ..training.solvers import load_solver_param
+from ..training.solvers import get_solver
 from . import convert as convert_command
 from .common import build_timing_net, progress_bar, run_main
 from .devices import device_query, select_device, train_devices
@@ -153,7 +153,7 @@ class SignalRequests:
 
 
 def train(args):
-    """caffe train; under mpiexec or srun, this process's part of one run (see training.py).
+    """caffe train; under mpiexec or srun, this process's part of one run (see training/data_parallel.py).
     In a job of several processes, an error ends every process: this one prints it and
     calls MPI_Abort, so that none waits for ever in a collective."""
     link = job_link()

@@ -6,7 +6,7 @@ import os
 from .. import caffe_pb2
 from ..backend import gpu_count, set_device, set_mode_cpu, set_mode_gpu
 from ..errors import CaffeError
-from ..training.devices import gpu_name
+from ..training.device_names import gpu_name
 
 log = logging.getLogger('caffe_syncbn')
 

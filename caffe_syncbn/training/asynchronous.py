@@ -1,4 +1,5 @@
-"""Asynchronous data parallelism: replicas that do not wait for each other.
+"""Asynchronous data parallelism: replicas that do not wait for each other. A strategy of
+the solver (see solver.py and synchronous.py for its methods).
 
 Every replica loops on its own: it takes the shared params (and statistics) as they are
 now, runs forward and backward on its own next batch, and hands its gradient to the one
@@ -27,8 +28,10 @@ computed on params some updates old ("stale").
   their solver follows process 0 until process 0 closes its solver.
 """
 import contextlib
+import functools
 import logging
 import threading
+import weakref
 from concurrent import futures
 
 import numpy as np
@@ -141,10 +144,12 @@ class RemoteHolder:
 class Asynchronous:
     """The strategy of asynchronous updates (see the module docstring)."""
 
-    name = 'async'
+    #: the replicas take no steps together: each reads and updates at its own pace
+    lockstep = False
 
-    def __init__(self, solver, max_staleness=None):
-        self.solver, self.replicas = solver, solver.replication
+    def __init__(self, solver, replicas, max_staleness=None):
+        # weakly: the replicas' threads must not keep a dropped solver alive
+        self.solver, self.replicas = weakref.proxy(solver), replicas
         self.max_staleness = max_staleness
         self.holder, self._loops, self._proxies = None, [], []
 
@@ -191,13 +196,8 @@ class Asynchronous:
         """The display pass after training: the mean loss of the last iteration's updates."""
         return float(np.mean(self.holder.losses)) if self.holder.losses else float('nan')
 
-    def apply_update(self):
-        """The replicas' updates are in already: the rate of this iteration, logged."""
-        solver = self.solver
-        rate = solver.last_rate = solver.learning_rate()
-        if solver._displaying():
-            log.info('Iteration %d, lr = %g', solver.iter, rate)
-        return rate
+    def update(self, rate):
+        """Nothing to do: the holder applied the replicas' updates as they came in."""
 
     def _start_loops(self):
         if self._loops or self._proxies:
@@ -259,14 +259,14 @@ class Asynchronous:
             params, version = state
             for blob, data in zip(blobs, params):
                 blob.data[...] = blob.xp.asarray(data)
-            net.clear_param_diffs()
-            loss = 0.0
-            for _ in range(solver.param.iter_size):
-                solver.feed_replica(local_rank)
-                loss += float(net.forward_backward())
-            loss /= solver.param.iter_size
+            loss = float(solver.accumulate(net.clear_param_diffs, functools.partial(
+                self._one_pass, local_rank, net), dtype=float))
             state = holder.push(rank, version, loss, [to_numpy(b.diff) for b in learned],
                                 [to_numpy(blobs[i].data) for i in self._kept])
+
+    def _one_pass(self, local_rank, net, last):
+        self.solver.next_part(local_rank)
+        return net.forward_backward()
 
     def follow(self):
         """The other processes: their replicas compute until process 0 closes."""
@@ -283,6 +283,11 @@ class Asynchronous:
                 raise future.exception()
         for future in self._loops:
             future.result()
+
+    def stop(self):
+        """Let the replicas' loops end, without waiting for them."""
+        if self.holder is not None:
+            self.holder.close()
 
     def close(self):
         holder = self.holder

@@ -8,19 +8,21 @@ Rules (the README states them for users):
   normalizer (see LayerContext.loss_normalizer) and SyncBN layers use global statistics.
 - The gradients of the learned params are summed over replicas and divided by R, so the
   result is the gradient of one device on the whole batch. The sums run in buckets that
-  start while backward goes on (gradients.py). Every replica then applies the same
+  start while backward goes on (gradient_buckets.py). Every replica then applies the same
   update, and params stay bitwise equal.
 
-The solver holds its replicas as a component (replication.py) and a strategy that makes
-the updates: synchronous (above) or asynchronous (asynchronous.py). Under mpiexec or
-srun the replicas of every process form one run (comm/mpi.py): process 0 logs, tests and
-snapshots; the others log only warnings and errors.
+The solver holds its replicas as a component (replicas.py) and, as its strategy (the
+seam of solver.py), the way they make updates: synchronous (synchronous.py) or
+asynchronous (asynchronous.py). Under mpiexec or srun the replicas of every process form
+one run (comm/mpi.py): process 0 logs, tests and snapshots; the others log only warnings
+and errors. A solver holds threads: ``close()`` it, use it in a ``with``, or drop it (the
+threads end when it is collected).
 """
 import json
 import logging
 import os
-import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -33,11 +35,12 @@ from ..formats.atomic import atomic_write
 from ..layer import TRAIN, LayerContext
 from ..net import Net
 from .asynchronous import Asynchronous
-from .devices import describe_devices, parse_devices
-from .replication import Replicas, Synchronous
-from .snapshot_layout import UserTerms
-from .solvers import PycaffeSolver, Solver, load_solver_param, upgrade_solver_param
+from .device_names import describe_devices, parse_devices
+from .replicas import Replicas
+from .snapshot_layout import UserLayout
+from .solver import Solver
 from .start_log import log_batches, log_built, log_sync_bn
+from .synchronous import Synchronous
 
 log = logging.getLogger('caffe_syncbn')
 MODES = ('sync', 'async')
@@ -64,7 +67,7 @@ def _backend(kind):
     return np
 
 
-class DataParallelSolver(PycaffeSolver):
+class DataParallelSolver(Solver):
     """Caffe's solver of the type the solver file names, over replicas on ``devices``:
     ``mode`` 'sync' (one global batch per update) or 'async' (see asynchronous.py), in
     this process or, under an MPI launcher, in every process of the job (``link``)."""
@@ -90,22 +93,16 @@ class DataParallelSolver(PycaffeSolver):
         if level is not None:
             self._train_state.level = level
         self._weights = weights
-        self._blas_limit = _share_cores(devices, link)
+        strategy = Synchronous(self, self.replication) if mode == 'sync' else \
+            Asynchronous(self, self.replication, max_staleness)
+        # the threads end when the solver is collected: nothing here holds the solver
+        self._release = weakref.finalize(self, _release, strategy, self.replication,
+                                         _share_cores(devices, link))
         self.pool.run(self._activate_device)
-        self._parts = [None] * len(devices)
         self._seed = seed
         self._user_train_param = None
         self._testing = False
-        self._source_lock = threading.Lock()
-        if mode == 'sync':
-            self.strategy = Synchronous(self)
-        else:
-            self.strategy = Asynchronous(self, max_staleness)
-        super().__init__(solver, dtype=dtype, xp=_backend(devices[0][0]))
-        self.workers = [Solver(self.param, net=net, test_nets=[], dtype=self.dtype, xp=self.xp)
-                        for net in self.replicas[1:]] if mode == 'sync' else []
-        for worker in self.workers:
-            worker.is_root = False
+        super().__init__(solver, dtype=dtype, xp=_backend(devices[0][0]), strategy=strategy)
         self.strategy.start()
 
     # ---- what the component holds ------------------------------------------------------------
@@ -155,11 +152,11 @@ class DataParallelSolver(PycaffeSolver):
         seed = self._seed if self._seed is not None else (self.param.random_seed
                                                            if self.param.random_seed >= 0 else 1701)
         replication = self.replication
-        root = replication.build(net_param, phase, seed, self._layer_feed, self.xp, self.dtype)
+        root = replication.build(net_param, phase, seed, self.xp, self.dtype)
         log_built(root, 'train', replication.total, start)
         readers = replication.data_layers()
         log_batches(readers, replication.input_layers, replication, self.param.iter_size)
-        replication.start_pipeline(seed, per_replica=self.strategy.name == 'async')
+        replication.start_pipeline(seed, per_replica=not self.strategy.lockstep)
         return self.strategy.train_net(lambda: self._alone(net_param, phase), root)
 
     def _alone(self, net_param, phase):
@@ -168,7 +165,7 @@ class DataParallelSolver(PycaffeSolver):
         return self.pool.run_on(0, lambda: Net(net_param, phase, level=net_param.state.level,
                                                context=context))
 
-    def _load_weights(self, net):
+    def load_weights(self, net):
         """The solver's ``weights``, or those given to get_solver instead (as ``caffe train
         -weights`` replaces them), each with the time it took: a VGG-sized file takes seconds."""
         if self._weights is None:
@@ -178,7 +175,7 @@ class DataParallelSolver(PycaffeSolver):
         for path in filter(None, paths):
             log.info('Finetuning from %s', path)
             start = time.perf_counter()
-            self.file_terms.load_weights(net, path)
+            self.snapshot_layout.load_weights(net, path)
             log.info('Loaded %s in %.2f s', path, time.perf_counter() - start)
 
     def broadcast_params(self):
@@ -186,59 +183,23 @@ class DataParallelSolver(PycaffeSolver):
         self.strategy.broadcast_params()
 
     # ---- data ------------------------------------------------------------------------------
-    def _layer_feed(self, rank, layer):
-        parts = self._parts[rank]
-        if parts is None or layer.name not in parts['layers']:
-            if layer.type == 'Input':
-                raise CaffeError("Input layer '%s' has no data to train on: give the net a "
-                                 'data layer (Data, ImageData, HDF5Data, ...) or the solver a '
-                                 'source (solver.set_data_source)' % layer.name)
-            raise CaffeError("data layer '%s' has no batch from the input pipeline" % layer.name)
-        return parts['layers'][layer.name]
-
     def next_parts(self):
-        """The local replicas' parts of the next global batch: Input blobs from
-        set_data_source (a dict of global arrays, split over all replicas, or a list of one
-        dict per local replica), data layers from the pipeline."""
-        replication = self.replication
-        parts = [{'layers': {}} for _ in range(len(replication))]
-        source = self._data_sources.get('train')
-        if source is not None:
-            replication.source_parts(source(), parts)
-        if replication.pipeline is not None:
-            for rank, layers in enumerate(replication.pipeline.next_split()):
-                parts[rank]['layers'].update(layers)
-        self._parts = parts
+        """The local replicas' parts of the next global batch (Replicas.next_parts)."""
+        self.replication.next_parts(self.data_sources.get('train'))
 
-    def feed_replica(self, rank):
-        """Asynchronous replicas: replica ``rank``'s next batch of its own, from its pipeline
-        or from one call of the data source (whose arrays are all that replica's)."""
-        layers = {}
-        source = self._data_sources.get('train')
-        if source is not None:
-            with self._source_lock:
-                batch = source()
-            parts = [{'layers': {}}]
-            self.replication.input_parts([batch], parts)
-            layers.update(parts[0]['layers'])
-        if self.replication.pipeline is not None:
-            layers.update(self.replication.pipeline[rank].next_split()[0])
-        self._parts[rank] = {'layers': layers}
+    def next_part(self, rank):
+        """Asynchronous replicas: replica ``rank``'s next batch (Replicas.next_part)."""
+        self.replication.next_part(rank, self.data_sources.get('train'))
 
-    # ---- one iteration -----------------------------------------------------------------------
-    def forward_backward_all(self):
-        return self.strategy.forward_backward_all()
-
-    def forward_all(self):
-        return self.strategy.forward_all()
-
-    def apply_update(self):
-        return self.strategy.apply_update()
+    def add_callback(self, on_start, on_gradients_ready=None):
+        """Refused: the replicas' passes run in their own threads, without these hooks."""
+        raise CaffeError('add_callback works with the single-device solvers (caffe.SGDSolver, '
+                         'caffe.get_solver), not with %s' % type(self).__name__)
 
     def log_outputs(self, net, which, values=None):
         """The train net's outputs as the mean over all replicas: for a loss, whose replicas
         divide by the global normalizer, that mean is the loss of the global batch."""
-        if net is self.net and values is None and self.strategy.name == 'async':
+        if net is self.net and values is None and not self.strategy.lockstep:
             # the holder runs no forward: replica 0's outputs, of its last batch
             values = {name: to_numpy(self.replicas[0].blobs[name].data) for name in net.outputs}
         elif net is self.net and values is None and self.replication.total > 1:
@@ -262,15 +223,15 @@ class DataParallelSolver(PycaffeSolver):
                 self._testing = False
         else:
             results = []
-        if self.replication.processes > 1 and self.strategy.name == 'sync':
+        if self.replication.processes > 1 and self.strategy.lockstep:
             self.requested_early_exit = bool(self._agree([0, self.requested_early_exit])[1])
         return results
 
-    def _requested_action(self):
+    def requested_action(self):
         """A stop or snapshot request (a signal) of any process holds for all of them: they
         agree on it between iterations, so they stop at the same one."""
-        action = super()._requested_action()
-        if self._testing or self.replication.processes == 1 or self.strategy.name != 'sync':
+        action = super().requested_action()
+        if self._testing or self.replication.processes == 1 or not self.strategy.lockstep:
             return action
         snapshot, stop = self._agree([action == 'snapshot', action == 'stop'])
         return 'stop' if stop else ('snapshot' if snapshot else None)
@@ -329,11 +290,19 @@ class DataParallelSolver(PycaffeSolver):
                  time.perf_counter() - start)
         return paths
 
-    def make_file_terms(self):
-        """Under --sync-bn, files speak the user's prototxt (BatchNorm+Scale or BN)."""
+    def make_snapshot_layout(self):
+        """Under --sync-bn, files are laid out as the user's prototxt (BatchNorm+Scale or BN)."""
         if self._user_train_param is None:
-            return super().make_file_terms()
-        return UserTerms(self._user_train_param, self.net)
+            return super().make_snapshot_layout()
+        return UserLayout(self._user_train_param, self.net)
+
+    def prefix_problem(self):
+        """Process 0 writes the snapshots: it alone probes the prefix, and tells the others
+        (each process probing too, one could remove what another made)."""
+        problem = super().prefix_problem() if self.process == 0 else None
+        if self.replication.link is not None:
+            problem = self.replication.link.bcast_bytes((problem or '').encode()).decode()
+        return problem or None
 
     def solve(self, resume_file=None):
         if self.strategy.follows_process_0():
@@ -341,7 +310,7 @@ class DataParallelSolver(PycaffeSolver):
         return super().solve(resume_file)
 
     def step(self, iters):
-        if self.strategy.name == 'async' and self.nan_effect != 'none':
+        if not self.strategy.lockstep and self.nan_effect != 'none':
             raise CaffeError('-nan_effect %s needs synchronous updates: under -async each '
                              "replica's update is applied as it arrives, so there is no "
                              'iteration to stop or snapshot before' % self.nan_effect)
@@ -350,28 +319,13 @@ class DataParallelSolver(PycaffeSolver):
         return super().step(iters)
 
     def close(self):
+        """End the replicas' threads (and the other processes' wait, under -async)."""
         self.strategy.close()
-        self.replication.close()
-        if self._blas_limit is not None:
-            self._blas_limit.restore_original_limits()
-            self._blas_limit = None
+        self._release()
 
 
-def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
-               weights=None, mode='sync', max_staleness=None):
-    """The solver a solver prototxt (or SolverParameter) asks for, running on ``devices``:
-    'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0' (replicas sharing a GPU).
-    ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN. ``level`` and
-    ``stages`` add to the train net's NetState, and ``weights`` (caffemodel paths) replace
-    the solver's own ``weights``, as caffe train's -level, -stage and -weights do. ``mode``
-    'async' makes asynchronous updates, with replicas at most ``max_staleness`` updates
-    ahead of the slowest (None: no bound). Under mpiexec or srun, every process's devices
-    join one run."""
-    if isinstance(solver, caffe_pb2.SolverParameter):
-        solver = upgrade_solver_param(caffe_pb2.SolverParameter.FromString(
-            solver.SerializeToString()))
-    else:
-        load_solver_param(solver)          # a bad file is one error, before any device starts
-    return DataParallelSolver(solver, devices=devices, sync_bn=sync_bn, dtype=dtype, level=level,
-                              stages=stages, weights=weights, mode=mode,
-                              max_staleness=max_staleness)
+def _release(strategy, replicas, blas_limit):
+    strategy.stop()
+    replicas.close()
+    if blas_limit is not None:
+        blas_limit.restore_original_limits()

@@ -1,5 +1,6 @@
 """The input pipeline of a data-parallel run: ONE reader per data layer draws each global
 batch in a prefetch thread and splits it over the replicas."""
+import queue
 import threading
 
 import numpy as np
@@ -45,9 +46,7 @@ class InputPipeline:
     user sets between steps) is read when its batch is asked for, in the caller's thread."""
 
     def __init__(self, data_layers, replicas, prefetch=2, place=None, rngs=None):
-        import queue
         self.replicas = replicas
-        self._layers = data_layers
         self._queues, self._unbuffered = {}, {}
         self._threads = []
         self._stop = threading.Event()

@@ -1,4 +1,5 @@
-"""Caffe's update rules: the ComputeUpdateValue step of each solver type.
+"""Caffe's update of the params: ``ParamUpdate`` (clip, normalize, regularize, the rule,
+``w -= update``) and the update rules, the ComputeUpdateValue step of each solver type.
 
 A rule owns the history arrays of every learnable param, in Caffe's order (the order
 the solverstate stores them in), and turns a param's (normalized, regularized)
@@ -10,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 from ..netparam.solver_param import SOLVER_TYPES
 
 
@@ -148,3 +149,70 @@ class AdamRule(UpdateRule):
 
 RULES = dict(zip(SOLVER_TYPES, (SGDRule, NesterovRule, AdaGradRule, RMSPropRule, AdaDeltaRule,
                                  AdamRule)))
+
+
+def rule_class(type_name):
+    """The update rule of a SolverParameter ``type`` ('SGD', 'Adam', ...)."""
+    try:
+        return RULES[type_name]
+    except KeyError:
+        raise CaffeError('unknown solver type %s; expected one of %s'
+                         % (quote(type_name), ', '.join(RULES))) from None
+
+
+class ParamUpdate:
+    """What Caffe's SGDSolver::ApplyUpdate does after choosing the rate, to the learnable
+    params of ``net``: clip the gradients, normalize them by ``iter_size``, regularize,
+    the rule's update (``rule``, with its history), ``w -= update``."""
+
+    def __init__(self, solver_param, net, rule_class, dtype):
+        self.param, self.net, self.dtype = solver_param, net, np.dtype(dtype)
+        self.rule = rule_class(solver_param, net.learnable_params, net.params_lr, self.dtype)
+
+    def apply(self, rate, iteration):
+        """Update the params; (L2 norm, clip_gradients, scale factor) when the gradients
+        were clipped, else None."""
+        clipped = self.clip_gradients()
+        params = self.net.learnable_params
+        for i, blob in enumerate(params):
+            self.normalize(blob)
+            self.regularize(i, blob)
+            self.rule.compute_update(i, blob, rate, iteration)
+        for blob in params:
+            blob.data -= blob.diff
+        return clipped
+
+    def clip_gradients(self):
+        """Scale all diffs down when their global L2 norm exceeds clip_gradients; (L2 norm,
+        clip_gradients, scale factor) when it does, else None."""
+        clip = self.param.clip_gradients
+        if clip < 0:
+            return None
+        d = self.dtype.type
+        params = self.net.learnable_params
+        sumsq = d(0)
+        for blob in params:
+            sumsq += d(float((blob.diff * blob.diff).sum()))
+        norm = np.sqrt(sumsq)
+        if norm <= d(clip):
+            return None
+        factor = d(clip) / norm
+        for blob in params:
+            blob.diff *= factor
+        return norm, clip, factor
+
+    def normalize(self, blob):
+        """Average the diffs accumulated over iter_size passes."""
+        if self.param.iter_size > 1:
+            d = self.dtype.type
+            blob.diff *= d(1) / d(self.param.iter_size)
+
+    def regularize(self, i, blob):
+        d = self.dtype.type
+        decay = d(self.param.weight_decay) * d(self.net.params_weight_decay[i])
+        if not decay:
+            return
+        if self.param.regularization_type == 'L2':
+            blob.diff += decay * blob.data
+        else:
+            blob.diff += decay * blob.xp.sign(blob.data)

@@ -1,22 +1,53 @@
-"""The terms a solver's files speak: its own net's, or the prototxt the user wrote.
+"""A solver's snapshot files: their names, the layout of their weights and history (its
+own net's, or the prototxt the user wrote), and the check that they can be written.
 
 Under --sync-bn a solver trains a converted net (SyncBN layers), but the files it reads and
-writes speak the prototxt as the user wrote it (``UserTerms``): a snapshot's caffemodel holds
-that net's BatchNorm+Scale or BN layers, and its solverstate's history is laid out as that
-net's learnable params are, so stock Caffe loads both and our tools read them with or
-without --sync-bn. Without a conversion the net's own terms apply (``NetTerms``). Both have
-one small interface: ``load_weights``, ``save``, ``history_out`` and ``history_in``.
+writes are laid out as the prototxt the user wrote (``UserLayout``): a snapshot's caffemodel
+holds that net's BatchNorm+Scale or BN layers, and its solverstate's history is laid out as
+that net's learnable params are, so stock Caffe loads both and our tools read them with or
+without --sync-bn. Without a conversion the net's own layout applies (``NetLayout``). Both
+have one small interface: ``load_weights``, ``save``, ``history_out`` and ``history_in``,
+and on top of it ``write_solver_state``, ``read_solver_state`` and ``load_learned_net``.
 A solverstate's history holds ``sets`` arrays per learnable param (2 for Adam and AdaDelta),
 set after set.
 """
+import os
+import tempfile
+
 import numpy as np
 
 from ..backend import to_numpy
-from ..errors import CaffeError
+from ..errors import CaffeError, quote
 from ..formats.caffemodel import Record, write_records, write_records_hdf5
+from ..formats.solverstate import SolverState, read_solver_state, write_solver_state
 from ..netparam.graph import filter_net, insert_splits
 from ..weights.copy import copy_weights
 from ..weights.norm_forms import fit_norm_weights, norm_units
+
+def snapshot_names(prefix, iteration, hdf5):
+    """The weights' and the solver state's file names of a snapshot, as Caffe names them."""
+    start = '%s_iter_%d' % (prefix, iteration)
+    if hdf5:
+        return start + '.caffemodel.h5', start + '.solverstate.h5'
+    return start + '.caffemodel', start + '.solverstate'
+
+
+def snapshot_prefix_problem(prefix):
+    """Why snapshots cannot be written at ``prefix`` (a path and the start of a name), or
+    None. The probe is a file of a name no other process uses, created exclusively (never
+    a name that a link planted beforehand could redirect), in the form of an interrupted
+    write's temporary (formats/atomic.py), so that a later run removes it should this
+    process die before it does."""
+    folder, start = os.path.split(os.path.abspath(prefix))
+    try:
+        fd, probe = tempfile.mkstemp(prefix='.%s_iter_0.%d.' % (start, os.getpid()),
+                                     suffix='.tmp', dir=folder)
+        os.close(fd)
+        os.remove(probe)
+    except OSError:
+        return ("cannot write to snapshot prefix '%s'; make sure its folder exists and is "
+                'writable' % prefix)
+    return None
 
 
 def net_slots(net):
@@ -50,8 +81,8 @@ def _fit_layout(saved, path, layouts, needs):
                      % (path, len(saved), needs, ' or '.join(str(len(s)) for s in layouts)))
 
 
-class NetTerms:
-    """Files in the terms of the net itself."""
+class NetLayout:
+    """Files laid out as the net itself is."""
 
     def __init__(self, net):
         self.net = net
@@ -65,6 +96,27 @@ class NetTerms:
         """Write the net's weights as a caffemodel (HDF5 if ``hdf5``)."""
         (self.net.save_hdf5 if hdf5 else self.net.save)(path)
 
+    def write_solver_state(self, path, iteration, learned_net, current_step, history):
+        """Write a solverstate, its history (a rule's) laid out as this layout's."""
+        write_solver_state(path, SolverState(iteration, learned_net, current_step,
+                                             self.history_out(history)))
+
+    def read_solver_state(self, path, sets, needs):
+        """A solverstate and its history, checked and shaped as a rule's history of ``sets``
+        arrays per param; ``needs`` names the solver in errors."""
+        state = read_solver_state(path)
+        return state, self.history_in(state.history, path, sets, needs)
+
+    def load_learned_net(self, name, state_path):
+        """Load the weights a solverstate names (if any): all of this net's."""
+        if not name:
+            return
+        weights = _find_learned_net(name, state_path)
+        try:
+            self.load_weights(self.net, weights, complete=True)
+        except CaffeError as exc:
+            raise CaffeError('solver state %s: %s' % (state_path, exc)) from None
+
     def history_out(self, history):
         return [to_numpy(h) for h in history]
 
@@ -75,8 +127,8 @@ class NetTerms:
         return _fit_layout(saved, path, [shapes], needs)[1]
 
 
-class UserTerms(NetTerms):
-    """Files in the terms of ``user_param``, the NetParameter (with its NetState) that ``net``
+class UserLayout(NetLayout):
+    """Files laid out as ``user_param``, the NetParameter (with its NetState) that ``net``
     was converted from."""
 
     def __init__(self, user_param, net):
@@ -182,3 +234,14 @@ class UserTerms(NetTerms):
                 out.append(np.zeros(shape, arrays[0].dtype) if k is None
                            else arrays[s * len(self.user_slots) + k].reshape(shape))
         return out
+
+
+def _find_learned_net(name, state_path):
+    """Caffe opens learned_net relative to the current directory; fall back to the state's folder."""
+    if os.path.isabs(name) or os.path.exists(name):
+        return name
+    beside = os.path.join(os.path.dirname(os.path.abspath(state_path)), name)
+    if os.path.exists(beside):
+        return beside
+    raise CaffeError('solver state %s names weights %s, found neither in %s nor next to the state'
+                     % (state_path, quote(name), os.getcwd()))

@@ -1,11 +1,20 @@
 """The solver driver: Caffe's Solver/SGDSolver loop, its tests, logs and snapshots.
 
 One iteration is, as in Caffe: (test nets every ``test_interval``), ``forward_backward_all``
-(clear the param diffs, ``iter_size`` forward/backward passes, mean loss), then
-``apply_update`` (learning rate, clip gradients, normalize by ``iter_size``,
-regularize, the type's update rule, ``w -= update``), then ``iter += 1`` and maybe a
-snapshot. The data-parallel solver overrides ``forward_backward_all`` to run every
-replica and average their gradients, and calls ``apply_update`` on each replica.
+(the callbacks' ``on_start``, clear the param diffs, ``iter_size`` forward/backward
+passes, the callbacks' ``on_gradients_ready``; the mean loss), then ``apply_update``
+(learning rate, clip gradients, normalize by ``iter_size``, regularize, the type's update
+rule, ``w -= update``), then ``iter += 1`` and maybe a snapshot.
+
+Where the passes and updates run is the solver's ``strategy``, the one seam between the
+loop and data parallelism. ``OneNet`` (one_net.py) runs the solver's own net in the caller's
+thread; ``Synchronous`` and ``Asynchronous`` (synchronous.py, asynchronous.py) run
+replicas. A strategy has three methods, and uses the solver's public ones only:
+
+- ``forward_backward_all()``: this iteration's gradients, in the diffs of the solver's
+  net; the mean loss. ``Solver.accumulate`` is the ``iter_size`` loop, for every strategy.
+- ``forward_all()``: the display pass after training; the loss.
+- ``update(rate)``: the update of every replica at ``rate`` (``Solver.update_params``).
 """
 import logging
 import os
@@ -14,18 +23,18 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..backend import get_array_module, to_numpy
-from ..errors import CaffeError, naming, quote
+from ..errors import CaffeError, naming
 from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
-from ..formats.solverstate import SolverState, read_solver_state, write_solver_state
 from ..layer import LayerContext
 from ..net import Net
 from ..netparam.solver_param import (copy_message, load_solver_param, test_net_params,
                                      train_net_param, upgrade_solver_param)
 from .lr_policy import LearningRatePolicy
-from .rules import RULES
-from .snapshot_layout import NetTerms
-from .solver_checks import check_solver_param, non_finite
+from .one_net import OneNet
+from .rules import ParamUpdate, rule_class
+from .snapshot_layout import NetLayout, snapshot_names, snapshot_prefix_problem
+from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -35,12 +44,15 @@ class Solver:
 
     The update rule comes from the class (``AdamSolver``) or, for ``Solver`` itself,
     from the param's ``type``. ``net``/``test_nets`` are built from the param unless given.
-    ``dtype`` and ``xp`` choose the float type and backend of the nets it builds.
+    ``dtype`` and ``xp`` choose the float type and backend of the nets it builds;
+    ``strategy`` where the passes and updates run (see the module docstring; ``OneNet``
+    unless given).
     """
 
     rule_class = None
 
-    def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None):
+    def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None):
+        self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
             self.param = upgrade_solver_param(copy_message(solver))
             self.source = 'solver'
@@ -50,9 +62,11 @@ class Solver:
         self.xp = xp
         self.dtype = np.dtype(dtype or (net.context.dtype if net is not None else np.float32))
         p = self.param
-        self.rule_class = self.rule_class or _rule_class(p.type)
+        self.rule_class = self.rule_class or rule_class(p.type)
         self.iter = 0
         check_solver_param(p, self.source)
+        if p.snapshot > 0 or p.snapshot_after_train:
+            self.check_snapshot_prefix()
         if p.random_seed >= 0:
             set_random_seed(p.random_seed)
         if net is None:
@@ -60,9 +74,9 @@ class Solver:
             with naming(self.source):
                 net = self.create_net(train_param, train_param.state.phase)
         self.net = net
-        #: the terms its files speak: the net's own, or the user's prototxt (convert.terms)
-        self.file_terms = self.make_file_terms()
-        self._load_weights(net)
+        #: the layout of its weights and history in files: the net's own, or the user's prototxt
+        self.snapshot_layout = self.make_snapshot_layout()
+        self.load_weights(net)
         if test_nets is None:
             with naming(self.source):
                 test_nets = [self.create_net(n, n.state.phase)
@@ -72,12 +86,13 @@ class Solver:
                              'test nets)' % (self.source, len(p.test_iter), len(test_nets)))
         self.test_nets = list(test_nets)
         for test_net in self.test_nets:
-            self._load_weights(test_net)
+            self.load_weights(test_net)
             test_net.share_weights_with(self.net)
         self.lr_policy = LearningRatePolicy(p, self.dtype, self.source)
         with naming(self.source):
-            self.rule = self.rule_class(p, self.net.learnable_params, self.net.params_lr,
-                                        self.dtype)
+            #: clipping, normalization, regularization and the rule, on the solver's net
+            self.updater = ParamUpdate(p, self.net, self.rule_class, self.dtype)
+        self.rule = self.updater.rule
         #: Caffe's root_solver(): only the root logs, tests and snapshots
         self.is_root = True
         #: called after every iteration and test batch: returns None, 'stop' or 'snapshot'
@@ -85,13 +100,16 @@ class Solver:
         #: what the first non-finite loss or gradient does besides a warning: 'none' (train
         #: on, as Caffe), 'snapshot' (the weights before that update), 'stop' (end before it)
         self.nan_effect = 'none'
-        self._warned_non_finite = False
+        self._non_finite = FirstNonFinite()
         self.requested_early_exit = False
         self.smoothed_loss = 0.0
         #: the learning rate of the last update
         self.last_rate = None
         self._losses = []
-        self._data_sources = {}
+        #: set_data_source's sources: {'train' or a test net's index: source}
+        self.data_sources = {}
+        #: (on_start, on_gradients_ready) pairs, run around each iteration's passes
+        self.callbacks = []
 
     def create_net(self, net_param, phase):
         """Build one Net (overridden by solvers that place nets on devices)."""
@@ -100,16 +118,16 @@ class Solver:
             context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
         return Net(net_param, phase, level=net_param.state.level, context=context, dtype=self.dtype)
 
-    def make_file_terms(self):
-        return NetTerms(self.net)
+    def make_snapshot_layout(self):
+        return NetLayout(self.net)
 
-    def _load_weights(self, net):
+    def load_weights(self, net):
         """The solver's ``weights`` entries (each a comma-separated list), as Caffe finetunes."""
         for entry in self.param.weights:
             for path in (name.strip() for name in entry.split(',')):
                 if path:
                     log.info('Finetuning from %s', path)
-                    self.file_terms.load_weights(net, path)
+                    self.snapshot_layout.load_weights(net, path)
 
     # ---- data -------------------------------------------------------------------------------
     def set_data_source(self, source, test_net=None):
@@ -117,10 +135,12 @@ class Solver:
 
         ``test_net=None`` feeds the train net, an index feeds that test net.
         """
-        self._data_sources['train' if test_net is None else int(test_net)] = source
+        self.data_sources['train' if test_net is None else int(test_net)] = source
 
-    def _feed(self, net, key):
-        source = self._data_sources.get(key)
+    def feed(self, net, key):
+        """Put what the data source of ``key`` ('train' or a test net's index) gives into
+        ``net``'s blobs (nothing without a source)."""
+        source = self.data_sources.get(key)
         if source is None:
             return
         for name, value in source().items():
@@ -134,23 +154,53 @@ class Solver:
             blob.data[...] = value
 
     # ---- one iteration ------------------------------------------------------------------------
+    def add_callback(self, on_start, on_gradients_ready=None):
+        """``on_start()`` runs before each iteration's forward/backward passes and
+        ``on_gradients_ready()`` after them, before the update; or one object with those
+        two methods (pycaffe's ``add_callback(nccl)``)."""
+        if on_gradients_ready is None:
+            on_start, on_gradients_ready = on_start.on_start, on_start.on_gradients_ready
+        self.callbacks.append((on_start, on_gradients_ready))
+
     def forward_backward_all(self):
-        """Clear the param diffs, run ``iter_size`` forward/backward passes, return the mean loss."""
-        d = self.dtype.type
-        self.net.clear_param_diffs()
+        """This iteration's gradients (the strategy's passes, between the callbacks); the
+        mean loss."""
+        for on_start, _ in self.callbacks:
+            on_start()
+        loss = self.strategy.forward_backward_all()
+        for _, on_gradients_ready in self.callbacks:
+            on_gradients_ready()
+        return loss
+
+    def accumulate(self, clear, one_pass, dtype=None):
+        """Caffe's ``iter_size``: ``clear()`` the param diffs, then ``iter_size`` calls of
+        ``one_pass(last)``, each one forward/backward pass whose gradients add to the diffs
+        (``last``: the gradients are complete after it); the mean of the losses they return
+        (numbers, or arrays of one loss per replica), added up in ``dtype`` (the solver's,
+        as Caffe does)."""
+        d = np.dtype(dtype or self.dtype).type
+        iter_size = self.param.iter_size
+        clear()
         loss = d(0)
-        for _ in range(self.param.iter_size):
-            self._feed(self.net, 'train')
-            loss += d(self.net.forward_backward())
-        return float(loss / d(self.param.iter_size))
+        for k in range(iter_size):
+            loss += d(one_pass(k == iter_size - 1))
+        return loss / d(iter_size)
 
     def forward_all(self):
         """A forward pass only (the display pass after training); returns the loss."""
-        self._feed(self.net, 'train')
-        return self.net.forward_prefilled()
+        return self.strategy.forward_all()
 
     def learning_rate(self):
         return self.lr_policy.rate(self.iter)
+
+    @property
+    def lr(self):
+        """The learning rate of the current iteration (pycaffe's ``solver.lr``)."""
+        return self.learning_rate()
+
+    def share_weights(self, net):
+        """Make ``net`` use this solver's train net weights (Net.share_with)."""
+        net.share_with(self.net)
 
     @property
     def current_step(self):
@@ -164,59 +214,20 @@ class Solver:
         rate = self.last_rate = self.learning_rate()
         if self._displaying() and self.is_root:
             log.info('Iteration %d, lr = %g', self.iter, rate)
-        self.update_params(rate)
+        self.strategy.update(rate)
         return rate
 
     def update_params(self, rate):
         """Clip, normalize and regularize the diffs, and apply the update rule at ``rate``."""
-        self.clip_gradients()
-        params = self.net.learnable_params
-        for i, blob in enumerate(params):
-            self.normalize(i, blob)
-            self.regularize(i, blob)
-            self.rule.compute_update(i, blob, rate, self.iter)
-        for blob in params:
-            blob.data -= blob.diff
-
-    def clip_gradients(self):
-        """Scale all diffs down when their global L2 norm exceeds clip_gradients."""
-        clip = self.param.clip_gradients
-        if clip < 0:
-            return
-        d = self.dtype.type
-        params = self.net.learnable_params
-        sumsq = d(0)
-        for blob in params:
-            sumsq += d(float((blob.diff * blob.diff).sum()))
-        norm = np.sqrt(sumsq)
-        if norm > d(clip):
-            factor = d(clip) / norm
-            if self.is_root:
-                log.info('Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale factor %g',
-                         norm, clip, factor)
-            for blob in params:
-                blob.diff *= factor
-
-    def normalize(self, i, blob):
-        """Average the diffs accumulated over iter_size passes."""
-        if self.param.iter_size > 1:
-            d = self.dtype.type
-            blob.diff *= d(1) / d(self.param.iter_size)
-
-    def regularize(self, i, blob):
-        d = self.dtype.type
-        decay = d(self.param.weight_decay) * d(self.net.params_weight_decay[i])
-        if not decay:
-            return
-        if self.param.regularization_type == 'L2':
-            blob.diff += decay * blob.data
-        else:
-            blob.diff += decay * blob.xp.sign(blob.data)
+        clipped = self.updater.apply(rate, self.iter)
+        if clipped and self.is_root:
+            log.info('Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale '
+                     'factor %g', *clipped)
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self, iters):
         """Run ``iters`` iterations (fewer when a stop is requested)."""
-        if self.nan_effect not in ('none', 'snapshot', 'stop'):
+        if self.nan_effect not in NAN_EFFECTS:
             raise CaffeError("nan_effect is %r; expected 'none', 'snapshot' or 'stop'"
                              % self.nan_effect)
         start_iter, stop_iter = self.iter, self.iter + int(iters)
@@ -230,7 +241,8 @@ class Solver:
                 if self.requested_early_exit:
                     break
             displaying = self._displaying()
-            unlearned = self._unlearned_copies()
+            unlearned = self._non_finite.keep_unlearned(self.net, self.nan_effect) \
+                if self.is_root else []
             loss = self.forward_backward_all()
             self._update_smoothed_loss(loss, start_iter)
             if displaying and self.is_root:
@@ -244,7 +256,7 @@ class Solver:
                 break
             self.apply_update()
             self.iter += 1
-            request = self._requested_action()
+            request = self.requested_action()
             if (p.snapshot and self.iter % p.snapshot == 0 and self.is_root) or request == 'snapshot':
                 self.snapshot()
             if request == 'stop':
@@ -288,33 +300,17 @@ class Solver:
             self.smoothed_loss = float(d(self.smoothed_loss) + (loss - self._losses[slot]) / d(average))
             self._losses[slot] = loss
 
-    def _unlearned_copies(self):
-        """While ``nan_effect`` wants a snapshot at the first non-finite: copies of the params
-        no update changes (running statistics, frozen layers), which forward may spoil."""
-        if self.nan_effect == 'none' or self._warned_non_finite or not self.is_root:
-            return []
-        return [(blob, blob.data.copy()) for blob, lr in
-                zip(self.net.learnable_params, self.net.params_lr) if lr == 0]
-
     def _non_finite_effect(self, loss, unlearned):
-        """At the first non-finite loss or gradient: a warning, and ``nan_effect``, which
-        snapshots the params as they were before (``unlearned`` puts back the statistics)."""
-        if self._warned_non_finite or not self.is_root:
-            return None
-        what = non_finite(loss, self.net)
+        """At the first non-finite loss or gradient: a warning, and ``nan_effect``."""
+        what = self._non_finite.check(loss, self.net, unlearned) if self.is_root else None
         if what is None:
             return None
-        self._warned_non_finite = True
-        log.warning('Iteration %d: %s is not finite (first time); %s', self.iter, what, {
-            'none': 'training goes on, as in Caffe (-nan_effect snapshot or stop would save '
-                    'the weights before this update)',
-            'snapshot': 'snapshotting the weights before this update; training goes on',
-            'stop': 'training stops before this update, as on a stop signal'}[self.nan_effect])
-        for blob, before in unlearned:
-            blob.data[...] = before
+        log.warning('Iteration %d: %s is not finite (first time); %s', self.iter, what,
+                    NAN_EFFECTS[self.nan_effect])
         return self.nan_effect
 
-    def _requested_action(self):
+    def requested_action(self):
+        """None, 'stop' or 'snapshot': what ``action_request`` asks for now."""
         if self.action_request is None:
             return None
         action = self.action_request()
@@ -352,17 +348,17 @@ class Solver:
         d = self.dtype.type
         sums, loss = None, d(0)
         for _ in range(iters):
-            request = self._requested_action()
+            request = self.requested_action()
             while request is not None:
                 if request == 'snapshot':
                     self.snapshot()
                 else:
                     self.requested_early_exit = True
-                request = self._requested_action()
+                request = self.requested_action()
             if self.requested_early_exit:
                 log.info('Test interrupted.')
                 return None
-            self._feed(net, test_net_id)
+            self.feed(net, test_net_id)
             batch_loss = net.forward_prefilled()
             if self.param.test_compute_loss:
                 loss += d(batch_loss)
@@ -375,21 +371,28 @@ class Solver:
         return {k: (v.item() if v.size == 1 else v) for k, v in means.items()}
 
     # ---- snapshots ----------------------------------------------------------------------------
-    def snapshot_filename(self, extension):
-        return '%s_iter_%d%s' % (self.param.snapshot_prefix, self.iter, extension)
+    def check_snapshot_prefix(self):
+        """Fail now, not at the first snapshot, when snapshots cannot be written."""
+        problem = self.prefix_problem()
+        if problem:
+            raise CaffeError('%s: %s' % (self.source, problem))
+
+    def prefix_problem(self):
+        """Why no snapshot can be written at the prefix, or None."""
+        return snapshot_prefix_problem(self.param.snapshot_prefix)
 
     def snapshot(self):
         """Write the weights and the solver state; returns their two file names. A failed
         write is a CaffeError naming the file that failed."""
         hdf5 = self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
-        model = self.snapshot_filename('.caffemodel.h5' if hdf5 else '.caffemodel')
-        state = self.snapshot_filename('.solverstate.h5' if hdf5 else '.solverstate')
+        model, state = snapshot_names(self.param.snapshot_prefix, self.iter, hdf5)
         self.remove_stale_snapshot_files()
         kind = 'HDF5' if hdf5 else 'binary proto'
         log.info('Snapshotting to %s file %s', kind, model)
-        self.file_terms.save(model, hdf5)
+        self.snapshot_layout.save(model, hdf5)
         log.info('Snapshotting solver state to %s file %s', kind, state)
-        write_solver_state(state, self.solver_state(model))
+        self.snapshot_layout.write_solver_state(state, self.iter, model, self.current_step,
+                                                self.rule.history)
         return model, state
 
     def remove_stale_snapshot_files(self):
@@ -397,47 +400,27 @@ class Solver:
         for path in remove_stale_temporaries(self.param.snapshot_prefix + '_iter_'):
             log.info('Removed %s, left by an interrupted snapshot', path)
 
-    def solver_state(self, learned_net=''):
-        """The SolverState a snapshot writes: the history in the terms of ``file_terms``."""
-        history = self.file_terms.history_out(self.rule.history)
-        return SolverState(self.iter, learned_net, self.current_step, history)
-
     def restore(self, path):
         """Continue from a ``.solverstate`` / ``.solverstate.h5`` (Caffe's or ours)."""
         path = os.fspath(path)
-        state = read_solver_state(path)
-        history = self.rule.history
-        saved = self.file_terms.history_in(
-            state.history, path, self.rule.history_per_param,
-            "a %s solver on net '%s'" % (self.param.type, self.net.name))
+        layout = self.snapshot_layout
+        state, saved = layout.read_solver_state(path, self.rule.history_per_param,
+                                                "a %s solver on net '%s'"
+                                                % (self.param.type, self.net.name))
         self.lr_policy.check_resume(state.iter, state.current_step, path)
-        if state.learned_net:
-            weights = _find_learned_net(state.learned_net, path)
-            try:                          # a snapshot of this net holds all of its weights
-                self.file_terms.load_weights(self.net, weights, complete=True)
-            except CaffeError as exc:
-                raise CaffeError('solver state %s: %s' % (path, exc)) from None
+        layout.load_learned_net(state.learned_net, path)
         self.iter = state.iter
         self.lr_policy.current_step = state.current_step
-        for saved_array, mine in zip(saved, history):
+        for saved_array, mine in zip(saved, self.rule.history):
             mine[...] = get_array_module(mine).asarray(saved_array, dtype=mine.dtype)
         log.info('%s: restored iteration %d from %s', type(self).__name__, self.iter, path)
 
+    # ---- resources ------------------------------------------------------------------------
+    def close(self):
+        """Release what the solver holds besides memory (a data-parallel one: threads)."""
 
-def _find_learned_net(name, state_path):
-    """Caffe opens learned_net relative to the current directory; fall back to the state's folder."""
-    if os.path.isabs(name) or os.path.exists(name):
-        return name
-    beside = os.path.join(os.path.dirname(os.path.abspath(state_path)), name)
-    if os.path.exists(beside):
-        return beside
-    raise CaffeError('solver state %s names weights %s, found neither in %s nor next to the state'
-                     % (state_path, quote(name), os.getcwd()))
+    def __enter__(self):
+        return self
 
-
-def _rule_class(type_name):
-    try:
-        return RULES[type_name]
-    except KeyError:
-        raise CaffeError('unknown solver type %s; expected one of %s'
-                         % (quote(type_name), ', '.join(RULES))) from None
+    def __exit__(self, *exc_info):
+        self.close()

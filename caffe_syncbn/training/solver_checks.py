@@ -1,12 +1,13 @@
-"""Checks of a SolverParameter done before any net is built: settings Caffe would abort on."""
+"""Checks of a solver's run: the SolverParameter before any net is built (settings Caffe
+would abort on), and the first non-finite loss or gradient as it trains."""
 import logging
-import os
 
 import numpy as np
 
 from ..errors import CaffeError, quote
 
 log = logging.getLogger('caffe_syncbn')
+
 
 def check_solver_param(p, source):
     """Reject settings Caffe would abort on (here before any net is built)."""
@@ -19,16 +20,8 @@ def check_solver_param(p, source):
                          % (source, quote(p.regularization_type)))
     if p.snapshot_diff:
         log.warning('%s: snapshot_diff is not supported; snapshots hold the weights only', source)
-    if p.snapshot > 0:
-        if not p.HasField('snapshot_prefix'):
-            raise CaffeError('%s: snapshot is set but snapshot_prefix is not' % source)
-        probe = '%s_iter_0.tempfile' % p.snapshot_prefix
-        try:
-            open(probe, 'w').close()
-            os.remove(probe)
-        except OSError:
-            raise CaffeError("%s: cannot write to snapshot prefix '%s'; make sure its folder "
-                             'exists and is writable' % (source, p.snapshot_prefix)) from None
+    if p.snapshot > 0 and not p.HasField('snapshot_prefix'):
+        raise CaffeError('%s: snapshot is set but snapshot_prefix is not' % source)
 
 
 def non_finite(loss, net):
@@ -46,3 +39,39 @@ def non_finite(loss, net):
             if not bool(blob.xp.isfinite(blob.diff).all()):
                 return "the gradient of layer '%s' (param %d)" % (name, j)
     return 'a gradient'
+
+
+#: what each ``nan_effect`` does at the first non-finite loss or gradient, as the log says it
+NAN_EFFECTS = {
+    'none': 'training goes on, as in Caffe (-nan_effect snapshot or stop would save the '
+            'weights before this update)',
+    'snapshot': 'snapshotting the weights before this update; training goes on',
+    'stop': 'training stops before this update, as on a stop signal'}
+
+
+class FirstNonFinite:
+    """The first non-finite loss or gradient of a run, found once."""
+
+    def __init__(self):
+        self.seen = False
+
+    def keep_unlearned(self, net, nan_effect):
+        """While ``nan_effect`` wants a snapshot at the first non-finite: copies of the params
+        no update changes (running statistics, frozen layers), which forward may spoil."""
+        if nan_effect == 'none' or self.seen:
+            return []
+        return [(blob, blob.data.copy()) for blob, lr in
+                zip(net.learnable_params, net.params_lr) if lr == 0]
+
+    def check(self, loss, net, unlearned):
+        """What is not finite the first time (see non_finite), or None; the params of
+        ``unlearned`` (keep_unlearned) are then put back as they were before the passes."""
+        if self.seen:
+            return None
+        what = non_finite(loss, net)
+        if what is None:
+            return None
+        self.seen = True
+        for blob, before in unlearned:
+            blob.data[...] = before
+        return what

@@ -1,58 +1,22 @@
-"""Caffe's solvers: SGD, Nesterov, AdaGrad, RMSProp, AdaDelta and Adam.
+"""Caffe's solver types (SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam) and ``get_solver``,
+the one way to build a solver from a solver file.
 
-``get_solver('solver.prototxt')`` builds the solver its ``type`` names, as pycaffe's
-``caffe.get_solver`` does; ``AdamSolver('solver.prototxt')`` forces a type. These are the
-single-device solvers of pycaffe, in the mode set_mode_cpu/set_mode_gpu chose.
+``get_solver(path, devices='cpu:4', sync_bn=True)`` builds a data-parallel solver;
+``get_solver(path, devices=None)`` pycaffe's single-device solver of the type the file
+names (``SGDSolver`` ...), in the mode set_mode_cpu/set_mode_gpu chose, as pycaffe's
+``caffe.get_solver(path)`` does. ``AdamSolver(path)`` forces a type.
 """
 from .. import caffe_pb2
 from ..errors import CaffeError, quote
-from ..formats.solverstate import SolverState, read_solver_state, write_solver_state
 from ..netparam.prototxt import parse_text
-from ..netparam.solver_param import load_solver_param, upgrade_solver_param
-from .lr_policy import POLICIES, LearningRatePolicy
+from ..netparam.solver_param import copy_message, load_solver_param, upgrade_solver_param
+from .data_parallel import DataParallelSolver
 from .rules import RULES
 from .solver import Solver
 
 
-class PycaffeSolver(Solver):
-    """What pycaffe's solvers add to the loop: ``add_callback``, ``share_weights``, ``lr``."""
-
-    def __init__(self, *args, **kwargs):
-        self._callbacks = []
-        super().__init__(*args, **kwargs)
-
-    def add_callback(self, on_start, on_gradients_ready=None):
-        """``on_start()`` runs before each iteration's forward/backward passes and
-        ``on_gradients_ready()`` after them, before the update; or one object with those
-        two methods (pycaffe's ``add_callback(nccl)``)."""
-        # the data-parallel solver runs its replicas' passes itself, without these hooks
-        if type(self).forward_backward_all is not PycaffeSolver.forward_backward_all:
-            raise CaffeError('add_callback works with the single-device solvers (caffe.SGDSolver, '
-                             'caffe.get_solver), not with %s' % type(self).__name__)
-        if on_gradients_ready is None:
-            on_start, on_gradients_ready = on_start.on_start, on_start.on_gradients_ready
-        self._callbacks.append((on_start, on_gradients_ready))
-
-    def forward_backward_all(self):
-        for on_start, _ in self._callbacks:
-            on_start()
-        loss = super().forward_backward_all()
-        for _, on_gradients_ready in self._callbacks:
-            on_gradients_ready()
-        return loss
-
-    def share_weights(self, net):
-        """Make ``net`` use this solver's train net weights (Net.share_with)."""
-        net.share_with(self.net)
-
-    @property
-    def lr(self):
-        """The learning rate of the current iteration."""
-        return self.learning_rate()
-
-
 def _solver_type(type_name):
-    return type(type_name + 'Solver', (PycaffeSolver,), {
+    return type(type_name + 'Solver', (Solver,), {
         'rule_class': RULES[type_name],
         '__doc__': "Caffe's %s solver (see Solver)." % type_name,
         '__module__': __name__,
@@ -71,7 +35,7 @@ _CLASSES = {'SGD': SGDSolver, 'Nesterov': NesterovSolver, 'AdaGrad': AdaGradSolv
 
 
 def get_solver_class(type_name):
-    """The solver class for a SolverParameter ``type`` ('SGD', 'Adam', ...)."""
+    """The single-device solver class of a SolverParameter ``type`` ('SGD', 'Adam', ...)."""
     try:
         return _CLASSES[type_name]
     except KeyError:
@@ -79,22 +43,36 @@ def get_solver_class(type_name):
                          % (quote(type_name), ', '.join(_CLASSES))) from None
 
 
-def get_solver_from_string(text, **kwargs):
-    """Build the solver that SolverParameter prototxt text asks for (its paths are relative
-    to the current directory)."""
-    return get_solver(parse_text(text, caffe_pb2.SolverParameter(), '<solver string>'), **kwargs)
+def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
+               weights=None, mode='sync', max_staleness=None):
+    """The solver a solver prototxt (or SolverParameter) asks for, running on ``devices``:
+    'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0' (replicas sharing a GPU).
+    ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN. ``level`` and
+    ``stages`` add to the train net's NetState, and ``weights`` (caffemodel paths) replace
+    the solver's own ``weights``, as caffe train's -level, -stage and -weights do. ``mode``
+    'async' makes asynchronous updates, with replicas at most ``max_staleness`` updates
+    ahead of the slowest (None: no bound). Under mpiexec or srun, every process's devices
+    join one run.
 
-
-def get_solver(solver, **kwargs):
-    """Build the solver that a solver prototxt path (or SolverParameter) asks for."""
+    ``devices=None``: pycaffe's single-device solver of the file's type (``add_callback``
+    works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype`` only."""
     if isinstance(solver, caffe_pb2.SolverParameter):
-        param = upgrade_solver_param(caffe_pb2.SolverParameter.FromString(solver.SerializeToString()))
-        return get_solver_class(param.type)(param, **kwargs)
-    return get_solver_class(load_solver_param(solver).type)(solver, **kwargs)
+        solver = param = upgrade_solver_param(copy_message(solver))
+    else:
+        param = load_solver_param(solver)  # a bad file is one error, before any device starts
+    if devices is None:
+        if sync_bn or level is not None or stages or weights is not None or mode != 'sync' \
+                or max_staleness is not None:
+            raise CaffeError('get_solver: sync_bn, level, stages, weights, mode and '
+                             'max_staleness need devices (devices=None: a single-device solver)')
+        return get_solver_class(param.type)(solver, dtype=dtype)
+    return DataParallelSolver(solver, devices=devices, sync_bn=sync_bn, dtype=dtype, level=level,
+                              stages=stages, weights=weights, mode=mode,
+                              max_staleness=max_staleness)
 
 
-__all__ = ['Solver', 'SGDSolver', 'NesterovSolver', 'AdaGradSolver', 'RMSPropSolver',
-           'AdaDeltaSolver', 'AdamSolver', 'PycaffeSolver', 'get_solver', 'get_solver_class',
-           'get_solver_from_string', 'load_solver_param',
-           'upgrade_solver_param', 'LearningRatePolicy', 'POLICIES', 'SolverState',
-           'read_solver_state', 'write_solver_state']
+def get_solver_from_string(text, devices=None, **kwargs):
+    """The solver that SolverParameter prototxt text asks for (its paths are relative to
+    the current directory): as ``get_solver``, single-device unless ``devices`` are given."""
+    return get_solver(parse_text(text, caffe_pb2.SolverParameter(), '<solver string>'),
+                      devices=devices, **kwargs)

@@ -1,17 +1,9 @@
-"""Data parallelism: one worker thread per device, each holding a replica Net.
-
-The pool runs a function on every replica at once. If one replica raises, the pool
-aborts the communicator, so replicas blocked in a collective raise promptly, and the
-caller gets the ORIGINAL exception with its traceback.
-"""
-import concurrent.futures as futures
+"""Devices by name: ``parse_devices('cpu:4')`` (the devices argument of get_solver), and
+the lines that name them in the log."""
 import os
 
 from ..backend import gpu_count
-from ..comm.base import CommAborted
 from ..errors import CaffeError
-
-ABORT_GRACE_SECONDS = 5.0
 
 
 def parse_devices(devices):
@@ -85,50 +77,3 @@ def _one(item):
 
 def _bad(devices):
     raise CaffeError('devices %r: need at least one device' % devices)
-
-
-class DevicePool:
-    """One long-lived worker thread per device; ``run(fn)`` calls ``fn(rank)`` on each.
-
-    A worker thread keeps its device current (a CUDA context is per thread), so a
-    replica's work always happens on the same thread.
-    """
-
-    def __init__(self, devices, comms):
-        self.devices = list(devices)
-        self.comms = list(comms)
-        self.size = len(self.devices)
-        self._workers = [futures.ThreadPoolExecutor(1, thread_name_prefix='replica%d' % r)
-                         for r in range(self.size)]
-
-    def run(self, fn):
-        """``[fn(0), ..., fn(R-1)]``, each on its replica's thread."""
-        pending = [worker.submit(fn, rank) for rank, worker in enumerate(self._workers)]
-        done, not_done = futures.wait(pending, return_when=futures.FIRST_EXCEPTION)
-        failure = next((f.exception() for f in pending if f.done() and f.exception() is not None
-                        and not isinstance(f.exception(), CommAborted)), None)
-        if failure is None:
-            failure = next((f.exception() for f in done if f.exception() is not None), None)
-        if failure is None:
-            return [f.result() for f in pending]
-        for comm in self.comms:
-            comm.abort(failure)
-        _, stuck = futures.wait(not_done, timeout=ABORT_GRACE_SECONDS)
-        original = next((f.exception() for f in pending if f.done() and f.exception() is not None
-                         and not isinstance(f.exception(), CommAborted)), failure)
-        if stuck:
-            raise CaffeError('%d replica(s) did not stop within %.0f s after replica failure: %r'
-                             % (len(stuck), ABORT_GRACE_SECONDS, original)) from original
-        raise original
-
-    def submit(self, rank, fn, *args):
-        """Start ``fn(*args)`` on one replica's thread; its Future."""
-        return self._workers[rank].submit(fn, *args)
-
-    def run_on(self, rank, fn):
-        """``fn()`` on one replica's thread (no collectives: nothing to abort)."""
-        return self._workers[rank].submit(fn).result()
-
-    def close(self):
-        for worker in self._workers:
-            worker.shutdown(wait=False)

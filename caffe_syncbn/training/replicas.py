@@ -1,32 +1,30 @@
-"""Replication: the replicas of a data-parallel solver, a component the solver holds, as
-Caffe's P2PSync sits beside its Solver.
+"""The replicas of a data-parallel solver, a component the solver holds, as Caffe's
+P2PSync sits beside its Solver.
 
-``Replicas`` is where the replicas live: one worker thread per local device (DevicePool),
-one communicator member per replica, the replica nets, and the input pipeline that reads
-this process's share of each global batch. Across MPI processes (``link``, comm/mpi.py)
-replica k of process p is global replica ``first + k`` of ``total``.
-
-A strategy says how the replicas make updates:
-- ``Synchronous``: every replica runs forward and backward on its part of one global
-  batch; the gradients are summed in buckets that overlap backward (gradients.py) and
-  averaged; every replica applies the same update, so params stay bitwise equal.
-- ``Asynchronous`` (asynchronous.py): every replica computes on its own batches with the
-  params it last read and hands its gradient to one parameter holder, without waiting.
+``Replicas`` is where the replicas live: one worker thread per local device
+(``DevicePool``), one communicator member per replica, the replica nets, the input
+pipeline that reads this process's share of each global batch, and the parts of the batch
+each replica reads next. Across MPI processes (``link``, comm/mpi.py) replica k of process
+p is global replica ``first + k`` of ``total``. The replicas make updates in the way of a
+strategy (synchronous.py, asynchronous.py). Nothing here refers back to the solver, so
+a solver dropped without ``close()`` can be collected, and its threads end (``close``).
 """
+import concurrent.futures as futures
 import functools
+import threading
 
 import numpy as np
 
 from ..comm import SoloComm, ThreadComm, mpi
+from ..comm.base import CommAborted
 from ..comm.nccl import NcclComm
 from ..comm.same_device import SameDeviceComm
 from ..errors import CaffeError
 from ..layer import LayerContext
 from ..net import Net
-from .devices import DevicePool
-from .gradient_buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .input_pipeline import InputPipeline, split_batch
-from .solvers import Solver
+
+ABORT_GRACE_SECONDS = 5.0
 
 
 def make_comms(devices, link=None):
@@ -80,11 +78,14 @@ class Replicas:
             [SoloComm() for _ in devices]
         self.pool = DevicePool(devices, self.comms)
         self.nets, self.pipeline, self.input_layers = [], None, []
+        #: what each replica's data layers read next: {layer name: arrays} per replica
+        self.parts = [{} for _ in devices]
+        self._source_lock = threading.Lock()
 
     def __len__(self):
         return len(self.devices)
 
-    def build(self, net_param, phase, seed, feeder, xp, dtype):
+    def build(self, net_param, phase, seed, xp, dtype):
         """The replica nets, built one after another: the fillers share one seeded RNG, and
         replica 0 must draw the same weights whatever the number of devices (the others
         get its weights anyway). Each replica's own RNG (Dropout, ...) follows its global
@@ -92,7 +93,7 @@ class Replicas:
         def build_one(rank):
             rng = np.random.RandomState((seed + 7919 * (self.first + rank)) & 0xFFFFFFFF)
             context = LayerContext(phase=phase, xp=xp, dtype=dtype, comm=self.comms[rank],
-                                   rng=rng, feeder=functools.partial(feeder, rank))
+                                   rng=rng, feeder=functools.partial(self._layer_feed, rank))
             return Net(net_param, phase, level=net_param.state.level, context=context)
         self.nets = [self.pool.run_on(rank, functools.partial(build_one, rank))
                      for rank in range(len(self))]
@@ -134,11 +135,31 @@ class Replicas:
                              % (len(batch), len(self)))
         return batch
 
-    def source_parts(self, batch, parts):
-        """Put the Input blobs of ``batch`` (split_source's form) into ``parts``."""
-        self.input_parts(self.split_source(batch), parts)
+    def next_parts(self, source=None):
+        """The local replicas' parts of the next global batch: Input blobs from ``source``
+        (set_data_source's: a dict of global arrays, split over all replicas, or a list of
+        one dict per local replica), data layers from the pipeline."""
+        parts = [{} for _ in range(len(self))]
+        if source is not None:
+            self._input_parts(self.split_source(source()), parts)
+        if self.pipeline is not None:
+            for rank, layers in enumerate(self.pipeline.next_split()):
+                parts[rank].update(layers)
+        self.parts = parts
 
-    def input_parts(self, batches, parts):
+    def next_part(self, rank, source=None):
+        """Asynchronous replicas: replica ``rank``'s next batch of its own, from its pipeline
+        or from one call of ``source`` (whose arrays are all that replica's)."""
+        layers = {}
+        if source is not None:
+            with self._source_lock:
+                batch = source()
+            self._input_parts([batch], [layers])
+        if self.pipeline is not None:
+            layers.update(self.pipeline[rank].next_split()[0])
+        self.parts[rank] = layers
+
+    def _input_parts(self, batches, parts):
         """Put the Input blobs of ``batches`` (one dict per replica) into ``parts``."""
         for rank, inputs in enumerate(batches):
             for name, tops in self.input_layers:
@@ -146,7 +167,17 @@ class Replicas:
                 if missing:
                     raise CaffeError("the data source gave no array for blob(s) %s of Input "
                                      "layer '%s'" % (', '.join(missing), name))
-                parts[rank]['layers'][name] = [np.asarray(inputs[t]) for t in tops]
+                parts[rank][name] = [np.asarray(inputs[t]) for t in tops]
+
+    def _layer_feed(self, rank, layer):
+        parts = self.parts[rank]
+        if layer.name not in parts:
+            if layer.type == 'Input':
+                raise CaffeError("Input layer '%s' has no data to train on: give the net a "
+                                 'data layer (Data, ImageData, HDF5Data, ...) or the solver a '
+                                 'source (solver.set_data_source)' % layer.name)
+            raise CaffeError("data layer '%s' has no batch from the input pipeline" % layer.name)
+        return parts[layer.name]
 
     def sum_over_all(self, values):
         """The sum over every replica of every process of ``values[k]`` (one per local
@@ -181,85 +212,50 @@ def _copies(rngs):
     return copies
 
 
-class Synchronous:
-    """One update from one global batch, the same on every replica (see the module doc)."""
+class DevicePool:
+    """One long-lived worker thread per device; ``run(fn)`` calls ``fn(rank)`` on each.
 
-    name = 'sync'
-    #: about how many bytes of gradients go into one allreduce (gradients.py)
-    gradient_bucket_bytes = DEFAULT_BUCKET_BYTES
+    A worker thread keeps its device current (a CUDA context is per thread), so a
+    replica's work always happens on the same thread. If one replica raises, the pool
+    aborts the communicator, so replicas blocked in a collective raise promptly, and the
+    caller gets the ORIGINAL exception with its traceback.
+    """
 
-    def __init__(self, solver):
-        self.solver, self.replicas = solver, solver.replication
-        self._buckets = [None] * len(self.replicas)
+    def __init__(self, devices, comms):
+        self.devices = list(devices)
+        self.comms = list(comms)
+        self.size = len(self.devices)
+        self._workers = [futures.ThreadPoolExecutor(1, thread_name_prefix='replica%d' % r)
+                         for r in range(self.size)]
 
-    def train_net(self, build_alone, root):
-        """The solver's own net: replica 0's (the replicas stay equal to it)."""
-        return root
+    def run(self, fn):
+        """``[fn(0), ..., fn(R-1)]``, each on its replica's thread."""
+        pending = [worker.submit(fn, rank) for rank, worker in enumerate(self._workers)]
+        done, not_done = futures.wait(pending, return_when=futures.FIRST_EXCEPTION)
+        failure = next((f.exception() for f in pending if f.done() and f.exception() is not None
+                        and not isinstance(f.exception(), CommAborted)), None)
+        if failure is None:
+            failure = next((f.exception() for f in done if f.exception() is not None), None)
+        if failure is None:
+            return [f.result() for f in pending]
+        for comm in self.comms:
+            comm.abort(failure)
+        _, stuck = futures.wait(not_done, timeout=ABORT_GRACE_SECONDS)
+        original = next((f.exception() for f in pending if f.done() and f.exception() is not None
+                         and not isinstance(f.exception(), CommAborted)), failure)
+        if stuck:
+            raise CaffeError('%d replica(s) did not stop within %.0f s after replica failure: %r'
+                             % (len(stuck), ABORT_GRACE_SECONDS, original)) from original
+        raise original
 
-    def start(self):
-        self.broadcast_params()
+    def submit(self, rank, fn, *args):
+        """Start ``fn(*args)`` on one replica's thread; its Future."""
+        return self._workers[rank].submit(fn, *args)
 
-    def follows_process_0(self):
-        return False
-
-    def broadcast_params(self):
-        """Make every replica's blobs (params and statistics) equal to global replica 0's."""
-        replicas = self.replicas
-
-        def send(rank):
-            for layer in replicas.nets[rank].layers:
-                for blob in layer.blobs:
-                    replicas.comms[rank].broadcast(blob.data, root=0, tag='params')
-        replicas.pool.run(send)
-
-    def forward_backward_all(self):
-        solver, replicas = self.solver, self.replicas
-        iter_size = solver.param.iter_size
-        replicas.pool.run(lambda rank: replicas.nets[rank].clear_param_diffs())
-        losses = np.zeros(len(replicas))
-        for k in range(iter_size):
-            solver.next_parts()
-            last = k == iter_size - 1      # the gradients are final in the last pass only
-            losses += replicas.pool.run(lambda rank: self._forward_backward(rank, last))
-        if replicas.total > 1:
-            replicas.pool.run(lambda rank: self._gradient_buckets(rank).finish())
-        return float(replicas.sum_over_all(losses)[0]) / (iter_size * replicas.total)
-
-    def _gradient_buckets(self, rank):
-        if self._buckets[rank] is None:
-            self._buckets[rank] = GradientBuckets(self.replicas.nets[rank],
-                                                  self.replicas.comms[rank],
-                                                  self.gradient_bucket_bytes)
-        return self._buckets[rank]
-
-    def _forward_backward(self, rank, reduce_gradients):
-        overlap = reduce_gradients and self.replicas.total > 1
-        return self.replicas.nets[rank].forward_backward(
-            after_layer=self._gradient_buckets(rank).layer_done if overlap else None)
-
-    def forward_all(self):
-        """The display pass after training: a forward of every replica on the next batch."""
-        replicas = self.replicas
-        self.solver.next_parts()
-        losses = replicas.pool.run(lambda rank: replicas.nets[rank].forward_prefilled())
-        return float(replicas.sum_over_all(losses)[0]) / replicas.total
-
-    def apply_update(self):
-        solver = self.solver
-        solvers = [solver] + solver.workers
-        for worker in solver.workers:
-            worker.iter = solver.iter
-        # the same update on every replica (the root logs the rate)
-        return self.replicas.pool.run(lambda rank: Solver.apply_update(solvers[rank]))[0]
-
-    def after_restore(self):
-        solver = self.solver
-        for worker in solver.workers:
-            worker.iter = solver.iter
-            worker.lr_policy.current_step = solver.lr_policy.current_step
-            for mine, root in zip(worker.rule.history, solver.rule.history):
-                mine[...] = worker.xp.asarray(root) if worker.xp is not None else root
-        self.broadcast_params()
+    def run_on(self, rank, fn):
+        """``fn()`` on one replica's thread (no collectives: nothing to abort)."""
+        return self._workers[rank].submit(fn).result()
 
     def close(self):
-        pass
+        for worker in self._workers:
+            worker.shutdown(wait=False)

@@ -1,0 +1,24 @@
+"""The strategy of a solver on its own: its one net, in the caller's thread (what a
+strategy is: see solver.py)."""
+
+
+class OneNet:
+    """Caffe's single solver: the passes and the update of the solver's own net."""
+
+    def __init__(self, solver):
+        self.solver = solver
+
+    def forward_backward_all(self):
+        solver = self.solver
+        return float(solver.accumulate(solver.net.clear_param_diffs, self._one_pass))
+
+    def _one_pass(self, last):
+        self.solver.feed(self.solver.net, 'train')
+        return self.solver.net.forward_backward()
+
+    def forward_all(self):
+        self.solver.feed(self.solver.net, 'train')
+        return self.solver.net.forward_prefilled()
+
+    def update(self, rate):
+        self.solver.update_params(rate)
