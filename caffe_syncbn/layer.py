@@ -151,7 +151,8 @@ class Layer:
 
     @property
     def cuda_kernels(self):
-        """Whether this layer runs its fast path of caffe_syncbn/gpu (see LayerContext)."""
+        """Whether this layer runs its CUDA kernels (see LayerContext): the layer picks its
+        engine by it at setup."""
         return self.ctx.cuda_kernels
 
     def setup(self, bottom, top):

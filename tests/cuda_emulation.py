@@ -7,7 +7,7 @@ Scalars must carry their C type as numpy scalars (np.int32, np.int64, np.float32
 np.float64), as CuPy also wants them; None is a null pointer.
 
 ``emulated_kernels(monkeypatch)`` points ``caffe_syncbn.backend.cuda_kernels.kernel`` at these, so
-the GPU wrappers of caffe_syncbn/gpu run unchanged over numpy arrays.
+the GPU launchers of caffe_syncbn/layers/*_gpu.py run unchanged over numpy arrays.
 """
 import atexit
 import ctypes

@@ -1,5 +1,5 @@
 """The layer kernels of cuda/ (im2col, pooling, softmax loss, interp, LRN) and their wrappers
-in caffe_syncbn/gpu, run on the CPU through the kernel emulation (tests/cuda_emulation.py),
+in caffe_syncbn/layers/*_gpu.py, run on the CPU through the kernel emulation (tests/cuda_emulation.py),
 against the CPU layers. Small shapes: the emulation runs every CUDA thread in turn."""
 import numpy as np
 import pytest

@@ -153,7 +153,7 @@ class SignalRequests:
 
 
 def train(args):
-    """caffe train; under mpiexec or srun, this process's part of one run (see training/data_parallel.py).
+    """caffe train; under mpiexec or srun, this process's part of one run (training/data_parallel.py).
     In a job of several processes, an error ends every process: this one prints it and
     calls MPI_Abort, so that none waits for ever in a collective."""
     link = job_link()
