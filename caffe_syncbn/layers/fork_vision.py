@@ -231,26 +231,49 @@ class ROIPoolingLayer(Layer):
         xp = self.xp
         x = bottom[0].data
         image, rows, cols = self._bins(bottom[1].data, x.shape)
-        width = x.shape[3]
-        out, argmax = top[0].data, xp.full(top[0].shape, -1, np.int64)
-        out[...] = 0
+        out, self.argmax = top[0].data, xp.empty(top[0].shape, np.int64)
         for r in range(len(image)):
-            for j in range(self.pooled[1]):
-                w0, w1 = int(cols[0][r, j]), int(cols[1][r, j])
-                if w1 <= w0:
-                    continue
-                strip = x[image[r], :, :, w0:w1]                        # (C, H, bin width)
-                strip_max, strip_col = strip.max(axis=2), strip.argmax(axis=2) + w0
-                for i in range(self.pooled[0]):
-                    h0, h1 = int(rows[0][r, i]), int(rows[1][r, i])
-                    if h1 <= h0:
-                        continue
-                    # the first maximum in row-major order, as the fork's scan keeps it
-                    row = strip_max[:, h0:h1].argmax(axis=1)[:, None]
-                    out[r, :, i, j] = xp.take_along_axis(strip_max[:, h0:h1], row, 1)[:, 0]
-                    col = xp.take_along_axis(strip_col[:, h0:h1], row, 1)[:, 0]
-                    argmax[r, :, i, j] = (row[:, 0] + h0) * width + col
-        self.argmax, self.image = argmax, xp.asarray(image)
+            out[r], self.argmax[r] = self._pool_roi(x[image[r]], (rows[0][r], rows[1][r]),
+                                                    (cols[0][r], cols[1][r]))
+        self.image = xp.asarray(image)
+
+    def _pool_roi(self, x, rows, cols):
+        """One ROI's (C, pooled_h, pooled_w) maxima of image ``x`` (C, H, W), and the index
+        h * W + w of each (-1 for an empty bin, whose maximum is 0). ``rows`` and ``cols``
+        are its bins' [start, end) edges: first the maximum over each column bin, row by row,
+        then over each row bin of those; the first maximum in row-major order wins, as in
+        the fork's scan."""
+        xp = self.xp
+        first, last = int(rows[0].min()), int(rows[1].max())
+        if last <= first or cols[1].max() <= cols[0].min():
+            return 0, -1                                        # every bin is empty
+        band = x[:, first:last]                                 # the rows the ROI covers
+        column_max, column_at = self._bin_max(band, cols, axis=2)
+        value, row_at = self._bin_max(column_max, (rows[0] - first, rows[1] - first), axis=1)
+        column = xp.take_along_axis(column_at, row_at, axis=1)
+        index = (row_at + first) * x.shape[2] + column
+        empty = xp.asarray((rows[1] <= rows[0])[:, None] | (cols[1] <= cols[0])[None, :])
+        return xp.where(empty, 0, value), xp.where(empty, -1, index)
+
+    def _bin_max(self, a, edges, axis):
+        """The maximum of ``a`` over each bin [start, end) of ``edges`` along ``axis``, which
+        becomes the bin axis, and the position along ``axis`` of its first maximum. Each bin
+        is gathered as a window of the widest bin's size; a narrower one reads -inf past its
+        end (a cell appended to ``a``)."""
+        xp = self.xp
+        starts, ends = edges
+        size = a.shape[axis]
+        width = max(int((ends - starts).max()), 1)
+        index = starts[:, None] + np.arange(width)[None, :]        # (bins, width)
+        index[index >= ends[:, None]] = size
+        stop_shape = a.shape[:axis] + (1,) + a.shape[axis + 1:]
+        padded = xp.concatenate([a, xp.full(stop_shape, -np.inf, a.dtype)], axis=axis)
+        windows = xp.take(padded, xp.asarray(index.reshape(-1)), axis=axis)
+        windows = windows.reshape(a.shape[:axis] + index.shape + a.shape[axis + 1:])
+        offset = windows.argmax(axis=axis + 1)                 # numpy and CuPy: the first
+        best = xp.take_along_axis(windows, xp.expand_dims(offset, axis + 1), axis + 1)
+        position = xp.asarray(starts.reshape((-1,) + (1,) * (a.ndim - axis - 1))) + offset
+        return best.squeeze(axis + 1), xp.minimum(position, size - 1)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
