@@ -22,7 +22,7 @@ def test_fork_fields_have_the_fork_numbers():
 
 
 def test_upsample_settings_of_a_yolov3_caffemodel_read_back():
-    """The YOLOv3 ports write upsample_param { scale } as field 149, field 1 inside."""
+    """darknet2caffe's YOLO Caffe writes upsample_param { scale } as field 149, field 1 inside."""
     layer = caffe_pb2.LayerParameter(name='up', type='Upsample')
     layer.upsample_param.scale = 2
     assert layer.SerializeToString().endswith(bytes([0xaa, 0x09, 0x02, 0x08, 0x02]))

@@ -2,6 +2,7 @@
 from each fork's source, finite differences, odd sizes and one-line errors on bad input."""
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -346,3 +347,33 @@ def test_smooth_l1_loss_bad_input_is_one_line():
                     "bottom 0 (2, 3), got (2, 4)")
     line = error_of(smooth_l1([0] * 5), [np.zeros((2, 3))] * 5)
     assert line == "layer 'loss' (type SmoothL1Loss): expects 2..4 bottom blob(s), got 5"
+
+
+SEGNET_STYLE = '''name: "mini_segnet"
+force_backward: true
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 9 dim: 11 } shape { dim: 2 dim: 1 dim: 9 dim: 11 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "msra" } } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" top: "pool1_mask"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "dw" type: "ConvolutionDepthwise" bottom: "pool1" top: "dw"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "msra" } } }
+layer { name: "shuffle" type: "ShuffleChannel" bottom: "dw" top: "shuffle"
+        shuffle_channel_param { group: 2 } }
+layer { name: "upsample1" type: "Upsample" bottom: "shuffle" bottom: "pool1_mask" top: "up1"
+        upsample_param { scale: 2 upsample_h: 9 upsample_w: 11 } }
+layer { name: "score" type: "Convolution" bottom: "up1" top: "score"
+        convolution_param { num_output: 1 kernel_size: 1 weight_filler { type: "msra" } } }
+layer { name: "loss" type: "SmoothL1Loss" bottom: "score" bottom: "label" top: "loss" }
+'''
+
+
+def test_a_segnet_style_net_runs_forward_and_backward():
+    net = caffe.Net(text_format.Parse(SEGNET_STYLE, caffe_pb2.NetParameter()), caffe.TRAIN)
+    data, label = RS.standard_normal((2, 3, 9, 11)), RS.standard_normal((2, 1, 9, 11))
+    loss = float(net.forward(data=data, label=label)['loss'])
+    assert np.isfinite(loss) and loss > 0
+    net.backward()
+    assert np.abs(net.blobs['data'].diff).sum() > 0
+    assert np.abs(net.params['dw'][0].diff).sum() > 0

@@ -1,5 +1,5 @@
 """Vision layers of other Caffe forks that popular models need: SegNet's Upsample (with the
-YOLOv3 ports' nearest-neighbour form), ShuffleNet's ShuffleChannel, SENet's Axpy and
+YOLO ports' nearest-neighbour form), ShuffleNet's ShuffleChannel, SENet's Axpy and
 py-faster-rcnn's ROIPooling. Each follows its fork's arithmetic (docs/fork-layers.md) as
 array code that runs on numpy and CuPy alike.
 """
@@ -15,7 +15,7 @@ class UpsampleLayer(Layer):
     """With a second bottom (a MAX Pooling layer's mask top), SegNet's unpooling: each value
     goes to the position ``h * W + w`` its mask names in a zero plane of upsample_h x
     upsample_w (or H * scale_h - pad_out_h by W * scale_w - pad_out_w). With one bottom, the
-    YOLOv3 ports' nearest-neighbour upsampling by ``scale``."""
+    YOLO ports' (darknet2caffe's) nearest-neighbour upsampling by ``scale``."""
 
     def setup(self, bottom, top):
         self.check_bottoms(bottom, minimum=1, maximum=2)
