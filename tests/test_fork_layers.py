@@ -295,10 +295,14 @@ def test_roi_pooling_matches_the_fork(pooled_h, pooled_w, scale):
     (np.array([[2, 0, 0, 3, 3]]), 'ROI 0 has batch index 2; bottom 0 holds 2 image(s)'),
     (np.zeros((3, 4)), 'bottom 1 must hold 5 values per ROI (batch index, x1, y1, x2, y2), '
                        'got shape (3, 4)'),
+    (np.array([[0, 0, 0, 2, 2], [0, 1, np.nan, 2, 2]]), 'ROI 1 is not finite: '
+                                                       '[0.0, 1.0, nan, 2.0, 2.0]'),
 ])
 def test_roi_pooling_bad_rois_are_one_line(rois, message):
     line = error_of(ROI % (2, 2, '1'), [np.zeros((2, 3, 4, 4)), rois])
     assert line == "layer 'roi' (type ROIPooling): " + message
+    line = error_of(ROI % (2, 2, 'inf'), [np.zeros((2, 3, 4, 4)), rois])
+    assert line == "layer 'roi' (type ROIPooling): spatial_scale must be finite, got inf"
 
 
 # ---- SmoothL1Loss --------------------------------------------------------------------------

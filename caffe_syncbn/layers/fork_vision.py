@@ -194,6 +194,8 @@ class ROIPoolingLayer(Layer):
         if min(self.pooled) < 1:
             raise self.error('pooled_h and pooled_w must be positive, got %d x %d' % self.pooled)
         self.spatial_scale = rp.spatial_scale
+        if not np.isfinite(self.spatial_scale):
+            raise self.error('spatial_scale must be finite, got %g' % self.spatial_scale)
 
     def reshape(self, bottom, top):
         if bottom[0].num_axes != 4:
@@ -209,6 +211,9 @@ class ROIPoolingLayer(Layer):
         (R, pooled_w) of its bins, clipped to the image, in the fork's float arithmetic."""
         dtype = self.dtype
         rois = to_numpy(rois).reshape(-1, 5).astype(dtype)
+        bad = np.flatnonzero(~np.isfinite(rois).all(axis=1))
+        if bad.size:
+            raise self.error('ROI %d is not finite: %s' % (bad[0], rois[bad[0]].tolist()))
         batch, height, width = shape[0], shape[2], shape[3]
         image = rois[:, 0].astype(np.int64)            # C++ int conversion: truncation
         bad = np.flatnonzero((image < 0) | (image >= batch))
