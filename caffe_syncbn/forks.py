@@ -9,27 +9,16 @@ or field that gets implemented is removed here (the tests check both ways).
 import difflib
 
 YOLO = 'the YOLO ports of Caffe'
-FASTER_RCNN = "py-faster-rcnn's Caffe"
 RFCN = "R-FCN's Caffe"
 SEGNET = "SegNet's Caffe"
 SSD = "Wei Liu's SSD fork of Caffe"
-SHUFFLENET = 'the ShuffleNet ports of Caffe'
-DEPTHWISE = 'the MobileNet depthwise-convolution forks of Caffe'
-SENET = "SENet's Caffe"
 
 FORK_LAYER_TYPES = {
     'Reorg': YOLO,
     'Region': YOLO,
     'RegionLoss': YOLO,
-    'ROIPooling': FASTER_RCNN,
-    'SmoothL1Loss': FASTER_RCNN + ' and ' + SSD,
     'PSROIPooling': RFCN,
-    'Upsample': SEGNET,
     'DenseImageData': SEGNET,
-    'ShuffleChannel': SHUFFLENET,
-    'ConvolutionDepthwise': DEPTHWISE,
-    'DepthwiseConvolution': DEPTHWISE,
-    'Axpy': SENET,
     'MultiBoxLoss': SSD,
     'AnnotatedData': SSD,
     'VideoData': SSD,
@@ -39,12 +28,8 @@ FORK_PARAM_FIELDS = {
     'reorg_param': YOLO,
     'region_param': YOLO,
     'region_loss_param': YOLO,
-    'roi_pooling_param': FASTER_RCNN,
-    'smooth_l1_loss_param': FASTER_RCNN,
     'psroi_pooling_param': RFCN,
-    'upsample_param': SEGNET,
     'dense_image_data_param': SEGNET,
-    'shuffle_channel_param': SHUFFLENET,
 }
 
 #: how close (difflib ratio) a known name must be to be offered as a correction
