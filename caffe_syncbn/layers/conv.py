@@ -9,7 +9,7 @@ import numpy as np
 
 from ..backend import cpu_threads
 from ..layer import Layer, register
-from . import conv_cpu, conv_gpu, im2col as im2col_module
+from . import conv_cpu, conv_gpu, depthwise_cpu, im2col as im2col_module
 from .im2col import conv_output_shape
 from .shape import canonical_axis
 
@@ -169,6 +169,8 @@ class _ConvolutionBase(_SpatialLayer):
         self.bias_term = cp.bias_term
         if self.bias_term:
             self.blobs.append(self.make_blob((self.num_output,), cp.bias_filler))
+        # on the host, a depthwise convolution runs its own shifted passes (depthwise_cpu)
+        self.depthwise = self.host and depthwise_cpu.applies(self)
 
     def reshape(self, bottom, top):
         self._reshape_input(bottom)
@@ -261,13 +263,20 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def _host_forward(self, x, y):
         y3 = y.reshape(self.batch, self.num_output, int(np.prod(self.out_spatial)))
-        if self.pointwise:
+        if self.depthwise:
+            depthwise_cpu.forward(self, self._image(x, self.channels, self.in_spatial), y3)
+        elif self.pointwise:
             conv_cpu.pointwise_forward(self, self._matrices(x, self.channels), y3)
         else:
             conv_cpu.forward(self, self._image(x, self.channels, self.in_spatial), y3)
 
     def _host_backward(self, x, dy, dx, weight_grad):
-        if not self.pointwise:
+        if self.depthwise:
+            depthwise_cpu.backward(self, self._image(x, self.channels, self.in_spatial), dy,
+                                   None if dx is None else self._image(dx, self.channels,
+                                                                       self.in_spatial),
+                                   weight_grad)
+        elif not self.pointwise:
             conv_cpu.backward(self, self._image(x, self.channels, self.in_spatial), dy,
                               None if dx is None else self._image(dx, self.channels,
                                                                   self.in_spatial),
