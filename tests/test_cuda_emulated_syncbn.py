@@ -194,3 +194,28 @@ def test_replicas_with_uneven_and_empty_batches_equal_one_layer():
             close(res[k], want[k + 0], np.float64, NAMES[k])
     for k in (6, 7):            # the solver averages param diffs over the replicas
         close(sum(res[k] for res in results) / replicas, want[k], np.float64, NAMES[k])
+
+
+@pytest.mark.parametrize('param', ['', 'batch_norm_param { use_global_stats: true }'])
+@pytest.mark.parametrize('in_place', [False, True])
+def test_bvlc_batch_norm_on_the_kernels_equals_the_host(param, in_place):
+    shape = (3, 4, 2, 5)
+    rs = np.random.RandomState(7)
+    x = (rs.standard_normal(shape) * 2 + 3).astype(np.float32)
+    dy = rs.standard_normal(shape).astype(np.float32)
+    stored = [rs.standard_normal(4), np.full(4, 1.5), np.ones(1)]   # sums and their factor
+    results = []
+    for kernels in (False, True):
+        text = 'name: "bn" type: "BatchNorm" bottom: "x" top: "y" %s' % param
+        layer = create_layer(layer_param(text), LayerContext(phase=TRAIN, dtype=np.float32,
+                                                             cuda_kernels=kernels))
+        bottom, top = [Blob(shape, np.float32)], [Blob((), np.float32)]
+        layer.setup(bottom, top)
+        assert (layer.engine is norm_gpu) == kernels
+        for blob, values in zip(layer.blobs, stored):
+            blob.data[...] = values
+        results.append(run_layer(layer, bottom, top, x, dy, in_place, steps=2)[:2]
+                       + [blob.data.copy() for blob in layer.blobs])
+    for a, b, what in zip(results[1], results[0], ('y', 'dx', 'mean sum', 'variance sum',
+                                                   'factor')):
+        close(a, b, np.float32, what)
