@@ -8,6 +8,7 @@ import stat
 import pytest
 from fuzz_harness import short_folder
 
+import caffe_syncbn as caffe
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write
 
@@ -51,3 +52,14 @@ def test_atomic_write_syncs_the_folder_after_the_rename(tmp_path, monkeypatch):
         f.write(b'weights')
     assert synced == [(False, False), (True, True)]
     assert target.read_bytes() == b'weights'
+
+
+# ---- Python layers --------------------------------------------------------------------------
+@pytest.mark.parametrize('module, layer, kind', [('os', 'system', 'a function'),
+                                                 ('collections', 'OrderedDict', 'a class'),
+                                                 ('os', 'sep', 'a str')])
+def test_python_layer_that_is_not_a_layer_is_one_line(tmp_path, module, layer, kind):
+    path = write(tmp_path / 'net.prototxt', 'layer { name: "py" type: "Python" top: "a" '
+                 'python_param { module: "%s" layer: "%s" } }' % (module, layer))
+    one_line(error_of(caffe.Net, path, caffe.TEST), path, "layer 'py'",
+             '%s.%s is %s, not a subclass of caffe.Layer' % (module, layer, kind))
