@@ -4,6 +4,8 @@ Python layers that are not layers, zero-sized blobs, Datum records of mixed shap
 snapshots that a power loss could lose."""
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 from fuzz_harness import short_folder
@@ -11,6 +13,8 @@ from fuzz_harness import short_folder
 import caffe_syncbn as caffe
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write
+
+from conftest import ROOT
 
 
 @pytest.fixture
@@ -63,3 +67,22 @@ def test_python_layer_that_is_not_a_layer_is_one_line(tmp_path, module, layer, k
                  'python_param { module: "%s" layer: "%s" } }' % (module, layer))
     one_line(error_of(caffe.Net, path, caffe.TEST), path, "layer 'py'",
              '%s.%s is %s, not a subclass of caffe.Layer' % (module, layer, kind))
+
+
+# ---- the log file on a full disk ------------------------------------------------------------
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+def test_log_file_on_a_full_disk_is_one_warning_and_the_log_goes_on(tmp_path):
+    """/dev/full fails every write with ENOSPC, as a full disk does."""
+    script = ('import logging; from caffe_syncbn.glog import setup_logging\n'
+              'setup_logging("/dev/full")\n'
+              'for i in range(200): logging.getLogger("caffe_syncbn").info("line %d", i)\n')
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert 'Logging error' not in done.stderr and 'Traceback' not in done.stderr, done.stderr
+    warnings = [line for line in lines if line.startswith('W')]
+    assert len(warnings) == 1, done.stderr
+    one_line(warnings[0], 'cannot write the log file /dev/full: No space left on device',
+             'the log goes on on stderr only')
+    assert len(lines) == 201 and lines[-1].endswith('] line 199'), done.stderr
