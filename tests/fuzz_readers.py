@@ -63,6 +63,20 @@ def solver(args):
 
 
 @reader
+def weights(args):
+    """A weights file (binary or HDF5), read as Net.copy_from reads it."""
+    from caffe_syncbn.formats.caffemodel import read_weights
+    read_weights(args['path'])
+
+
+@reader
+def solver_state(args):
+    """A .solverstate or .solverstate.h5, read as Solver.restore reads it."""
+    from caffe_syncbn.formats.solverstate import read_solver_state
+    read_solver_state(args['path'])
+
+
+@reader
 def mean_file(args):
     """A .binaryproto mean image, as transform_param.mean_file reads it."""
     from caffe_syncbn.data.transform import load_mean_file

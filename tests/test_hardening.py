@@ -3,18 +3,20 @@ disk but huge in memory, a log file on a full disk, files that are not regular f
 Python layers that are not layers, zero-sized blobs, Datum records of mixed shapes, and
 snapshots that a power loss could lose."""
 import os
+import shutil
 import stat
 import subprocess
 import sys
 
 import pytest
-from fuzz_harness import short_folder
+from fuzz_harness import Worker, short_folder
 
 import caffe_syncbn as caffe
+from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write
 
-from conftest import ROOT
+from conftest import GOLDEN, ROOT
 
 
 @pytest.fixture
@@ -86,3 +88,94 @@ def test_log_file_on_a_full_disk_is_one_warning_and_the_log_goes_on(tmp_path):
     one_line(warnings[0], 'cannot write the log file /dev/full: No space left on device',
              'the log goes on on stderr only')
     assert len(lines) == 201 and lines[-1].endswith('] line 199'), done.stderr
+
+
+# ---- files that are not regular files -------------------------------------------------------
+NET = '''layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 } }
+'''
+LISTS = {'ImageData': 'image_data_param { source: "%s" batch_size: 1 }',
+         'SegData': 'seg_data_param { source: "%s" }',
+         'HDF5Data': 'hdf5_data_param { source: "%s" batch_size: 1 }'}
+
+
+def data_net(folder, kind, source):
+    top = 'top: "data" top: "label"'
+    return write(folder / ('%s.prototxt' % kind), 'layer { name: "d" type: "%s" %s %s }'
+                 % (kind, top, LISTS[kind] % source))
+
+
+@pytest.fixture(scope='module')
+def quick_worker():
+    """A reader stuck on a FIFO is a hang the worker reports after 10 s, not a stuck suite."""
+    worker = Worker(timeout=10)
+    yield worker
+    worker.close()
+
+
+def fifo_cases(folder):
+    """(name, reader, args, the path the error must name) for every reader, on a FIFO."""
+    fifo = folder / 'fifo'
+    os.mkfifo(fifo)
+    for name in ('fifo.caffemodel.h5', 'fifo.solverstate.h5'):
+        os.mkfifo(folder / name)
+    (folder / 'lmdb').mkdir()
+    os.mkfifo(folder / 'lmdb' / 'data.mdb')
+    net = write(folder / 'net.prototxt', NET)
+    listing = write(folder / 'images.txt', '%s 0\n' % fifo)
+    pairs = write(folder / 'pairs.txt', '%s %s\n' % (fifo, fifo))
+    h5_list = write(folder / 'h5.txt', '%s\n' % fifo)
+    lmdb_net = write(folder / 'lmdb.prototxt', 'layer { name: "d" type: "Data" top: "data" '
+                     'data_param { source: "%s" batch_size: 1 backend: LMDB } }'
+                     % (folder / 'lmdb'))
+    yield 'net prototxt', 'net', {'model': str(fifo)}, fifo
+    yield 'solver prototxt', 'solver', {'solver': str(fifo)}, fifo
+    yield 'binary weights', 'net', {'model': net, 'weights': str(fifo)}, fifo
+    yield 'HDF5 weights', 'weights', {'path': str(fifo) + '.caffemodel.h5'}, fifo
+    yield '/dev/stdin as weights', 'weights', {'path': '/dev/stdin'}, '/dev/stdin'
+    yield 'binary solverstate', 'solver_state', {'path': str(fifo)}, fifo
+    yield 'HDF5 solverstate', 'solver_state', {'path': str(fifo) + '.solverstate.h5'}, fifo
+    yield 'binaryproto', 'mean_file', {'path': str(fifo)}, fifo
+    yield 'LMDB', 'net', {'model': lmdb_net}, folder / 'lmdb' / 'data.mdb'
+    yield 'LMDB mean', 'image_mean', {'path': str(folder / 'lmdb')}, folder / 'lmdb'
+    for kind in LISTS:
+        yield kind + ' list', 'net', {'model': data_net(folder, kind, fifo)}, fifo
+    yield 'listed image', 'net', {'model': data_net(folder, 'ImageData', listing)}, fifo
+    yield 'listed pair', 'net', {'model': data_net(folder, 'SegData', pairs)}, fifo
+    yield 'listed HDF5 file', 'net', {'model': data_net(folder, 'HDF5Data', h5_list)}, fifo
+
+
+def test_every_reader_refuses_a_fifo_in_one_line(quick_worker, tmp_path):
+    """A FIFO (or /dev/stdin, a pipe here) is refused before it is opened: opening it
+    would wait for a writer."""
+    for name, reader, args, path in fifo_cases(tmp_path):
+        answer = quick_worker.run(reader, args, cwd=tmp_path)
+        assert answer['outcome'] == 'CaffeError', (name, answer)
+        one_line(answer['message'], path, 'is not a regular file (a FIFO)')
+
+
+def test_resuming_from_a_learned_net_that_is_a_fifo(quick_worker, tmp_path):
+    for path in GOLDEN.glob('solver_snapshot_binaryproto*'):
+        shutil.copy(path, tmp_path)
+    os.mkfifo(tmp_path / 'fifo.caffemodel')
+    state = caffe_pb2.SolverState.FromString(
+        (tmp_path / 'solver_snapshot_binaryproto_iter_6.solverstate').read_bytes())
+    state.learned_net = 'fifo.caffemodel'
+    write(tmp_path / 'fifo.solverstate', state.SerializeToString())
+    answer = quick_worker.run('solver', {'solver': 'solver_snapshot_binaryproto.solver.prototxt',
+                                         'state': 'fifo.solverstate', 'steps': 0}, cwd=tmp_path)
+    assert answer['outcome'] == 'CaffeError', answer
+    one_line(answer['message'], 'solver state fifo.solverstate',
+             'fifo.caffemodel is not a regular file (a FIFO)')
+
+
+def test_weights_flag_naming_a_fifo(tmp_path):
+    os.mkfifo(tmp_path / 'fifo')
+    net = write(tmp_path / 'net.prototxt', NET)
+    done = subprocess.run([sys.executable, '-m', 'caffe_syncbn', 'test', '-model', net,
+                           '-weights', str(tmp_path / 'fifo')], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == 'error: -weights %s is not a regular file (a FIFO)' % (
+        tmp_path / 'fifo'), done.stderr

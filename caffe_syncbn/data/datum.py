@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from .. import caffe_pb2
 from ..errors import CaffeError, quote
+from ..formats.regular import not_regular, require_regular
 from .lmdbfile import LMDBFile
 
 
@@ -44,6 +45,7 @@ def imread(path, flag):
     file listed in another encoding) is read through Python and decoded: OpenCV's own
     imread crashes on such a name."""
     cv = cv2()
+    require_regular(path, 'image file')
     try:
         path.encode('utf-8')
     except UnicodeEncodeError:
@@ -56,10 +58,13 @@ def imread(path, flag):
 
 
 def listed(path, source, error=CaffeError):
-    """``path``, a file that the list ``source`` names, if it exists; else an error that
-    names the list too."""
-    if not os.path.isfile(path):
+    """``path``, a file that the list ``source`` names, if it exists and is a regular
+    file; else an error that names the list too."""
+    if not os.path.exists(path):
         raise error('%s, listed in %s, does not exist' % (quote(path), source))
+    kind = not_regular(path)
+    if kind is not None:
+        raise error('%s, listed in %s, is not a regular file (%s)' % (quote(path), source, kind))
     return path
 
 
@@ -170,9 +175,10 @@ class LMDBReader:
     def __init__(self, path, what='LMDB'):
         self.path = path
         data_file = os.path.join(path, 'data.mdb')
-        if not os.path.isdir(path) or not os.path.isfile(data_file):
+        if not os.path.isdir(path) or not os.path.exists(data_file):
             raise CaffeError('%s %s not found (expected a folder holding data.mdb)'
                              % (what, quote(path)))
+        require_regular(data_file, what)
         try:
             self.file = LMDBFile(data_file)
         except OSError as exc:

@@ -14,6 +14,7 @@ from .. import caffe_pb2
 from ..backend import to_numpy
 from ..errors import CaffeError, quote
 from .atomic import atomic_write
+from .regular import not_regular, require_regular
 
 HDF5_MAGIC = b'\x89HDF\r\n\x1a\n'
 _BLOB_DATA_FIELD = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name['data'].number
@@ -101,6 +102,8 @@ def is_hdf5(path):
     path = os.fspath(path)
     if path.endswith('.h5'):
         return True
+    if not_regular(path):       # opening a FIFO to look would wait for a writer
+        return False
     try:
         with open(path, 'rb') as f:
             return f.read(len(HDF5_MAGIC)) == HDF5_MAGIC
@@ -111,6 +114,7 @@ def is_hdf5(path):
 def parse_binary_file(path, message_class):
     path = os.fspath(path)
     what = message_class.DESCRIPTOR.name
+    require_regular(path)
     try:
         with open(path, 'rb') as f:
             if os.fstat(f.fileno()).st_size == 0:
