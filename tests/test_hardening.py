@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from fuzz_harness import Worker, short_folder
@@ -15,6 +16,7 @@ import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write
+from caffe_syncbn.formats.caffemodel import read_weights
 
 from conftest import GOLDEN, ROOT
 
@@ -179,3 +181,40 @@ def test_weights_flag_naming_a_fifo(tmp_path):
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip() == 'error: -weights %s is not a regular file (a FIFO)' % (
         tmp_path / 'fifo'), done.stderr
+
+
+# ---- weights files small on disk, huge in memory --------------------------------------------
+EMPTY_LAYER = b'\xa2\x06\x00'          # field 100 (layer), length-delimited, 0 bytes
+
+
+def test_a_file_of_empty_layer_records_is_refused_before_parsing(tmp_path):
+    """The issue's file: 3 bytes a layer on disk, some 600 once parsed."""
+    path = write(tmp_path / 'empty.caffemodel', EMPTY_LAYER * 300000)
+    started = time.monotonic()
+    one_line(error_of(read_weights, path), path, 'more than 200000 records',
+             "200001 'layer' records", 'CAFFE_SYNCBN_MAX_RECORDS raises the bound')
+    assert time.monotonic() - started < 10
+
+
+def test_the_record_bound_can_be_set(monkeypatch):
+    path = GOLDEN / 'net_lenet.caffemodel'
+    monkeypatch.setenv('CAFFE_SYNCBN_MAX_RECORDS', '5')
+    one_line(error_of(read_weights, path), path, 'more than 5 records')
+    monkeypatch.setenv('CAFFE_SYNCBN_MAX_RECORDS', 'many')
+    one_line(error_of(read_weights, path), 'CAFFE_SYNCBN_MAX_RECORDS=many is not a number')
+    monkeypatch.delenv('CAFFE_SYNCBN_MAX_RECORDS')
+    assert len(read_weights(path).blobs) > 5
+
+
+def test_running_out_of_memory_on_a_weights_file_says_so(tmp_path, monkeypatch):
+    """Under a memory limit, with the record bound raised past it, the parser fails to
+    allocate: that is no truncated or corrupt file."""
+    path = write(tmp_path / 'empty.caffemodel', EMPTY_LAYER * 2000000)
+    monkeypatch.setenv('CAFFE_SYNCBN_MAX_RECORDS', str(10 ** 8))
+    worker = Worker(memory_limit=400 << 20)
+    try:
+        answer = worker.run('weights', {'path': path})
+    finally:
+        worker.close()
+    assert answer['outcome'] == 'CaffeError', answer
+    one_line(answer['message'], 'ran out of memory reading %s' % path)
