@@ -2,18 +2,23 @@
 disk but huge in memory, a log file on a full disk, files that are not regular files,
 Python layers that are not layers, zero-sized blobs, Datum records of mixed shapes, and
 snapshots that a power loss could lose."""
+import io
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import time
+import zlib
 
+import numpy as np
 import pytest
 from fuzz_harness import Worker, short_folder
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
+from caffe_syncbn.data.image_size import image_size
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write
 from caffe_syncbn.formats.caffemodel import read_weights
@@ -218,3 +223,93 @@ def test_running_out_of_memory_on_a_weights_file_says_so(tmp_path, monkeypatch):
         worker.close()
     assert answer['outcome'] == 'CaffeError', answer
     one_line(answer['message'], 'ran out of memory reading %s' % path)
+
+
+# ---- images small on disk, huge in memory ---------------------------------------------------
+def huge_png(width=25000, height=25000):
+    """A real 1-bit PNG of width x height black pixels: 80 KB on disk, 1.9 GB decoded in
+    colour."""
+    def chunk(kind, data):
+        return struct.pack('>I', len(data)) + kind + data + struct.pack(
+            '>I', zlib.crc32(kind + data))
+    row = b'\0' * (1 + (width + 7) // 8)
+    compressor = zlib.compressobj(9)
+    payload = b''.join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack('>IIBBBBB', width, height, 1, 0, 0, 0, 0)
+    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', payload)
+            + chunk(b'IEND', b''))
+
+
+@pytest.fixture(scope='module')
+def limited_worker():
+    """The issue's case ran out of memory inside OpenCV under a memory limit."""
+    worker = Worker(memory_limit=1 << 30)
+    yield worker
+    worker.close()
+
+
+def image_cases(folder):
+    big = folder / 'big.png'
+    big.write_bytes(huge_png())
+    small = folder / 'small.png'
+    small.write_bytes(huge_png(8, 8))
+    images = write(folder / 'images.txt', '%s 0\n' % big)
+    pairs = write(folder / 'pairs.txt', '%s %s\n' % (big, small))
+    labels = write(folder / 'labels.txt', '%s %s\n' % (small, big))
+    seg = '''layer { name: "d" type: "%s" top: "data" top: "label" %s { source: "%s" } }'''
+    yield 'ImageData', 'net', {'model': data_net(folder, 'ImageData', images)}, big
+    yield 'SegData', 'net', {'model': data_net(folder, 'SegData', pairs)}, big
+    yield 'SegData label map', 'net', {'model': data_net(folder, 'SegData', labels)}, big
+    yield 'ImageSegData', 'net', {'model': write(folder / 'image_seg.prototxt', seg % (
+        'ImageSegData', 'image_data_param', pairs))}, big
+    datum = caffe_pb2.Datum(data=big.read_bytes(), encoded=True)
+    yield 'encoded Datum', 'datum', {'path': write(folder / 'big.datum',
+                                                   datum.SerializeToString())}, 'big.datum'
+
+
+def test_an_image_over_the_pixel_bound_is_refused_before_decoding(limited_worker, tmp_path):
+    for name, reader, args, path in image_cases(tmp_path):
+        answer = limited_worker.run(reader, args, cwd=tmp_path)
+        assert answer['outcome'] == 'CaffeError', (name, answer)
+        one_line(answer['message'], path, 'is 25000 x 25000 pixels, more than 134217728',
+                 'OPENCV_IO_MAX_IMAGE_PIXELS raises the bound')
+
+
+def test_the_pixel_bound_holds_for_formats_opencv_checks_itself(tmp_path, monkeypatch):
+    """Sun raster has no header reader here: OpenCV checks the variable it shares."""
+    cv2 = pytest.importorskip('cv2')
+    image = tmp_path / 'a.ras'
+    assert cv2.imwrite(str(image), np.zeros((37, 53, 3), np.uint8))
+    model = data_net(tmp_path, 'ImageData', write(tmp_path / 'images.txt', '%s 0\n' % image))
+    monkeypatch.setenv('OPENCV_IO_MAX_IMAGE_PIXELS', '1000')
+    worker = Worker()
+    try:
+        answer = worker.run('net', {'model': model})
+    finally:
+        worker.close()
+    assert answer['outcome'] == 'CaffeError', answer
+    one_line(answer['message'], image, 'more than 1000 pixels',
+             'OPENCV_IO_MAX_IMAGE_PIXELS raises the bound')
+
+
+@pytest.mark.parametrize('extension', ['.png', '.jpg', '.bmp', '.tiff', '.webp', '.ppm', '.gif'])
+def test_image_sizes_are_read_from_headers(extension):
+    cv2 = pytest.importorskip('cv2')
+    ok, payload = cv2.imencode(extension, np.zeros((37, 53, 3), np.uint8))
+    assert ok
+    assert image_size(io.BytesIO(payload.tobytes())) == (53, 37)
+
+
+def test_opencv_running_out_of_memory_is_one_line(tmp_path, monkeypatch):
+    """With the bound raised past the memory limit, OpenCV's failure is one line."""
+    big = tmp_path / 'big.png'
+    big.write_bytes(huge_png())
+    model = data_net(tmp_path, 'ImageData', write(tmp_path / 'images.txt', '%s 0\n' % big))
+    monkeypatch.setenv('OPENCV_IO_MAX_IMAGE_PIXELS', str(10 ** 9))
+    worker = Worker(memory_limit=1 << 30)
+    try:
+        answer = worker.run('net', {'model': model})
+    finally:
+        worker.close()
+    assert answer['outcome'] == 'CaffeError', answer
+    one_line(answer['message'], "OpenCV could not read image file '%s': Failed to allocate" % big)

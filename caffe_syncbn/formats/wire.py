@@ -27,7 +27,8 @@ def max_records():
     try:
         value = int(text) if text else DEFAULT_MAX_RECORDS
     except ValueError:
-        raise CaffeError('%s=%s is not a number of records' % (MAX_RECORDS_VARIABLE, text)) from None
+        raise CaffeError('%s=%s is not a number of records'
+                         % (MAX_RECORDS_VARIABLE, text)) from None
     if value < 1:
         raise CaffeError('%s=%s: the bound must be at least 1' % (MAX_RECORDS_VARIABLE, text))
     return value
