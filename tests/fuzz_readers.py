@@ -33,12 +33,15 @@ def reader(function):
 
 @reader
 def net(args):
-    """Build a net from a prototxt (setup and reshape of every layer), optionally run it."""
+    """Build a net from a prototxt (setup and reshape of every layer), optionally run it
+    forward (and backward)."""
     import caffe_syncbn as caffe
     net = caffe.Net(args['model'], caffe.TRAIN if args.get('phase') == 'TRAIN' else caffe.TEST,
                     weights=args.get('weights'))
     for _ in range(args.get('forwards', 0)):
         net.forward()
+        if args.get('backward'):
+            net.backward()
 
 
 @reader

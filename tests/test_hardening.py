@@ -18,6 +18,7 @@ from fuzz_harness import Worker, short_folder
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
+from caffe_syncbn.data.datum import array_to_datum, write_lmdb
 from caffe_syncbn.data.image_size import image_size
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write
@@ -313,3 +314,41 @@ def test_opencv_running_out_of_memory_is_one_line(tmp_path, monkeypatch):
         worker.close()
     assert answer['outcome'] == 'CaffeError', answer
     one_line(answer['message'], "OpenCV could not read image file '%s': Failed to allocate" % big)
+
+
+# ---- zero-sized blobs and Datum records of mixed shapes -------------------------------------
+ZERO_NET = '''layer { name: "in" type: "Input" top: "a" input_param { shape { %s } } }
+layer { name: "x" type: "%s" bottom: "a" top: "b" %s }
+'''
+
+
+def zero_net(folder, dims, kind, param=''):
+    shape = ' '.join('dim: %d' % d for d in dims)
+    return write(folder / 'zero.prototxt', ZERO_NET % (shape, kind, param))
+
+
+@pytest.mark.parametrize('dims', [(2, 0, 4, 5), (2, 3, 0, 5), (2, 0)])
+def test_inner_product_without_inputs_is_refused_at_setup(tmp_path, dims):
+    path = zero_net(tmp_path, dims, 'InnerProduct', 'inner_product_param { num_output: 2 }')
+    one_line(error_of(caffe.Net, path, caffe.TEST), path, "layer 'x' (type InnerProduct)",
+             'no inputs per sample', str(dims))
+
+
+@pytest.mark.parametrize('kind', ['BatchNorm', 'BN', 'SyncBN'])
+def test_batch_norm_on_a_zero_sized_spatial_axis_runs_in_test(tmp_path, kind):
+    """With stored statistics there is nothing to average: an empty blob in, one out."""
+    net = caffe.Net(zero_net(tmp_path, (2, 3, 0, 5), kind), caffe.TEST)
+    net.forward()
+    assert net.blobs['b'].data.shape == (2, 3, 0, 5)
+
+
+def test_datum_of_another_shape_names_the_database_the_key_and_both_shapes(tmp_path):
+    db = tmp_path / 'db'
+    records = [(b'%08d' % i, array_to_datum(np.zeros((3 if i < 2 else 2, 5, 5), np.uint8))
+                .SerializeToString()) for i in range(4)]
+    write_lmdb(str(db), [records])
+    path = write(tmp_path / 'net.prototxt', 'layer { name: "data" type: "Data" top: "data" '
+                 'data_param { source: "%s" batch_size: 3 backend: LMDB } }' % db)
+    net = caffe.Net(path, caffe.TRAIN)
+    one_line(error_of(net.forward), "layer 'data' (type Data)", "record '00000002' of %s" % db,
+             'has shape [2, 5, 5], the first record [3, 5, 5]')
