@@ -40,7 +40,16 @@ class LogFileHandler(logging.FileHandler):
     dropped: logging's own handler would print a traceback for every line, while stderr
     still has the whole log."""
 
+    failed = False
+
+    def emit(self, record):
+        if not self.failed:       # a thread already past the logger's list of handlers
+            super().emit(record)
+
     def handleError(self, record):
+        if self.failed:
+            return
+        self.failed = True
         exc = sys.exc_info()[1]
         logger = logging.getLogger('caffe_syncbn')
         logger.removeHandler(self)             # first, so that the warning does not come here

@@ -24,7 +24,7 @@ def not_regular(path):
         return None
     if stat.S_ISREG(mode):
         return None
-    return next((kind for test, kind in _KINDS if test(mode)), 'not a file')
+    return next((kind for test, kind in _KINDS if test(mode)), 'a special file')
 
 
 def require_regular(path, what='', error=CaffeError):
