@@ -24,7 +24,7 @@ from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write
 from caffe_syncbn.formats.caffemodel import read_weights
 
-from conftest import GOLDEN, ROOT
+from conftest import GOLDEN, ROOT, require
 
 
 @pytest.fixture
@@ -164,6 +164,7 @@ def test_every_reader_refuses_a_fifo_in_one_line(quick_worker, tmp_path):
 
 
 def test_resuming_from_a_learned_net_that_is_a_fifo(quick_worker, tmp_path):
+    require(GOLDEN / 'solver_snapshot_binaryproto.solver.prototxt')
     for path in GOLDEN.glob('solver_snapshot_binaryproto*'):
         shutil.copy(path, tmp_path)
     os.mkfifo(tmp_path / 'fifo.caffemodel')
@@ -203,7 +204,7 @@ def test_a_file_of_empty_layer_records_is_refused_before_parsing(tmp_path):
 
 
 def test_the_record_bound_can_be_set(monkeypatch):
-    path = GOLDEN / 'net_lenet.caffemodel'
+    path = require(GOLDEN / 'net_lenet.caffemodel')
     monkeypatch.setenv('CAFFE_SYNCBN_MAX_RECORDS', '5')
     one_line(error_of(read_weights, path), path, 'more than 5 records')
     monkeypatch.setenv('CAFFE_SYNCBN_MAX_RECORDS', 'many')
