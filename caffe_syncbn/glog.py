@@ -1,4 +1,5 @@
 """Logging in glog's format, so that Caffe's log tools read our logs."""
+import contextlib
 import datetime
 import logging
 import os
@@ -33,9 +34,35 @@ class GlogFormatter(logging.Formatter):
         return '\n'.join(prefix + line for line in super().format(record).split('\n'))
 
 
+class LogFileHandler(logging.FileHandler):
+    """A log file that may fail to take a line (a full disk, a file size limit). The first
+    failure is one warning on the logger's other handlers (stderr), and the file is then
+    dropped: logging's own handler would print a traceback for every line, while stderr
+    still has the whole log."""
+
+    failed = False
+
+    def emit(self, record):
+        if not self.failed:       # a thread already past the logger's list of handlers
+            super().emit(record)
+
+    def handleError(self, record):
+        if self.failed:
+            return
+        self.failed = True
+        exc = sys.exc_info()[1]
+        logger = logging.getLogger('caffe_syncbn')
+        logger.removeHandler(self)             # first, so that the warning does not come here
+        with contextlib.suppress(OSError):     # closing flushes the lines that did not fit
+            self.close()
+        logger.warning('cannot write the log file %s: %s; the log goes on on stderr only',
+                       self.baseFilename, getattr(exc, 'strerror', None) or exc)
+
+
 def setup_logging(log_file=None, level=None):
     """glog-format lines on stderr (and appended to ``log_file``). The level defaults to
-    INFO, or to what GLOG_minloglevel says, as for Caffe."""
+    INFO, or to what GLOG_minloglevel says, as for Caffe. Where ``log_file`` cannot take
+    a line, one warning says so and the log goes on on stderr (LogFileHandler)."""
     if level is None:
         level = _MIN_LEVELS[min(max(_int_env('GLOG_minloglevel'), 0), 3)]
     logger = logging.getLogger('caffe_syncbn')
@@ -46,7 +73,7 @@ def setup_logging(log_file=None, level=None):
     handlers = [logging.StreamHandler(sys.stderr)]
     if log_file:
         try:
-            handlers.append(logging.FileHandler(log_file, mode='a'))
+            handlers.append(LogFileHandler(log_file, mode='a'))
         except OSError as exc:
             raise CaffeError('-log_file %s: %s' % (log_file, exc.strerror or exc)) from None
     for handler in handlers:

@@ -33,12 +33,15 @@ def reader(function):
 
 @reader
 def net(args):
-    """Build a net from a prototxt (setup and reshape of every layer), optionally run it."""
+    """Build a net from a prototxt (setup and reshape of every layer), optionally run it
+    forward (and backward)."""
     import caffe_syncbn as caffe
     net = caffe.Net(args['model'], caffe.TRAIN if args.get('phase') == 'TRAIN' else caffe.TEST,
                     weights=args.get('weights'))
     for _ in range(args.get('forwards', 0)):
         net.forward()
+        if args.get('backward'):
+            net.backward()
 
 
 @reader
@@ -60,6 +63,20 @@ def solver(args):
     if args.get('state'):
         solver.restore(args['state'])
     solver.step(args.get('steps', 1))
+
+
+@reader
+def weights(args):
+    """A weights file (binary or HDF5), read as Net.copy_from reads it."""
+    from caffe_syncbn.formats.caffemodel import read_weights
+    read_weights(args['path'])
+
+
+@reader
+def solver_state(args):
+    """A .solverstate or .solverstate.h5, read as Solver.restore reads it."""
+    from caffe_syncbn.formats.solverstate import read_solver_state
+    read_solver_state(args['path'])
 
 
 @reader

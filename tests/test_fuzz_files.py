@@ -257,6 +257,53 @@ def test_fuzz_lmdb(worker, tmp_path):
     tally.check()
 
 
+MIXED_NET = '''layer { name: "data" type: "Data" top: "data" top: "label"
+  data_param { source: "%s" batch_size: 3 backend: LMDB } %s }
+'''
+
+
+def mixed_records(rs, count, shapes, encoded=False):
+    """Datum records of the given shapes, drawn at random from record 1 on (record 0 has
+    the first shape): a database whose channels or size change part of the way in."""
+    import cv2
+    from caffe_syncbn.data.datum import array_to_datum, encoded_datum
+    records = []
+    for i in range(count):
+        shape = shapes[0] if i == 0 else shapes[rs.randint(len(shapes))]
+        image = rs.randint(0, 256, shape).astype(np.uint8)
+        if encoded:
+            datum = encoded_datum(cv2.imencode('.png', image.transpose(1, 2, 0))[1].tobytes())
+        else:
+            datum = array_to_datum(image, i % 3)
+        records.append((b'%08d' % i, datum.SerializeToString()))
+    return records
+
+
+MIXED_SHAPES = [[(3, 5, 5), (2, 5, 5)], [(3, 5, 5), (1, 5, 5)], [(3, 5, 5), (3, 6, 5)],
+                [(1, 4, 4), (3, 4, 4)], [(3, 8, 8), (3, 5, 7)], [(3, 5, 5), (3, 5, 5), (4, 5, 5)]]
+
+
+def test_fuzz_lmdb_of_mixed_shapes(worker, tmp_path):
+    """Databases whose Datum records change channels or size part of the way in: a net
+    with and without crop_size, forwarded past the change, and compute_image_mean."""
+    from caffe_syncbn.data.datum import write_lmdb
+    tally = Tally('LMDB of mixed shapes')
+    rs = np.random.RandomState(8)
+    for number, shapes in enumerate(MIXED_SHAPES):
+        for encoded in (False, True):
+            if encoded and any(shape[0] not in (1, 3) for shape in shapes):
+                continue                  # PNG holds gray or colour
+            folder = tmp_path / ('%d_%d' % (number, encoded))
+            write_lmdb(str(folder), [mixed_records(rs, 12, shapes, encoded)])
+            for transform in ('', 'transform_param { crop_size: 3 }'):
+                model = write(folder / 'net.prototxt', MIXED_NET % (folder, transform))
+                tally.add(str(folder), worker.run('net', {'model': model, 'forwards': 4}),
+                          names=[str(folder)])
+            tally.add(str(folder), worker.run('image_mean', {'path': str(folder)}),
+                      names=[str(folder)])
+    tally.check()
+
+
 def datum_edits():
     """Datum records, good and bad: (name, serialized bytes)."""
     import cv2

@@ -55,6 +55,30 @@ def test_every_layer_type_with_any_number_of_blobs(worker, folder):
     tally.check()
 
 
+def test_every_layer_type_with_a_zero_sized_axis(worker, folder):
+    """Each registered type on 1 to 3 bottoms with an axis of size 0 (Caffe's blobs may
+    have one), run forward and backward in TRAIN and forward in TEST: it works or is a
+    CaffeError naming the layer (an empty batch is refused by the batch norms when they
+    run, since only then is the whole batch of a data-parallel run known)."""
+    tally = Tally('layer types x zero-sized axes')
+    for kind in layer_type_list():
+        for axis in range(4):
+            shape = ' '.join('dim: %d' % (0 if i == axis else 2 + i) for i in range(4))
+            for bottoms in range(1, 4):
+                text = ('layer { name: "in" type: "Input" top: "a" top: "b" top: "c" '
+                        'input_param { shape { %s } } }\n' % shape +
+                        'layer { name: "x" type: "%s" %s top: "t" }\n'
+                        % (kind, ' '.join('bottom: "%s"' % 'abc'[i] for i in range(bottoms))))
+                path = folder / ('%s_zero%d_%d.prototxt' % (kind, axis, bottoms))
+                path.write_text(text)
+                for phase in ('TRAIN', 'TEST'):
+                    answer = worker.run('net', {'model': str(path), 'phase': phase,
+                                                'forwards': 1, 'backward': phase == 'TRAIN'},
+                                        cwd=folder)
+                    tally.add(str(path), answer, names=["layer 'x'"])
+    tally.check()
+
+
 # ---- nets generated from the schema ---------------------------------------------------------
 SANE = {'int': [1, 2, 3], 'float': [0.1, 1.0, 2.0], 'string': ['a']}
 ODD = {'int': [-2 ** 31, -1, 0, 2 ** 31 - 1], 'uint': [0, 2 ** 31 - 1, 2 ** 32 - 1],

@@ -24,6 +24,7 @@ from .. import TEST, TRAIN, Net, caffe_pb2
 from ..backend import to_numpy
 from ..comm.mpi import ending_job_on_error, job_link
 from ..errors import CaffeError
+from ..formats.regular import require_regular
 from ..glog import setup_logging
 from ..netparam.solver_param import load_solver_param
 from ..netparam.upgrade import load_net_param
@@ -371,9 +372,13 @@ def _paths(text):
 
 def _require_files(flags):
     for flag, path in flags:
-        if path is not None and not os.path.isfile(path):
-            raise CaffeError('%s %s: %s' % (flag, path, 'a folder, not a file'
-                                            if os.path.isdir(path) else 'no such file'))
+        if path is None:
+            continue
+        if not os.path.exists(path):
+            raise CaffeError('%s %s: no such file' % (flag, path))
+        if os.path.isdir(path):
+            raise CaffeError('%s %s: a folder, not a file' % (flag, path))
+        require_regular(path, flag)
 
 
 def console_main():

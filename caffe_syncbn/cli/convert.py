@@ -21,6 +21,7 @@ from ..errors import CaffeError
 from ..export import to_onnx
 from ..formats.atomic import atomic_write
 from ..formats.caffemodel import Record, write_records, write_records_hdf5
+from ..formats.regular import require_regular
 from ..netparam.graph import shared_param_owners
 from ..netparam.upgrade import load_net_param
 
@@ -116,8 +117,9 @@ def output_prefix(path):
 def main(argv=None, prog=None):
     args = build_parser(prog).parse_args(argv)
     for path in filter(None, [args.model, args.weights]):
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise CaffeError('%s: no such file' % path)
+        require_regular(path)
     prefix = output_prefix(args.output)
     if args.command == 'to-onnx':
         written = [write_onnx(prefix + '.onnx', args.model, args.weights, args.input_shape,

@@ -3,7 +3,8 @@
 A Datum is one sample: ``data`` holds uint8 pixels in C x H x W order (BGR for colour
 images, as OpenCV reads them), or the bytes of a PNG/JPEG file when ``encoded`` is set;
 ``float_data`` replaces ``data`` for float input. Images go through OpenCV, as in Caffe,
-so pixel values (JPEG decoding, resizing) match what Caffe's tools produce.
+so pixel values (JPEG decoding, resizing) match what Caffe's tools produce. An image
+with more pixels than a bound is refused before it is decoded (see image_size.py).
 """
 import math
 import os
@@ -13,11 +14,16 @@ from google.protobuf.message import DecodeError
 
 from .. import caffe_pb2
 from ..errors import CaffeError, quote
+from ..formats.regular import not_regular, require_regular
+from .image_size import (DEFAULT_MAX_PIXELS, MAX_PIXELS_VARIABLE, check_image_size,
+                         max_image_pixels)
 from .lmdbfile import LMDBFile
 
 
 def cv2():
-    """OpenCV, imported on first use: only image files and encoded records need it."""
+    """OpenCV, imported on first use: only image files and encoded records need it. It
+    reads its bound on pixels, for the formats image_size.py does not read, when imported."""
+    os.environ.setdefault(MAX_PIXELS_VARIABLE, str(DEFAULT_MAX_PIXELS))
     try:
         import cv2 as module
     except ImportError:
@@ -42,24 +48,46 @@ def hwc_to_chw(image):
 def imread(path, flag):
     """cv2.imread, or None where it cannot read the file. A name that is not UTF-8 (a
     file listed in another encoding) is read through Python and decoded: OpenCV's own
-    imread crashes on such a name."""
+    imread crashes on such a name. An image over the bound on pixels, or one that OpenCV
+    fails on (out of memory), is a CaffeError naming the file."""
     cv = cv2()
+    require_regular(path, 'image file')
+    what = 'image file %s' % quote(path)
     try:
-        path.encode('utf-8')
-    except UnicodeEncodeError:
+        check_image_size(path, what)
+    except OSError:
+        return None
+    try:
         try:
-            payload = np.fromfile(path, np.uint8)
-        except (OSError, ValueError):           # ValueError: a NUL in the name
-            return None
-        return cv.imdecode(payload, flag) if payload.size else None
-    return cv.imread(path, flag)
+            path.encode('utf-8')
+        except UnicodeEncodeError:
+            try:
+                payload = np.fromfile(path, np.uint8)
+            except (OSError, ValueError):           # ValueError: a NUL in the name
+                return None
+            return cv.imdecode(payload, flag) if payload.size else None
+        return cv.imread(path, flag)
+    except cv.error as exc:
+        raise CaffeError('OpenCV could not read %s: %s' % (what, opencv_reason(exc))) from None
+
+
+def opencv_reason(exc):
+    """One line for a cv2.error, whose message runs over several lines."""
+    reason = getattr(exc, 'err', '') or ' '.join(str(exc).split())
+    if 'CV_IO_MAX_IMAGE_PIXELS' in reason:
+        return 'more than %d pixels (%s raises the bound)' % (max_image_pixels(),
+                                                             MAX_PIXELS_VARIABLE)
+    return reason if len(reason) <= 120 else reason[:117] + '...'
 
 
 def listed(path, source, error=CaffeError):
-    """``path``, a file that the list ``source`` names, if it exists; else an error that
-    names the list too."""
-    if not os.path.isfile(path):
+    """``path``, a file that the list ``source`` names, if it exists and is a regular
+    file; else an error that names the list too."""
+    if not os.path.exists(path):
         raise error('%s, listed in %s, does not exist' % (quote(path), source))
+    kind = not_regular(path)
+    if kind is not None:
+        raise error('%s, listed in %s, is not a regular file (%s)' % (quote(path), source, kind))
     return path
 
 
@@ -85,10 +113,12 @@ def decode_image(payload, color=None, what='encoded image'):
     cv = cv2()
     image = None
     if len(payload):                  # OpenCV raises on an empty buffer, says None otherwise
+        check_image_size(payload, what)
         try:
             image = cv.imdecode(np.frombuffer(payload, np.uint8), _read_flag(color))
-        except cv.error:
-            pass
+        except cv.error as exc:
+            raise CaffeError('OpenCV could not decode %s (%d bytes): %s'
+                             % (what, len(payload), opencv_reason(exc))) from None
     if image is None:
         raise CaffeError('could not decode %s (%d bytes): not a PNG, JPEG or other image file '
                          'that OpenCV reads' % (what, len(payload)))
@@ -170,9 +200,10 @@ class LMDBReader:
     def __init__(self, path, what='LMDB'):
         self.path = path
         data_file = os.path.join(path, 'data.mdb')
-        if not os.path.isdir(path) or not os.path.isfile(data_file):
+        if not os.path.isdir(path) or not os.path.exists(data_file):
             raise CaffeError('%s %s not found (expected a folder holding data.mdb)'
                              % (what, quote(path)))
+        require_regular(data_file, what)
         try:
             self.file = LMDBFile(data_file)
         except OSError as exc:

@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import CaffeError, quote
 from ..formats.atomic import atomic_write
 from ..formats.blobs import array_to_blob
+from ..formats.regular import require_regular
 from .datum import (LMDBReader, array_to_datum, cv2, datum_to_array, encode_image, encoded_datum,
                     hwc_to_chw, imread, parse_datum, record_name, write_lmdb)
 
@@ -20,6 +21,7 @@ COMMIT_EVERY = 1000
 def read_image_list(path, error=CaffeError):
     """[(file name, int label)] from "name label" lines; the label follows the LAST space,
     so names may hold spaces (Caffe's rule)."""
+    require_regular(path, 'list file', error)
     try:
         with open(path, errors='surrogateescape') as f:     # file names in any encoding
             lines = [line.rstrip('\r\n') for line in f]

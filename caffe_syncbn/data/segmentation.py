@@ -12,6 +12,7 @@ import numpy as np
 
 from ..caffe_pb2 import TRAIN
 from ..errors import CaffeError, quote
+from ..formats.regular import require_regular
 from .datum import cv2, hwc_to_chw, imread, listed, read_image
 
 IGNORE_LABEL = 255
@@ -20,6 +21,7 @@ IGNORE_LABEL = 255
 def read_pair_list(path, prefix='', error=CaffeError):
     """[(image path, label path)] from a list file of "image label" lines. The prefix is
     prepended as plain text, as Caffe does (so a root folder needs its trailing '/')."""
+    require_regular(path, 'list file', error)
     try:
         with open(path, errors='surrogateescape') as f:     # file names in any encoding
             words = f.read().split()

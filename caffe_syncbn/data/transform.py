@@ -10,11 +10,14 @@ The draws come from ``rng`` for the whole batch, or, given ``rngs`` (one generat
 image, as the data readers give), each image's from its own: then a sample's crop and
 flip do not depend on which other samples share its batch, or which process reads them.
 """
+import os
+
 import numpy as np
 
 from ..caffe_pb2 import TRAIN
 from ..errors import CaffeError, quote
 from ..formats.blobs import read_blob_proto
+from ..formats.regular import require_regular
 
 
 class DataTransformer:
@@ -118,10 +121,9 @@ class DataTransformer:
 
 def load_mean_file(path, error=CaffeError):
     """The C x H x W mean image stored in a .binaryproto (Caffe's legacy 1 x C x H x W)."""
-    import os
-
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise error('mean_file %s not found' % quote(path))
+    require_regular(path, 'mean_file', error)
     mean = read_blob_proto(path)
     if mean.ndim == 4 and mean.shape[0] == 1:
         mean = mean[0]

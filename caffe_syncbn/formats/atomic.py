@@ -2,11 +2,14 @@
 
 The data goes to a temporary file in the target's folder (same file system, so the final
 ``os.replace`` is an atomic rename) and replaces the target only when writing succeeded.
+The file is synced before the rename and its folder after it: a rename lives in the
+folder, so without the second sync a power loss could lose a file reported as written.
 The temporary file is named ``.<target name>.<pid>.<random>.tmp``: a process killed while
 writing leaves it behind, and ``remove_stale_temporaries`` removes those of processes that
 are gone. A failed write is a CaffeError that names the target and the system's reason.
 """
 import contextlib
+import errno
 import glob
 import os
 import re
@@ -39,6 +42,8 @@ def atomic_write(path):
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
+        tmp = None
+        _sync_folder(folder)
     except BaseException as exc:
         if tmp is not None:
             with contextlib.suppress(OSError):
@@ -46,6 +51,19 @@ def atomic_write(path):
         if isinstance(exc, OSError):
             raise CaffeError('cannot write %s: %s' % (path, exc.strerror or exc)) from None
         raise
+
+
+def _sync_folder(folder):
+    """fsync a folder, so that the renames in it are on the disk. A file system that
+    cannot sync a folder says EINVAL; there is nothing more to do on it."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, 'O_DIRECTORY', 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temporaries(prefix):

@@ -12,12 +12,16 @@ from google.protobuf.message import DecodeError
 
 from .. import caffe_pb2
 from ..backend import to_numpy
+from ..blob import format_bytes, memory_limit
 from ..errors import CaffeError, quote
 from .atomic import atomic_write
+from .regular import not_regular, require_regular
+from .wire import check_record_count
 
 HDF5_MAGIC = b'\x89HDF\r\n\x1a\n'
 _BLOB_DATA_FIELD = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name['data'].number
 _BLOB_DOUBLE_FIELD = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name['double_data'].number
+_ARENA_FULL = 'Arena alloc failed'
 
 
 # ---- blobs ------------------------------------------------------------------------------
@@ -101,6 +105,8 @@ def is_hdf5(path):
     path = os.fspath(path)
     if path.endswith('.h5'):
         return True
+    if not_regular(path):       # opening a FIFO to look would wait for a writer
+        return False
     try:
         with open(path, 'rb') as f:
             return f.read(len(HDF5_MAGIC)) == HDF5_MAGIC
@@ -111,6 +117,7 @@ def is_hdf5(path):
 def parse_binary_file(path, message_class):
     path = os.fspath(path)
     what = message_class.DESCRIPTOR.name
+    require_regular(path)
     try:
         with open(path, 'rb') as f:
             if os.fstat(f.fileno()).st_size == 0:
@@ -119,9 +126,19 @@ def parse_binary_file(path, message_class):
                 if mapped[:len(HDF5_MAGIC)] == HDF5_MAGIC:
                     raise CaffeError('%s is an HDF5 file, not a binary %s' % (path, what))
                 with memoryview(mapped) as view:
+                    check_record_count(view, message_class.DESCRIPTOR, path)
                     return message_class.FromString(view)
     except OSError as exc:
         raise CaffeError('cannot read %s: %s' % (quote(path), exc.strerror or exc)) from None
-    except DecodeError:
+    except MemoryError:
+        raise out_of_memory(path) from None
+    except DecodeError as exc:
+        if _ARENA_FULL in str(exc):      # how the parser says that an allocation failed
+            raise out_of_memory(path) from None
         raise CaffeError('%s is not a valid binary %s: the file is truncated or corrupt'
                          % (path, what)) from None
+
+
+def out_of_memory(path):
+    return CaffeError('ran out of memory reading %s (the memory limit is %s)'
+                      % (path, format_bytes(memory_limit())))

@@ -19,6 +19,7 @@ from ..errors import CaffeError, quote
 from .atomic import atomic_write
 from .blobs import array_to_blob, blob_to_array, is_hdf5, length_delimited, parse_binary_file
 from .hdf5 import read_dataset, reading, writing
+from .regular import require_regular
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -62,6 +63,7 @@ def read_weights(source):
     path = os.fspath(source)
     if not os.path.exists(path):
         raise CaffeError('weights file %s does not exist' % path)
+    require_regular(path, 'weights file')
     if is_hdf5(path):
         return _read_hdf5(path)
     net_param = read_net_param(path)

@@ -17,6 +17,7 @@ from ..errors import CaffeError
 from .atomic import atomic_write
 from .blobs import array_to_blob, blob_to_array, is_hdf5, parse_binary_file
 from .hdf5 import read_dataset, reading, writing
+from .regular import require_regular
 
 
 class SolverState:
@@ -36,8 +37,9 @@ class SolverState:
 def read_solver_state(path):
     """Read a ``.solverstate`` or a ``.solverstate.h5`` file (told apart by suffix or content)."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise CaffeError('solver state %s: no such file' % path)
+    require_regular(path, 'solver state')
     if is_hdf5(path):
         with reading(path, 'HDF5 solver state'):
             return _read_hdf5(path)

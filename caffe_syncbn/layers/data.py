@@ -26,6 +26,7 @@ from ..data.datum import listed
 from ..errors import name_list, quote
 from ..fillers import fill
 from ..formats.hdf5 import read_dataset, reading, writing
+from ..formats.regular import require_regular
 from ..layer import Layer, register
 
 
@@ -136,6 +137,7 @@ class HDF5Reader:
 
     def __init__(self, source, datasets, dtype, shuffle=False, rng=None, error=ValueError):
         self.error, self.source = error, source
+        require_regular(source, 'HDF5 file list', error)
         try:
             with open(source, errors='surrogateescape') as f:    # names in any encoding
                 self.files = f.read().split()

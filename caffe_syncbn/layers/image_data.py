@@ -93,6 +93,7 @@ class TransformedReader(SampleStream):
                                            layer.error)
         self.start_stream(self.rng)
         self.dtype = layer.dtype
+        self.sample_shape = tuple(sample_shape)
         self.out_shape = self.transformer.output_shape(*sample_shape)
         self.with_labels = with_labels
 
@@ -137,9 +138,21 @@ class DatumReader(TransformedReader):
         for key, value in self.db.next_records(n):
             where = record_name(key, self.db.path)
             datum = parse_datum(value, where)
-            images.append(datum_to_array(datum, self.transformer.color, where))
+            images.append(self.same_shape(datum_to_array(datum, self.transformer.color, where),
+                                          where))
             labels.append(datum.label)
         return images, labels
+
+    def same_shape(self, image, where):
+        """``image``, if it has the channels of the first record, and its height and width
+        too where there is no crop_size (Caffe's rule: a crop may come from any size)."""
+        crop, first = self.transformer.crop_size, self.sample_shape
+        if image.shape[0] != first[0] or (not crop and image.shape != first):
+            raise self.transformer.error(
+                '%s has shape %s, the first record %s: every record needs the first one\'s %s'
+                % (where, list(image.shape), list(first),
+                   'channels' if crop else 'shape (or a crop_size, to take windows of any size)'))
+        return image
 
 
 @register('Data')

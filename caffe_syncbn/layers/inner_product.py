@@ -20,6 +20,9 @@ class InnerProductLayer(Layer):
             raise self.error('num_output must be positive, got %d' % self.num_output)
         self.axis = canonical_axis(self, bottom[0], ip.axis)
         self.inputs = bottom[0].count_range(self.axis)
+        if self.inputs == 0:
+            raise self.error('no inputs per sample: axes %d.. of the bottom, shape %s, hold '
+                             '0 values' % (self.axis, bottom[0].shape))
         self.transpose = ip.transpose
         shape = (self.num_output, self.inputs)
         self.blobs = [self.make_blob(shape[::-1] if self.transpose else shape, ip.weight_filler)]

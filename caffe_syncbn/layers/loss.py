@@ -123,6 +123,9 @@ class _SoftmaxLoss(LossLayer):
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
         self.outer, self.classes, self.inner = split_at(self, bottom[0], self.axis_param())
+        if self.classes == 0:
+            raise self.error('the class axis of the scores, shape %s, has size 0'
+                             % (bottom[0].shape,))
         if len(top) > 1:
             top[1].reshape(bottom[0].shape)
 
@@ -312,7 +315,7 @@ class HingeLossLayer(LossLayer):
     def forward(self, bottom, top):
         xp = self.xp
         num = bottom[0].shape[0]
-        scores = bottom[0].data.reshape(num, -1)
+        scores = bottom[0].data.reshape(num, bottom[0].count_range(1))
         label, _ = class_labels(self, bottom[1], (num,), scores.shape[1], None)
         self.sign = 1 - 2 * (xp.arange(scores.shape[1])[None, :] == label[:, None])
         self.margin = xp.maximum(0, 1 + self.sign * scores)
@@ -352,7 +355,8 @@ class ContrastiveLossLayer(LossLayer):
     def forward(self, bottom, top):
         xp = self.xp
         num = bottom[0].shape[0]
-        self.difference = (bottom[0].data - bottom[1].data).reshape(num, -1)
+        difference = bottom[0].data - bottom[1].data
+        self.difference = difference.reshape(num, bottom[0].count_range(1))
         self.dist_sq = xp.sum(self.difference ** 2, axis=1)
         self.similar = bottom[2].data.reshape(num).astype(np.int64) != 0
         if self.legacy:
@@ -392,7 +396,7 @@ class MultinomialLogisticLossLayer(LossLayer):
     def forward(self, bottom, top):
         xp = self.xp
         num = bottom[0].shape[0]
-        prob = bottom[0].data.reshape(num, -1)
+        prob = bottom[0].data.reshape(num, bottom[0].count_range(1))
         self.label, _ = class_labels(self, bottom[1], (num,), prob.shape[1], None)
         self.p_true = xp.maximum(xp.take_along_axis(prob, self.label[:, None], axis=1),
                                  LOG_THRESHOLD)

@@ -63,7 +63,7 @@ class LRNLayer(Layer):
         (Narrower bands, strided in memory, ran slower than whole images.)"""
         n, c = shape[:2]
         positions = int(np.prod(shape[2:]))
-        width = max(1, BAND_BYTES // (4 * c))
+        width = max(1, BAND_BYTES // (4 * max(c, 1)))      # 0 channels: empty bands
         bands = [(i, slice(p, min(positions, p + width)))
                  for i in range(n) for p in range(0, positions, width)]
 
@@ -73,7 +73,7 @@ class LRNLayer(Layer):
         cpu_threads.split(len(bands), part)
 
     def _host_forward(self, x, y):
-        x3, y3 = (a.reshape(a.shape[0], a.shape[1], -1) for a in (x, y))
+        x3, y3 = (_as_3d(a) for a in (x, y))
         if self._scale is None or self._scale.shape != x3.shape or self._scale.dtype != x.dtype:
             self._scale = np.empty_like(x3)          # kept from one forward to the next
         scale = self._scale
@@ -89,7 +89,7 @@ class LRNLayer(Layer):
         self._bands(x.shape, work)
 
     def _host_backward(self, x, y, dy, dx):
-        x3, y3, dy3, dx3 = (a.reshape(a.shape[0], a.shape[1], -1) for a in (x, y, dy, dx))
+        x3, y3, dy3, dx3 = (_as_3d(a) for a in (x, y, dy, dx))
         factor = 2 * self.alpha * self.beta / self.cells
 
         def work(i, band):
@@ -128,3 +128,8 @@ class LRNLayer(Layer):
         through_scale = self._window_sum(dy * y / scale)
         bottom[0].diff[...] = (dy * scale ** -self.beta
                                - (2 * self.alpha * self.beta / self.cells) * x * through_scale)
+
+
+def _as_3d(a):
+    """(N, C, H*W) of an (N, C, H, W) array, also where an axis has size 0."""
+    return a.reshape(a.shape[0], a.shape[1], a.shape[2] * a.shape[3])

@@ -18,7 +18,7 @@ from .norm_math import STAT, pack, rebase_sums, work_dtype
 
 
 def _rows(a3):
-    return a3.reshape(-1, a3.shape[2])
+    return a3.reshape(a3.shape[0] * a3.shape[1], a3.shape[2])     # -1 fails on 0 positions
 
 
 def _tiled(vector, images, dtype):

@@ -41,7 +41,7 @@ class ArgMaxLayer(Layer):
         xp = self.xp
         x = bottom[0].data
         if self.axis is None:
-            scores = x.reshape(x.shape[0], -1)
+            scores = x.reshape(x.shape[0], int(np.prod(x.shape[1:])))
         else:
             scores = xp.moveaxis(x, self.axis, -1)
         # A stable sort of the reversed scores, descending, puts the larger index first on ties.
@@ -52,7 +52,7 @@ class ArgMaxLayer(Layer):
         values = xp.take_along_axis(scores, indices, axis=-1)
         out_max_val = self.param.argmax_param.out_max_val
         if self.axis is None:
-            out = top[0].data.reshape(x.shape[0], -1, self.top_k)
+            out = top[0].data.reshape(x.shape[0], 2 if out_max_val else 1, self.top_k)
             out[:, 0] = indices
             if out_max_val:
                 out[:, 1] = values
@@ -77,6 +77,9 @@ class ReductionLayer(Layer):
         x = bottom[0]
         self.axis = canonical_axis(self, x, self.param.reduction_param.axis)
         self.inner = x.count_range(self.axis)
+        if self.inner == 0:
+            raise self.error('axes %d.. of the bottom, shape %s, hold no values to reduce'
+                             % (self.axis, x.shape))
         top[0].reshape(x.shape[:self.axis])
 
     def forward(self, bottom, top):

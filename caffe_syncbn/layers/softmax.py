@@ -18,6 +18,9 @@ class SoftmaxLayer(_SameShapeLayer):
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
         self.axis = canonical_axis(self, bottom[0], self.param.softmax_param.axis)
+        if bottom[0].shape[self.axis] == 0:
+            raise self.error('the softmax axis %d of the bottom, shape %s, has size 0'
+                             % (self.axis, bottom[0].shape))
 
     def forward(self, bottom, top):
         xp = self.xp
@@ -45,10 +48,14 @@ class MVNLayer(_SameShapeLayer):
             raise self.error('needs a bottom with >= 1 axis, got shape %s' % (x.shape,))
         groups_end = 1 if self.param.mvn_param.across_channels else min(2, x.num_axes)
         self.groups = x.count_range(0, groups_end)
+        self.group_size = x.count_range(groups_end)
+        if self.group_size == 0:
+            raise self.error('the bottom, shape %s, has groups of 0 values to normalize'
+                             % (x.shape,))
 
     def forward(self, bottom, top):
         p = self.param.mvn_param
-        x = bottom[0].data.reshape(self.groups, -1)
+        x = bottom[0].data.reshape(self.groups, self.group_size)
         centered = x - x.mean(axis=1, keepdims=True)
         if p.normalize_variance:
             self.std = self.xp.sqrt((centered * centered).mean(axis=1, keepdims=True)) + p.eps
@@ -58,10 +65,10 @@ class MVNLayer(_SameShapeLayer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy = top[0].diff.reshape(self.groups, -1)
+        dy = top[0].diff.reshape(self.groups, self.group_size)
         dx = dy - dy.mean(axis=1, keepdims=True)
         if self.param.mvn_param.normalize_variance:
-            y = top[0].data.reshape(self.groups, -1)
+            y = top[0].data.reshape(self.groups, self.group_size)
             dx -= y * (y * dy).mean(axis=1, keepdims=True)
             dx /= self.std
         bottom[0].diff[...] = dx.reshape(bottom[0].shape)

@@ -6,6 +6,7 @@ from .. import caffe_pb2
 from ..errors import CaffeError
 from ..formats.blobs import read_blob_proto
 from ..formats.hdf5 import FAILURES
+from ..formats.regular import not_regular
 from .upgrade import upgrade_net_param
 
 # ---- data layers -> Input layers -----------------------------------------------------------
@@ -43,8 +44,12 @@ def _hdf5_shapes(layer):
     source = layer.hdf5_data_param.source
     try:
         import h5py
+        if not_regular(source):               # opening a FIFO would wait for a writer
+            return None
         with open(source) as f:
             first = next(line.strip() for line in f if line.strip())
+        if not_regular(first):
+            return None
         with h5py.File(first, 'r') as h5:
             return {top: h5[top].shape[1:] for top in layer.top}
     except (StopIteration,) + FAILURES:       # a damaged list or file: no shapes from it

@@ -10,6 +10,7 @@ from google.protobuf import text_format
 
 from ..errors import MAX_QUOTE, CaffeError, quote
 from ..forks import fork_of_param_field
+from ..formats.regular import require_regular
 
 _UTF8_BOM = b'\xef\xbb\xbf'
 _LONG_TOKEN = re.compile(r'[^\s\'"]{%d,}' % (MAX_QUOTE + 1))
@@ -98,6 +99,7 @@ def _comment_start(line):
 
 def read_prototxt(path, message):
     """Parse the prototxt file at ``path`` into ``message`` (a fresh protobuf message)."""
+    require_regular(path)
     try:
         with open(path, 'rb') as f:
             raw = f.read()

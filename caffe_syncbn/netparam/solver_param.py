@@ -57,7 +57,7 @@ def copy_message(message):
 
 
 def _read_net(path, field, source):
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         hint = ''
         if source != 'solver':
             beside = os.path.join(os.path.dirname(os.path.abspath(source)), path)

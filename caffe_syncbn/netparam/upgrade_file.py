@@ -7,6 +7,7 @@ from .. import caffe_pb2
 from ..errors import CaffeError
 from ..formats.atomic import atomic_write
 from ..formats.blobs import HDF5_MAGIC, parse_binary_file
+from ..formats.regular import require_regular
 from .prototxt import read_prototxt
 from .solver_param import copy_message, upgrade_solver_param
 from .upgrade import upgrade_net_param
@@ -21,7 +22,7 @@ def upgrade_file(source, target):
     Returns what the file is: 'net prototxt', 'binary net' or 'solver prototxt'."""
     from google.protobuf import text_format
 
-    with open(source, 'rb') as f:
+    with open(require_regular(source), 'rb') as f:
         head = f.read(1 << 16)
     if not head:
         raise CaffeError('%s is empty' % source)
