@@ -68,7 +68,9 @@ class UpsampleLayer(Layer):
         """Each input value's index in the flattened top: its plane's start + its mask."""
         xp = self.xp
         planes, plane = bottom[0].shape[0] * bottom[0].shape[1], self.out_hw[0] * self.out_hw[1]
-        index = bottom[1].data.reshape(planes, -1).astype(np.int64)
+        index = bottom[1].data.reshape(planes, bottom[1].count // max(planes, 1)).astype(np.int64)
+        if index.size == 0:
+            return index.reshape(-1)
         low, high = int(index.min()), int(index.max())
         if low < 0 or high >= plane:
             raise self.error('mask index %d is outside the %d x %d top plane: the Pooling layer '
@@ -126,7 +128,8 @@ class ShuffleChannelLayer(Layer):
     def _shuffle(array, rows):
         """``array``'s channels read as a (rows, C / rows) matrix, transposed."""
         n, c = array.shape[:2]
-        return array.reshape(n, rows, c // rows, -1).swapaxes(1, 2).reshape(array.shape)
+        positions = int(np.prod(array.shape[2:]))          # an empty axis makes 0, not -1's guess
+        return array.reshape(n, rows, c // rows, positions).swapaxes(1, 2).reshape(array.shape)
 
     def forward(self, bottom, top):
         top[0].data[...] = self._shuffle(bottom[0].data, self.group)

@@ -5,6 +5,8 @@ they are flattened, so that each prior's numbers lie together). Normalize divide
 by the L2 norm (over C x H x W, or over the channels at each position) and
 multiplies by a learned scale (one, or one per channel).
 """
+import numpy as np
+
 from .. import caffe_pb2
 from ..layer import Layer, register
 
@@ -86,8 +88,8 @@ class NormalizeLayer(Layer):
         top[0].reshape(x.shape)
 
     def _grouped(self, array):
-        """``array`` as (N, C, positions)."""
-        return array.reshape(array.shape[0], array.shape[1], -1)
+        """``array`` as (N, C, positions); any of them may be 0."""
+        return array.reshape(array.shape[:2] + (int(np.prod(array.shape[2:])),))
 
     def _scale(self):
         """The scale, broadcastable over (N, C, positions)."""
