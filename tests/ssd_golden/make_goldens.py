@@ -43,10 +43,12 @@ def save(name, prototxt, arrays):
     print('%-34s %s' % (name, ', '.join('%s%s' % (k, v.shape) for k, v in sorted(arrays.items()))))
 
 
-def layer_case(name, layer_text, inputs, backward, seed):
-    """One layer fed by Input layers; ``inputs`` maps bottom name -> array."""
+def layer_case(name, layer_text, inputs, backward, seed, force_backward=True):
+    """One layer fed by Input layers; ``inputs`` maps bottom name -> array. A backward
+    case forces the backward unless the layer's own propagate_down says what learns."""
     rs = np.random.RandomState(seed)
-    prototxt = ('name: "%s"\n' % name + ('force_backward: true\n' if backward else '')
+    prototxt = ('name: "%s"\n' % name
+                + ('force_backward: true\n' if backward and force_backward else '')
                 + input_layers([(k, v.shape) for k, v in inputs.items()]) + layer_text)
     with tempfile.NamedTemporaryFile('w', suffix='.prototxt', delete=False) as f:
         f.write(prototxt)
@@ -66,7 +68,7 @@ def layer_case(name, layer_text, inputs, backward, seed):
             net.blobs[top].diff[...] = diff
             out['topdiff/' + top] = diff
         net.backward()
-        for k in inputs:
+        for k in set(inputs) | set(net.bottom_names[net._layer_names[-1]]):
             out['diff/' + k] = net.blobs[k].diff.copy()
         for i, blob in enumerate(tested.blobs):
             out['param_diff/%d' % i] = blob.diff.copy()
@@ -318,11 +320,82 @@ def net_case():
     print('   detections:', out['data/detection_out'].shape)
 
 
+def multibox_ground_truth(rs, images, classes, background):
+    """(1, 1, G, 8) rows: images with several boxes, one without any, a difficult box
+    and an item id -1 row in the middle, which the fork skips (it does not end the list)."""
+    rows = []
+    for image in range(images - 1):
+        for _ in range(rs.randint(2, 5)):
+            xy = rs.uniform(0.05, 0.6, 2)
+            box = np.concatenate([xy, xy + rs.uniform(0.15, 0.35, 2)])
+            label = rs.choice([c for c in range(classes) if c != background])
+            rows.append([image, label, len(rows)] + list(box)
+                        + [float(rs.rand() < 0.2)])
+        if image == 0:
+            rows.append([-1, 0, 0, 0, 0, 0, 0, 0])
+    return np.array(rows, np.float32)[None, None]
+
+
+MULTIBOX_CASES = [   # name, classes, shared location, multibox_loss_param, extra layer text
+    ('multibox_loss_max_negative_center_size', 4, True,
+     'code_type: CENTER_SIZE overlap_threshold: 0.4', ''),
+    ('multibox_loss_bipartite_l2_full', 4, True,
+     'match_type: BIPARTITE loc_loss_type: L2 code_type: CORNER use_difficult_gt: false '
+     'neg_pos_ratio: 2 loc_weight: 0.7', 'loss_param { normalization: FULL } '),
+    ('multibox_loss_logistic_batch_size', 3, True,
+     'conf_loss_type: LOGISTIC code_type: CORNER_SIZE ignore_cross_boundary_bbox: true '
+     'overlap_threshold: 0.3', 'loss_param { normalization: BATCH_SIZE } '),
+    ('multibox_loss_per_class_no_mining', 4, False,
+     'share_location: false mining_type: NONE use_prior_for_matching: false '
+     'background_label_id: 2 code_type: CENTER_SIZE overlap_threshold: 0.3',
+     'loss_param { normalization: NONE } '),
+    ('multibox_loss_hard_example_bp_inside', 4, True,
+     'mining_type: HARD_EXAMPLE sample_size: 12 bp_inside: true use_prior_for_matching: false '
+     'code_type: CENTER_SIZE overlap_threshold: 0.35', ''),
+    ('multibox_loss_conf_only', 4, True, 'code_type: CENTER_SIZE neg_pos_ratio: 1.5',
+     'propagate_down: false '),
+    ('multibox_loss_variance_in_target', 4, True,
+     'code_type: CORNER encode_variance_in_target: true overlap_threshold: 0.3', ''),
+]
+
+
+def multibox_loss_cases():
+    rs = np.random.RandomState(9)
+    images, priors = 3, 80
+    for name, classes, shared, param, extra in MULTIBOX_CASES:
+        loc_classes = 1 if shared else classes
+        background = int(re.search(r'background_label_id: (\d+)', param + ' background_label_id: 0')
+                         .group(1))
+        propagate = ('propagate_down: true ' if 'propagate_down' not in extra else '')
+        # the fork backpropagates into a loss only from blobs that need a gradient: loc and
+        # conf pass through Scale layers whose one weight (1) learns, which Input tops do not
+        # (the Scale layers' own bottoms get no gradient: diff/loc_in is scratch, diff/loc is
+        # the loss's gradient)
+        layer_text = ''.join(
+            'layer { name: "%s" type: "Scale" bottom: "%s_in" top: "%s" '
+            'scale_param { axis: 0 num_axes: 0 filler { type: "constant" value: 1 } } }\n'
+            % (blob, blob, blob) for blob in ('loc', 'conf'))
+        layer_text += ('layer { name: "mbox_loss" type: "MultiBoxLoss" bottom: "loc" '
+                       'bottom: "conf" bottom: "priors" bottom: "label" top: "loss" %s%s'
+                       'propagate_down: true propagate_down: false propagate_down: false '
+                       'multibox_loss_param { num_classes: %d %s } }\n'
+                       % (extra, propagate, classes, param))
+        inputs = {'loc_in': (rs.standard_normal((images, priors * loc_classes * 4)) * 0.3
+                             ).astype(np.float32),
+                  'conf_in': (rs.standard_normal((images, priors * classes)) * 2
+                              ).astype(np.float32),
+                  'priors': clustered_priors(rs, priors),
+                  'label': multibox_ground_truth(rs, images, classes, background)}
+        layer_case(name, layer_text, inputs, True, 10, force_backward=False)
+
+
+GROUPS = {'permute': permute_cases, 'normalize': normalize_cases,
+          'prior_box': prior_box_cases, 'detection_output': detection_output_cases,
+          'detection_evaluate': detection_evaluate_cases, 'map': map_cases, 'net': net_case,
+          'multibox_loss': multibox_loss_cases}
+
+
 if __name__ == '__main__':
-    permute_cases()
-    normalize_cases()
-    prior_box_cases()
-    detection_output_cases()
-    detection_evaluate_cases()
-    map_cases()
-    net_case()
+    # every group, or the groups named on the command line
+    for group in sys.argv[1:] or list(GROUPS):
+        GROUPS[group]()
