@@ -30,7 +30,6 @@ FORK_LAYER_TYPES = {
     'ConvolutionDepthwise': DEPTHWISE,
     'DepthwiseConvolution': DEPTHWISE,
     'Axpy': SENET,
-    'AnnotatedData': SSD,
     'VideoData': SSD,
 }
 

@@ -15,9 +15,11 @@ The mAP cases run the fork's solver test (eval_type "detection") and store its l
 """
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 
@@ -389,10 +391,116 @@ def multibox_loss_cases():
         layer_case(name, layer_text, inputs, True, 10, force_backward=False)
 
 
+def write_png(path, image):
+    """An H x W x 3 BGR uint8 image as a PNG file (the fork's Python has no image library)."""
+    height, width = image.shape[:2]
+    rgb = image[..., ::-1]
+    raw = b''.join(b'\x00' + rgb[y].tobytes() for y in range(height))
+
+    def chunk(tag, data):
+        return (struct.pack('>I', len(data)) + tag + data
+                + struct.pack('>I', zlib.crc32(tag + data) & 0xffffffff))
+    with open(path, 'wb') as f:
+        f.write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', width, height,
+                                                                     8, 2, 0, 0, 0))
+                + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+
+
+VOC_OBJECT = ('<object><name>%s</name><difficult>%d</difficult><bndbox><xmin>%d</xmin>'
+              '<ymin>%d</ymin><xmax>%d</xmax><ymax>%d</ymax></bndbox></object>')
+ANNOSET_NAMES = ('circle', 'square', 'triangle')
+ANNOTATED_DATA_CASES = [   # name, LMDB, batch size, transform_param
+    ('annotated_data_xml_center_crop', 'fork_xml_lmdb', 3,
+     'crop_size: 32 mean_value: 10 mean_value: 20 mean_value: 30 scale: 0.5'),
+    ('annotated_data_txt_warp', 'fork_txt_lmdb', 3,
+     'resize_param { resize_mode: WARP height: 36 width: 44 } '
+     'emit_constraint { emit_type: CENTER }'),
+]
+
+
+def annoset_files(rs, folder):
+    """Images, VOC xml and txt annotations, lists and a label map in ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, 'labelmap.prototxt'), 'w') as f:
+        f.write('item { name: "none_of_the_above" label: 0 display_name: "background" }\n')
+        for label, name in enumerate(ANNOSET_NAMES, 1):
+            f.write('item { name: "%s" label: %d display_name: "%s" }\n' % (name, label, name))
+    xml_list, txt_list = [], []
+    for i in range(4):                         # 40 x 48 images with VOC annotations
+        write_png(os.path.join(folder, 'voc_%d.png' % i),
+                  rs.randint(0, 256, (40, 48, 3)).astype(np.uint8))
+        xml_list.append('voc_%d.png voc_%d.xml' % (i, i))
+        if i == 3:
+            continue                           # no annotation file: an image without boxes
+        objects = []
+        for k in range(3):
+            x, y = rs.randint(0, 30), rs.randint(0, 24)
+            objects.append(VOC_OBJECT % (ANNOSET_NAMES[rs.randint(3)], int(k == 1), x, y,
+                                         x + rs.randint(6, 24), y + rs.randint(6, 20)))
+        if i == 0:                             # past the right edge: clipped by the layer
+            objects.append(VOC_OBJECT % ('square', 0, 40, 10, 55, 30))
+        if i == 1:                             # difficult after bndbox: not difficult
+            objects.append('<object><name>circle</name><bndbox><xmin>3</xmin><ymin>4</ymin>'
+                           '<xmax>20</xmax><ymax>25</ymax></bndbox><difficult>1</difficult>'
+                           '</object>')
+        with open(os.path.join(folder, 'voc_%d.xml' % i), 'w') as f:
+            f.write('<annotation><size><width>48</width><height>40</height><depth>3</depth>'
+                    '</size>%s</annotation>\n' % ''.join(objects))
+    for i, (height, width) in enumerate([(30, 50), (44, 36), (40, 40)]):
+        write_png(os.path.join(folder, 'txt_%d.png' % i),
+                  rs.randint(0, 256, (height, width, 3)).astype(np.uint8))
+        txt_list.append('txt_%d.png txt_%d.txt' % (i, i))
+        with open(os.path.join(folder, 'txt_%d.txt' % i), 'w') as f:
+            for _ in range(2 + i):
+                x, y = rs.uniform(0, width * 0.6), rs.uniform(0, height * 0.6)
+                f.write('%d %.2f %.2f %.2f %.2f\n' % (rs.randint(1, 4), x, y,
+                                                     x + rs.uniform(4, width * 0.4),
+                                                     y + rs.uniform(4, height * 0.4)))
+    for name, lines in (('xml_list.txt', xml_list), ('txt_list.txt', txt_list)):
+        with open(os.path.join(folder, name), 'w') as f:
+            f.write('\n'.join(lines) + '\n')
+
+
+def annotated_data_cases():
+    folder = os.path.join(HERE, 'annoset')
+    annoset_files(np.random.RandomState(11), folder)
+    tool = os.path.expanduser('~/caffe-ref/ssd-caffe/build/tools/convert_annoset')
+    for lmdb, label_type, extra in (('fork_xml_lmdb', 'xml', []),
+                                    ('fork_txt_lmdb', 'txt', ['--encoded', '--encode_type=png'])):
+        target = os.path.join(folder, lmdb)
+        subprocess.run(['rm', '-rf', target], check=True)
+        subprocess.run([tool, '--anno_type=detection', '--label_type=' + label_type,
+                        '--label_map_file=' + os.path.join(folder, 'labelmap.prototxt')]
+                       + extra + [folder + '/', os.path.join(folder, label_type + '_list.txt'),
+                                  target], check=True, capture_output=True)
+        subprocess.run(['rm', '-f', os.path.join(target, 'lock.mdb')], check=True)
+    for name, lmdb, batch, transform in ANNOTATED_DATA_CASES:
+        prototxt = ('name: "%s"\nlayer { name: "data" type: "AnnotatedData" top: "data" '
+                    'top: "label" include { phase: TEST } transform_param { %s } '
+                    'data_param { source: "annoset/%s" batch_size: %d backend: LMDB } '
+                    'annotated_data_param { label_map_file: "annoset/labelmap.prototxt" } }\n'
+                    % (name, transform, lmdb, batch))
+        cwd = os.getcwd()
+        os.chdir(HERE)                    # the sources are relative to this folder
+        with tempfile.NamedTemporaryFile('w', suffix='.prototxt', delete=False) as f:
+            f.write(prototxt)
+        net = caffe.Net(f.name, caffe.TEST)
+        os.unlink(f.name)
+        out = {}
+        for step in range(2):            # the second batch wraps around the records
+            net.forward()
+            out['data/%d' % step] = net.blobs['data'].data.copy()
+            out['label/%d' % step] = net.blobs['label'].data.copy()
+        del net
+        os.chdir(cwd)
+        subprocess.run(['rm', '-f', os.path.join(folder, lmdb, 'lock.mdb')], check=True)
+        save(name, prototxt, out)
+
+
 GROUPS = {'permute': permute_cases, 'normalize': normalize_cases,
           'prior_box': prior_box_cases, 'detection_output': detection_output_cases,
           'detection_evaluate': detection_evaluate_cases, 'map': map_cases, 'net': net_case,
-          'multibox_loss': multibox_loss_cases}
+          'multibox_loss': multibox_loss_cases, 'annotated_data': annotated_data_cases}
 
 
 if __name__ == '__main__':
