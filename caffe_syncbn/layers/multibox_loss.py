@@ -332,7 +332,8 @@ class MultiBoxLossLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         for index, what in ((2, 'priors'), (3, 'ground truth')):
             if len(propagate_down) > index and propagate_down[index]:
-                raise self.error('cannot backpropagate to bottom %d (%s)' % (index, what))
+                raise self.error('cannot backpropagate to bottom %d (%s); give the layer '
+                                 'propagate_down: true true false false' % (index, what))
         scale = float(to_numpy(top[0].diff)) / self.normalizer_value
         if propagate_down[0]:
             diff = np.zeros((self.num, self.num_priors, self.loc_classes, 4), self.loc_grad.dtype)
