@@ -12,8 +12,8 @@ from google.protobuf import text_format
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.data.annotation import (annotation_rows, convert_annoset,
                                           parse_annotated_datum, read_json_boxes)
-from caffe_syncbn.data.box_augment import (coverage, jaccard, meets_emit_constraint,
-                                           project_boxes)
+from caffe_syncbn.data.box_augment import (coverage, expand, generate_samples, jaccard,
+                                           meets_emit_constraint, project_boxes, random_crop)
 from caffe_syncbn.data.datum import LMDBReader, datum_to_array
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import TEST, TRAIN
@@ -120,7 +120,6 @@ def test_sampled_crops_keep_their_constraints_and_boxes_follow(tmp_path, monkeyp
                             'emit_constraint { emit_type: CENTER }', SSD_SAMPLERS)
     image, rows = layer.decode(*next(iter(LMDBReader(str(ANNOSET / 'fork_xml_lmdb')).records())))
     rng = np.random.RandomState(0)
-    from caffe_syncbn.data.box_augment import generate_samples, random_crop
     for _ in range(20):
         samples = generate_samples(rows, layer.samplers, rng)
         for sample in samples:      # each sampler's crop overlaps some object enough
@@ -164,7 +163,6 @@ def test_expand_and_distort_keep_boxes_on_the_image(tmp_path, monkeypatch):
                             'hue_prob: 1 hue_delta: 18 saturation_prob: 1 saturation_lower: 0.5 '
                             'saturation_upper: 1.5 }')
     image, rows = layer.decode(*next(iter(LMDBReader(str(ANNOSET / 'fork_xml_lmdb')).records())))
-    from caffe_syncbn.data.box_augment import expand
     canvas, moved = expand(image, rows, layer.transform.expand_param, layer.mean_values,
                            np.random.RandomState(4))
     assert canvas.shape[0] >= image.shape[0] and canvas.shape[1] >= image.shape[1]
