@@ -178,7 +178,7 @@ def expand(image, rows, param, mean_values, rng, constraint=None):
     fill = np.zeros(channels) if not len(mean_values) else np.broadcast_to(
         np.asarray(mean_values, np.float64), (channels,))
     canvas = np.empty((canvas_h, canvas_w, channels), np.uint8)
-    canvas[...] = np.clip(fill, 0, 255).astype(np.uint8)
+    canvas[...] = np.clip(np.round(fill), 0, 255).astype(np.uint8)   # OpenCV's saturate_cast
     canvas = canvas.reshape((canvas_h, canvas_w) + image.shape[2:])
     canvas[int(top):int(top) + height, int(left):int(left) + width] = image
     frame = np.array([-left / width, -top / height,
