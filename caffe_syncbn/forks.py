@@ -19,8 +19,6 @@ FORK_LAYER_TYPES = {
     'RegionLoss': YOLO,
     'PSROIPooling': RFCN,
     'DenseImageData': SEGNET,
-    'MultiBoxLoss': SSD,
-    'AnnotatedData': SSD,
     'VideoData': SSD,
 }
 

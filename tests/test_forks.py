@@ -106,7 +106,7 @@ layer {
 '''
 
 
-def test_ssd_fork_training_data_layer_parses_and_names_its_fork(tmp_path):
+def test_ssd_fork_training_data_layer_parses_and_names_its_missing_lmdb(tmp_path):
     net = tmp_path / 'train.prototxt'
     net.write_text(SSD_TRAIN_DATA)
     param = parse_text(SSD_TRAIN_DATA, caffe_pb2.NetParameter())
@@ -114,5 +114,5 @@ def test_ssd_fork_training_data_layer_parses_and_names_its_fork(tmp_path):
     assert transform.resize_param.height == 300 and transform.expand_param.max_expand_ratio == 4
     assert param.layer[0].annotated_data_param.batch_sampler[0].max_trials == 50
     line = one_error_line(run_cli('time', '-model', net, '-phase', 'TRAIN', '-iterations', 1))
-    assert "layer 'data': layer type 'AnnotatedData' is from Wei Liu's SSD fork of Caffe " \
-           "and is not implemented" in line
+    assert "layer 'data' (type AnnotatedData): LMDB (data_param.source) 'trainval_lmdb' " \
+           "not found" in line

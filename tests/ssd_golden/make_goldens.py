@@ -15,9 +15,11 @@ The mAP cases run the fork's solver test (eval_type "detection") and store its l
 """
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 
@@ -43,10 +45,12 @@ def save(name, prototxt, arrays):
     print('%-34s %s' % (name, ', '.join('%s%s' % (k, v.shape) for k, v in sorted(arrays.items()))))
 
 
-def layer_case(name, layer_text, inputs, backward, seed):
-    """One layer fed by Input layers; ``inputs`` maps bottom name -> array."""
+def layer_case(name, layer_text, inputs, backward, seed, force_backward=True):
+    """One layer fed by Input layers; ``inputs`` maps bottom name -> array. A backward
+    case forces the backward unless the layer's own propagate_down says what learns."""
     rs = np.random.RandomState(seed)
-    prototxt = ('name: "%s"\n' % name + ('force_backward: true\n' if backward else '')
+    prototxt = ('name: "%s"\n' % name
+                + ('force_backward: true\n' if backward and force_backward else '')
                 + input_layers([(k, v.shape) for k, v in inputs.items()]) + layer_text)
     with tempfile.NamedTemporaryFile('w', suffix='.prototxt', delete=False) as f:
         f.write(prototxt)
@@ -66,7 +70,7 @@ def layer_case(name, layer_text, inputs, backward, seed):
             net.blobs[top].diff[...] = diff
             out['topdiff/' + top] = diff
         net.backward()
-        for k in inputs:
+        for k in set(inputs) | set(net.bottom_names[net._layer_names[-1]]):
             out['diff/' + k] = net.blobs[k].diff.copy()
         for i, blob in enumerate(tested.blobs):
             out['param_diff/%d' % i] = blob.diff.copy()
@@ -318,11 +322,188 @@ def net_case():
     print('   detections:', out['data/detection_out'].shape)
 
 
+def multibox_ground_truth(rs, images, classes, background):
+    """(1, 1, G, 8) rows: images with several boxes, one without any, a difficult box
+    and an item id -1 row in the middle, which the fork skips (it does not end the list)."""
+    rows = []
+    for image in range(images - 1):
+        for _ in range(rs.randint(2, 5)):
+            xy = rs.uniform(0.05, 0.6, 2)
+            box = np.concatenate([xy, xy + rs.uniform(0.15, 0.35, 2)])
+            label = rs.choice([c for c in range(classes) if c != background])
+            rows.append([image, label, len(rows)] + list(box)
+                        + [float(rs.rand() < 0.2)])
+        if image == 0:
+            rows.append([-1, 0, 0, 0, 0, 0, 0, 0])
+    return np.array(rows, np.float32)[None, None]
+
+
+MULTIBOX_CASES = [   # name, classes, shared location, multibox_loss_param, extra layer text
+    ('multibox_loss_max_negative_center_size', 4, True,
+     'code_type: CENTER_SIZE overlap_threshold: 0.4', ''),
+    ('multibox_loss_bipartite_l2_full', 4, True,
+     'match_type: BIPARTITE loc_loss_type: L2 code_type: CORNER use_difficult_gt: false '
+     'neg_pos_ratio: 2 loc_weight: 0.7', 'loss_param { normalization: FULL } '),
+    ('multibox_loss_logistic_batch_size', 3, True,
+     'conf_loss_type: LOGISTIC code_type: CORNER_SIZE ignore_cross_boundary_bbox: true '
+     'overlap_threshold: 0.3', 'loss_param { normalization: BATCH_SIZE } '),
+    ('multibox_loss_per_class_no_mining', 4, False,
+     'share_location: false mining_type: NONE use_prior_for_matching: false '
+     'background_label_id: 2 code_type: CENTER_SIZE overlap_threshold: 0.3',
+     'loss_param { normalization: NONE } '),
+    ('multibox_loss_hard_example_bp_inside', 4, True,
+     'mining_type: HARD_EXAMPLE sample_size: 12 bp_inside: true use_prior_for_matching: false '
+     'code_type: CENTER_SIZE overlap_threshold: 0.35', ''),
+    ('multibox_loss_conf_only', 4, True, 'code_type: CENTER_SIZE neg_pos_ratio: 1.5',
+     'propagate_down: false '),
+    ('multibox_loss_variance_in_target', 4, True,
+     'code_type: CORNER encode_variance_in_target: true overlap_threshold: 0.3', ''),
+]
+
+
+def multibox_loss_cases():
+    rs = np.random.RandomState(9)
+    images, priors = 3, 80
+    for name, classes, shared, param, extra in MULTIBOX_CASES:
+        loc_classes = 1 if shared else classes
+        background = int(re.search(r'background_label_id: (\d+)', param + ' background_label_id: 0')
+                         .group(1))
+        propagate = ('propagate_down: true ' if 'propagate_down' not in extra else '')
+        # the fork backpropagates into a loss only from blobs that need a gradient: loc and
+        # conf pass through Scale layers whose one weight (1) learns, which Input tops do not
+        # (the Scale layers' own bottoms get no gradient: diff/loc_in is scratch, diff/loc is
+        # the loss's gradient)
+        layer_text = ''.join(
+            'layer { name: "%s" type: "Scale" bottom: "%s_in" top: "%s" '
+            'scale_param { axis: 0 num_axes: 0 filler { type: "constant" value: 1 } } }\n'
+            % (blob, blob, blob) for blob in ('loc', 'conf'))
+        layer_text += ('layer { name: "mbox_loss" type: "MultiBoxLoss" bottom: "loc" '
+                       'bottom: "conf" bottom: "priors" bottom: "label" top: "loss" %s%s'
+                       'propagate_down: true propagate_down: false propagate_down: false '
+                       'multibox_loss_param { num_classes: %d %s } }\n'
+                       % (extra, propagate, classes, param))
+        inputs = {'loc_in': (rs.standard_normal((images, priors * loc_classes * 4)) * 0.3
+                             ).astype(np.float32),
+                  'conf_in': (rs.standard_normal((images, priors * classes)) * 2
+                              ).astype(np.float32),
+                  'priors': clustered_priors(rs, priors),
+                  'label': multibox_ground_truth(rs, images, classes, background)}
+        layer_case(name, layer_text, inputs, True, 10, force_backward=False)
+
+
+def write_png(path, image):
+    """An H x W x 3 BGR uint8 image as a PNG file (the fork's Python has no image library)."""
+    height, width = image.shape[:2]
+    rgb = image[..., ::-1]
+    raw = b''.join(b'\x00' + rgb[y].tobytes() for y in range(height))
+
+    def chunk(tag, data):
+        return (struct.pack('>I', len(data)) + tag + data
+                + struct.pack('>I', zlib.crc32(tag + data) & 0xffffffff))
+    with open(path, 'wb') as f:
+        f.write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', width, height,
+                                                                     8, 2, 0, 0, 0))
+                + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+
+
+VOC_OBJECT = ('<object><name>%s</name><difficult>%d</difficult><bndbox><xmin>%d</xmin>'
+              '<ymin>%d</ymin><xmax>%d</xmax><ymax>%d</ymax></bndbox></object>')
+ANNOSET_NAMES = ('circle', 'square', 'triangle')
+ANNOTATED_DATA_CASES = [   # name, LMDB, batch size, transform_param
+    ('annotated_data_xml_center_crop', 'fork_xml_lmdb', 3,
+     'crop_size: 32 mean_value: 10 mean_value: 20 mean_value: 30 scale: 0.5'),
+    ('annotated_data_txt_warp', 'fork_txt_lmdb', 3,
+     'resize_param { resize_mode: WARP height: 36 width: 44 } '
+     'emit_constraint { emit_type: CENTER }'),
+]
+
+
+def annoset_files(rs, folder):
+    """Images, VOC xml and txt annotations, lists and a label map in ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, 'labelmap.prototxt'), 'w') as f:
+        f.write('item { name: "none_of_the_above" label: 0 display_name: "background" }\n')
+        for label, name in enumerate(ANNOSET_NAMES, 1):
+            f.write('item { name: "%s" label: %d display_name: "%s" }\n' % (name, label, name))
+    xml_list, txt_list = [], []
+    for i in range(4):                         # 40 x 48 images with VOC annotations
+        write_png(os.path.join(folder, 'voc_%d.png' % i),
+                  rs.randint(0, 256, (40, 48, 3)).astype(np.uint8))
+        xml_list.append('voc_%d.png voc_%d.xml' % (i, i))
+        if i == 3:
+            continue                           # no annotation file: an image without boxes
+        objects = []
+        for k in range(3):
+            x, y = rs.randint(0, 30), rs.randint(0, 24)
+            objects.append(VOC_OBJECT % (ANNOSET_NAMES[rs.randint(3)], int(k == 1), x, y,
+                                         x + rs.randint(6, 24), y + rs.randint(6, 20)))
+        if i == 0:                             # past the right edge: clipped by the layer
+            objects.append(VOC_OBJECT % ('square', 0, 40, 10, 55, 30))
+        if i == 1:                             # difficult after bndbox: not difficult
+            objects.append('<object><name>circle</name><bndbox><xmin>3</xmin><ymin>4</ymin>'
+                           '<xmax>20</xmax><ymax>25</ymax></bndbox><difficult>1</difficult>'
+                           '</object>')
+        with open(os.path.join(folder, 'voc_%d.xml' % i), 'w') as f:
+            f.write('<annotation><size><width>48</width><height>40</height><depth>3</depth>'
+                    '</size>%s</annotation>\n' % ''.join(objects))
+    for i, (height, width) in enumerate([(30, 50), (44, 36), (40, 40)]):
+        write_png(os.path.join(folder, 'txt_%d.png' % i),
+                  rs.randint(0, 256, (height, width, 3)).astype(np.uint8))
+        txt_list.append('txt_%d.png txt_%d.txt' % (i, i))
+        with open(os.path.join(folder, 'txt_%d.txt' % i), 'w') as f:
+            for _ in range(2 + i):
+                x, y = rs.uniform(0, width * 0.6), rs.uniform(0, height * 0.6)
+                f.write('%d %.2f %.2f %.2f %.2f\n' % (rs.randint(1, 4), x, y,
+                                                     x + rs.uniform(4, width * 0.4),
+                                                     y + rs.uniform(4, height * 0.4)))
+    for name, lines in (('xml_list.txt', xml_list), ('txt_list.txt', txt_list)):
+        with open(os.path.join(folder, name), 'w') as f:
+            f.write('\n'.join(lines) + '\n')
+
+
+def annotated_data_cases():
+    folder = os.path.join(HERE, 'annoset')
+    annoset_files(np.random.RandomState(11), folder)
+    tool = os.path.expanduser('~/caffe-ref/ssd-caffe/build/tools/convert_annoset')
+    for lmdb, label_type, extra in (('fork_xml_lmdb', 'xml', []),
+                                    ('fork_txt_lmdb', 'txt', ['--encoded', '--encode_type=png'])):
+        target = os.path.join(folder, lmdb)
+        subprocess.run(['rm', '-rf', target], check=True)
+        subprocess.run([tool, '--anno_type=detection', '--label_type=' + label_type,
+                        '--label_map_file=' + os.path.join(folder, 'labelmap.prototxt')]
+                       + extra + [folder + '/', os.path.join(folder, label_type + '_list.txt'),
+                                  target], check=True, capture_output=True)
+        subprocess.run(['rm', '-f', os.path.join(target, 'lock.mdb')], check=True)
+    for name, lmdb, batch, transform in ANNOTATED_DATA_CASES:
+        prototxt = ('name: "%s"\nlayer { name: "data" type: "AnnotatedData" top: "data" '
+                    'top: "label" include { phase: TEST } transform_param { %s } '
+                    'data_param { source: "annoset/%s" batch_size: %d backend: LMDB } '
+                    'annotated_data_param { label_map_file: "annoset/labelmap.prototxt" } }\n'
+                    % (name, transform, lmdb, batch))
+        cwd = os.getcwd()
+        os.chdir(HERE)                    # the sources are relative to this folder
+        with tempfile.NamedTemporaryFile('w', suffix='.prototxt', delete=False) as f:
+            f.write(prototxt)
+        net = caffe.Net(f.name, caffe.TEST)
+        os.unlink(f.name)
+        out = {}
+        for step in range(2):            # the second batch wraps around the records
+            net.forward()
+            out['data/%d' % step] = net.blobs['data'].data.copy()
+            out['label/%d' % step] = net.blobs['label'].data.copy()
+        del net
+        os.chdir(cwd)
+        subprocess.run(['rm', '-f', os.path.join(folder, lmdb, 'lock.mdb')], check=True)
+        save(name, prototxt, out)
+
+
+GROUPS = {'permute': permute_cases, 'normalize': normalize_cases,
+          'prior_box': prior_box_cases, 'detection_output': detection_output_cases,
+          'detection_evaluate': detection_evaluate_cases, 'map': map_cases, 'net': net_case,
+          'multibox_loss': multibox_loss_cases, 'annotated_data': annotated_data_cases}
+
+
 if __name__ == '__main__':
-    permute_cases()
-    normalize_cases()
-    prior_box_cases()
-    detection_output_cases()
-    detection_evaluate_cases()
-    map_cases()
-    net_case()
+    # every group, or the groups named on the command line
+    for group in sys.argv[1:] or list(GROUPS):
+        GROUPS[group]()
