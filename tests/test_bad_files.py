@@ -199,6 +199,7 @@ def test_loading_reports_ignored_and_missing_layers(tmp_path, caplog):
 
 def test_solverstate_of_another_net_names_both_files(tmp_path, monkeypatch):
     """The issue's case: a learned_net with other layer names resumed with fresh weights."""
+    require(GOLDEN / 'solver_snapshot_binaryproto_iter_6.solverstate')
     monkeypatch.chdir(tmp_path)
     for path in GOLDEN.glob('solver_snapshot_binaryproto*'):
         shutil.copy(path, tmp_path)
@@ -225,6 +226,7 @@ def test_solverstate_of_another_net_names_both_files(tmp_path, monkeypatch):
 
 
 def test_solverstate_with_current_step_out_of_range(tmp_path, monkeypatch):
+    require(GOLDEN / 'solver_snapshot_binaryproto_iter_6.solverstate')
     monkeypatch.chdir(tmp_path)
     for path in GOLDEN.glob('solver_snapshot_binaryproto*'):
         shutil.copy(path, tmp_path)
@@ -477,6 +479,7 @@ def test_atomic_write_failure_is_a_caffe_error_naming_the_target(tmp_path):
 
 # ---- the tools: one line, or a traceback with --debug ----------------------------------------
 def test_tools_print_one_line_and_a_traceback_with_debug(tmp_path):
+    require(GOLDEN / 'net_lenet.caffemodel')
     bad = write(tmp_path / 'bad.prototxt', 'layer { name: "p" type: "PReLU" top: "a" }')
     command = [sys.executable, str(ROOT / 'tools' / 'test_net.py'), '--model', bad,
                '--weights', str(GOLDEN / 'net_lenet.caffemodel'), '--iterations', '1']

@@ -155,6 +155,7 @@ def state_edits(data):
 
 
 def test_fuzz_solverstate(worker, tmp_path):
+    require(GOLDEN / 'solver_snapshot_binaryproto_iter_6.solverstate')
     tally = Tally('solverstate')
     folder = solver_folder(tmp_path / 'binary', 'solver_snapshot_binaryproto')
     other = caffe_pb2.NetParameter.FromString(
