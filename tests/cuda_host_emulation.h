@@ -14,7 +14,8 @@
 //   * `__shared__` memory is filled with 0xFF bytes (a NaN in float16/32/64) before each block.
 //   * Errors stop the launch with the kernel's name and the file:line of the call: a shuffle
 //     whose mask names lanes that exit, wait elsewhere or do not exist; a __syncthreads that
-//     some threads skip (exit) or meet at another call site; a deadlock.
+//     some threads skip (exit) or meet at another call site; a deadlock; a misaligned access
+//     (the build's -fsanitize=alignment calls __ubsan_handle_type_mismatch_v1 below).
 // Launch limits (block <= 1024 threads, grid.y/z <= 65535, ...) are checked by the caller.
 // EMULATE(name) exports `emu_<name>`, a pointer to a launcher
 //   int launch(const EmuLaunchConfig*, <kernel args...>)   (0, or 1 with emu_last_error())
@@ -559,6 +560,34 @@ static int emu_launch(const EmuLaunchConfig& c) {
     __tsan_acquire(&tsan_launch_end);
 #endif
     return 0;
+}
+
+// The library is built with -fsanitize=alignment, whose checks call this handler (defined
+// here, so no UBSan runtime is needed): a vector access through a pointer that lacks its
+// alignment faults on a GPU ("misaligned address"), so it stops the kernel here too.
+struct EmuUbsanLocation {
+    const char* file;
+    unsigned line, column;
+};
+struct EmuUbsanType {
+    unsigned short kind, info;
+    char name[1];
+};
+struct EmuUbsanMismatch {
+    EmuUbsanLocation at;
+    const EmuUbsanType* type;
+    unsigned char log_alignment, check_kind;
+};
+extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_type_mismatch_v1(
+    EmuUbsanMismatch* data, void* pointer) {
+    if (emu::error.empty())
+        emu::error = std::string(emu::kernel_name) + " at " + data->at.file + ":" +
+                     std::to_string(data->at.line) + ": misaligned address " +
+                     std::to_string(reinterpret_cast<uintptr_t>(pointer)) + " for type " +
+                     data->type->name + ", which needs " +
+                     std::to_string(1u << data->log_alignment) + "-byte alignment";
+    emu::threads[emu::current].state = emu::DONE;
+    emu::yield();
 }
 
 extern "C" const char* emu_last_error() { return emu::error.c_str(); }
