@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test gpu-test proto-check clean
+.PHONY: demo test gpu-test proto-check clean kernel-asan
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,12 @@ proto-check: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The emulated kernel tests with the kernels built under AddressSanitizer: out-of-bounds and
+# use-after-free accesses of device and __shared__ memory. Not part of `test` (the sanitized
+# builds take about a minute more); the Python process preloads the ASan runtime, and
+# --capture=sys leaves stderr alone so that a report reaches the terminal.
+kernel-asan: $(STAMP)
+	CAFFE_SYNCBN_EMU_SANITIZE=address ASAN_OPTIONS=detect_leaks=0 \
+	LD_PRELOAD=$$(g++ -print-file-name=libasan.so) \
+	$(PY) -m pytest -q -p no:cacheprovider --capture=sys -n 2 tests/test_cuda_strict_*.py tests/test_cuda_emulated_*.py

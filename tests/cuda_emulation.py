@@ -123,7 +123,7 @@ def _library(stem, code, sanitize):
     file name is their hash, written under a temporary name then renamed, so parallel test
     workers share one build."""
     entries = _entries(code)
-    code = ('#include "%s"\n' % HEADER + code + '\n'
+    code = ('#include "%s"\n' % HEADER + code + '\n#line 1 "<emulation launchers>"\n'
             + '\n'.join('EMULATE(%s)' % n for n in sorted(entries)) + '\n')
     # -fsanitize=alignment: the header's handler turns a misaligned vector access into an
     # error, as a GPU faults on one

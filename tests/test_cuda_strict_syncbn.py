@@ -17,10 +17,12 @@ SHAPES = [(2, 3, 257), (1, 3, 1), (3, 5, 16), (2, 3, 64)]
 
 
 def device(values, dtype, misaligned=False):
-    """A contiguous copy of values; misaligned: starting one element past a 16-byte boundary."""
+    """A contiguous copy of values; misaligned: starting one element past a 16-byte boundary.
+    It ends where its allocation ends, so that AddressSanitizer (make kernel-asan) sees a
+    read or write one past it."""
     values = np.asarray(values)
-    buffer = np.empty(values.size + 1, dtype)
     start = 1 if misaligned else 0
+    buffer = np.empty(values.size + start, dtype)
     assert buffer[start:].ctypes.data % 16 == (dtype(0).itemsize if misaligned else 0)
     out = buffer[start:start + values.size].reshape(values.shape)
     out[...] = values
