@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test gpu-test proto-check clean kernel-asan
+.PHONY: demo test gpu-test proto-check clean kernel-asan kernel-tsan
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,3 +36,11 @@ kernel-asan: $(STAMP)
 	CAFFE_SYNCBN_EMU_SANITIZE=address ASAN_OPTIONS=detect_leaks=0 \
 	LD_PRELOAD=$$(g++ -print-file-name=libasan.so) \
 	$(PY) -m pytest -q -p no:cacheprovider --capture=sys -n 2 tests/test_cuda_strict_*.py tests/test_cuda_emulated_*.py
+
+# The same under ThreadSanitizer: each emulated CUDA thread is a TSan fiber that only
+# barriers and shuffles order, so a missing __syncthreads or a plain += where an atomic is
+# needed is reported as a data race between two threads of a block (the run's exit status is
+# 66 then). Races between blocks are not seen: see docs/gpu-emulation.md.
+kernel-tsan: $(STAMP)
+	CAFFE_SYNCBN_EMU_SANITIZE=thread LD_PRELOAD=$$(g++ -print-file-name=libtsan.so) \
+	$(PY) -m pytest -q -p no:cacheprovider --capture=sys -n 2 tests/test_cuda_strict_*.py

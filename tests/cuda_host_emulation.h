@@ -46,6 +46,13 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
+// The emulation's own functions, which ThreadSanitizer must not watch (see below).
+#if defined(__SANITIZE_THREAD__)
+#define EMU_HOST __attribute__((no_sanitize("thread")))
+#else
+#define EMU_HOST
+#endif
+
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
@@ -94,14 +101,17 @@ static constexpr size_t STACK = 64 * 1024;
 static char* stacks;  // 1024 stacks, reserved once, touched only as deep as a kernel goes
 
 #if defined(__SANITIZE_THREAD__)
-// Fibers do not synchronize by switching (no_sync): only barriers, shuffles and the launch
-// boundaries order memory, so ThreadSanitizer reports plain accesses that race.
+// Fibers do not synchronize by switching (no_sync): only barriers and shuffles order the
+// threads of a block, so ThreadSanitizer reports their plain accesses that race. Blocks are
+// ordered one after the other (the host acquires what a block did before the next starts):
+// the __shared__ variables, which every block reuses here, would race otherwise. The
+// emulation's own bookkeeping is not instrumented (EMU_HOST).
 static void* tsan_fiber[1024];
 static void* tsan_host;
-static char tsan_launch_start, tsan_launch_end;
+static char tsan_block_start, tsan_block_end;
 // A barrier or shuffle orders its threads through a fresh sync object: malloc'd, so that
 // freeing it forgets the clocks and one block's barrier does not order the next block.
-static void tsan_exchange(const unsigned* members, unsigned count) {
+EMU_HOST static void tsan_exchange(const unsigned* members, unsigned count) {
     char* sync = static_cast<char*>(malloc(1));
     for (unsigned k = 0; k < count; ++k) {
         __tsan_switch_to_fiber(tsan_fiber[members[k]], __tsan_switch_to_fiber_no_sync);
@@ -153,7 +163,7 @@ static void fiber_main();
 
 #if defined(__x86_64__)
 // A fresh stack that "returns" into fiber_main with the alignment of a called function.
-static void* fresh_stack(char* base) {
+EMU_HOST static void* fresh_stack(char* base) {
     auto* top = reinterpret_cast<void**>(base + STACK);
     *--top = nullptr;                                   // fiber_main's return address: never used
     *--top = reinterpret_cast<void*>(&fiber_main);      // what emu_switch_stack's ret pops
@@ -162,7 +172,7 @@ static void* fresh_stack(char* base) {
 }
 #else
 static ucontext_t contexts[1025];  // [1024] is the scheduler
-static void* fresh_stack(char* base) {
+EMU_HOST static void* fresh_stack(char* base) {
     const unsigned t = (unsigned)((base - stacks) / STACK);
     getcontext(&contexts[t]);
     contexts[t].uc_stack.ss_sp = base;
@@ -173,7 +183,7 @@ static void* fresh_stack(char* base) {
 }
 #endif
 
-static void switch_to(void** from, void* to, const void* to_stack, size_t to_size, void* to_tsan) {
+EMU_HOST static void switch_to(void** from, void* to, const void* to_stack, size_t to_size, void* to_tsan) {
 #if defined(__SANITIZE_ADDRESS__)
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, to_stack, to_size);
@@ -197,7 +207,7 @@ static void switch_to(void** from, void* to, const void* to_stack, size_t to_siz
 }
 
 // From the running fiber back to the scheduler.
-static void yield() {
+EMU_HOST static void yield() {
 #if defined(__x86_64__)
     void** from = &threads[current].sp;
 #else
@@ -218,7 +228,7 @@ static void yield() {
 
 static void fail(const std::source_location& at, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)));
-static void fail(const std::source_location& at, const char* fmt, ...) {
+EMU_HOST static void fail(const std::source_location& at, const char* fmt, ...) {
     char text[1024];
     va_list args;
     va_start(args, fmt);
@@ -229,27 +239,27 @@ static void fail(const std::source_location& at, const char* fmt, ...) {
                 std::to_string(at.line()) + ": " + text;
 }
 
-static void fiber_main() {
+EMU_HOST static void fiber_main() {
 #if defined(__SANITIZE_ADDRESS__)
     __sanitizer_finish_switch_fiber(nullptr, &asan_host_bottom, &asan_host_size);
 #endif
 #if defined(__SANITIZE_THREAD__)
-    __tsan_acquire(&tsan_launch_start);
+    __tsan_acquire(&tsan_block_start);
 #endif
     body();
 #if defined(__SANITIZE_THREAD__)
-    __tsan_release(&tsan_launch_end);
+    __tsan_release(&tsan_block_end);
 #endif
     threads[current].state = DONE;
     yield();
     __builtin_unreachable();  // a finished fiber is never resumed
 }
 
-static std::string where(const Thread& t) {
+EMU_HOST static std::string where(const Thread& t) {
     return std::string(t.site.file_name()) + ":" + std::to_string(t.site.line());
 }
 
-static std::string describe(unsigned t) {
+EMU_HOST static std::string describe(unsigned t) {
     const Thread& th = threads[t];
     switch (th.state) {
     case DONE: return "has exited";
@@ -260,13 +270,13 @@ static std::string describe(unsigned t) {
 }
 
 // The lanes of warp w that exist (a last warp may be partial).
-static unsigned warp_lanes(unsigned w) {
+EMU_HOST static unsigned warp_lanes(unsigned w) {
     const unsigned n = std::min(32u, nthreads - w * 32);
     return n == 32 ? 0xffffffffu : (1u << n) - 1;
 }
 
 // Called when thread t has arrived at a shuffle: completes it when every lane of the mask has.
-static void try_shuffle(unsigned t) {
+EMU_HOST static void try_shuffle(unsigned t) {
     const unsigned w = t / 32, base = w * 32;
     const Thread& me = threads[t];
     for (unsigned lane = 0; lane < 32; ++lane) {
@@ -303,7 +313,7 @@ static void try_shuffle(unsigned t) {
 
 // Nothing can run: every thread has exited, or all that have not wait at one __syncthreads
 // (released here), or the block is stuck (an error that says who waits where).
-static bool release_or_fail() {
+EMU_HOST static bool release_or_fail() {
     unsigned done = 0, barrier = 0, first_barrier = 0, first_done = 0;
     for (unsigned t = 0; t < nthreads; ++t) {
         const Thread& th = threads[t];
@@ -353,12 +363,12 @@ __attribute__((no_sanitize("address", "thread"))) static void poison_shared() {
     for (volatile char* p = __start_emu_shared; p < __stop_emu_shared; ++p) *p = (char)0xFF;
 }
 
-static void order(std::vector<unsigned>& items) {
+EMU_HOST static void order(std::vector<unsigned>& items) {
     if (policy == REVERSE) std::reverse(items.begin(), items.end());
     if (policy == RANDOM) std::shuffle(items.begin(), items.end(), rng);
 }
 
-static void run(unsigned t) {
+EMU_HOST static void run(unsigned t) {
     current = t;
     threadIdx = {t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y)};
 #if defined(__x86_64__)
@@ -383,7 +393,7 @@ static void run(unsigned t) {
 
 // One block: warp after warp, each run until all of its lanes wait or have exited; then the
 // barrier (if every thread is at it) opens and the round repeats.
-static bool run_block() {
+EMU_HOST static bool run_block() {
     poison_shared();
     for (unsigned t = 0; t < nthreads; ++t) {
         Thread& th = threads[t];
@@ -421,7 +431,7 @@ static bool run_block() {
 
 }  // namespace emu
 
-inline void __syncthreads(std::source_location at = std::source_location::current()) {
+EMU_HOST inline void __syncthreads(std::source_location at = std::source_location::current()) {
     emu::Thread& me = emu::threads[emu::current];
     me.site = at;
     me.state = emu::AT_BARRIER;
@@ -431,7 +441,7 @@ inline void __syncthreads(std::source_location at = std::source_location::curren
 enum EmuShuffle { EMU_IDX, EMU_UP, EMU_DOWN, EMU_XOR };
 
 template <class T>
-T emu_shuffle(unsigned mask, T v, EmuShuffle kind, int arg, int width,
+EMU_HOST T emu_shuffle(unsigned mask, T v, EmuShuffle kind, int arg, int width,
               const std::source_location& at) {
     static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes");
     using namespace emu;
@@ -511,7 +521,7 @@ using std::max;
 using std::min;
 
 // Every blockIdx of the launch (or the chosen ones), in the policy's order.
-static std::vector<dim3> emu_blocks(const EmuLaunchConfig& c) {
+EMU_HOST static std::vector<dim3> emu_blocks(const EmuLaunchConfig& c) {
     std::vector<dim3> blocks;
     if (c.only_count > 0) {
         for (unsigned k = 0; k < c.only_count; ++k)
@@ -526,7 +536,7 @@ static std::vector<dim3> emu_blocks(const EmuLaunchConfig& c) {
     return blocks;
 }
 
-static int emu_launch(const EmuLaunchConfig& c) {
+EMU_HOST static int emu_launch(const EmuLaunchConfig& c) {
     using namespace emu;
     if (stacks == nullptr) {
         void* p = mmap(nullptr, 1024 * STACK, PROT_READ | PROT_WRITE,
@@ -549,16 +559,16 @@ static int emu_launch(const EmuLaunchConfig& c) {
     gridDim = {c.grid[0], c.grid[1], c.grid[2]};
     blockDim = {c.block[0], c.block[1], c.block[2]};
     nthreads = c.block[0] * c.block[1] * c.block[2];
-#if defined(__SANITIZE_THREAD__)
-    __tsan_release(&tsan_launch_start);
-#endif
     for (const dim3& b : emu_blocks(c)) {
         blockIdx = b;
-        if (!run_block()) return 1;
-    }
 #if defined(__SANITIZE_THREAD__)
-    __tsan_acquire(&tsan_launch_end);
+        __tsan_release(&tsan_block_start);
 #endif
+        if (!run_block()) return 1;
+#if defined(__SANITIZE_THREAD__)
+        __tsan_acquire(&tsan_block_end);
+#endif
+    }
     return 0;
 }
 
@@ -578,7 +588,7 @@ struct EmuUbsanMismatch {
     const EmuUbsanType* type;
     unsigned char log_alignment, check_kind;
 };
-extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_type_mismatch_v1(
+extern "C" EMU_HOST __attribute__((visibility("hidden"))) void __ubsan_handle_type_mismatch_v1(
     EmuUbsanMismatch* data, void* pointer) {
     if (emu::error.empty())
         emu::error = std::string(emu::kernel_name) + " at " + data->at.file + ":" +
@@ -595,7 +605,7 @@ extern "C" const char* emu_last_error() { return emu::error.c_str(); }
 template <class F> struct EmuLaunch;
 template <class... Args> struct EmuLaunch<void (*)(Args...)> {
     template <void (*Kernel)(Args...)>
-    static int run(const EmuLaunchConfig* config, Args... args) {
+    EMU_HOST static int run(const EmuLaunchConfig* config, Args... args) {
         emu::body = [=] { Kernel(args...); };
         return emu_launch(*config);
     }
