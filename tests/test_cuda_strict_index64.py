@@ -97,10 +97,12 @@ def test_reduce_sum8_and_copy():
     grid = -(-n // 8 // 256)
     a, b, dst = (sparse(n, np.float16) for _ in range(3))
     first = (grid - 2) * 256 * 8
-    av, bv = fill(a, first, n, 5), fill(b, first, n, 6)
+    av, bv, dv = fill(a, first, n, 5), fill(b, first, n, 6), fill(dst, first, n, 7)
+    # accumulate: an element added twice (a stride that wrapped at 2^32) shows
     kernel('reduce', 'reduce_sum8_f16')((grid,), (256,), [a, b] + [None] * 6 + [
-        np.int32(2), np.int32(0), dst, np.int64(n)], blocks=last_blocks(grid))
-    assert (dst[first:] == (av.astype(np.float32) + bv.astype(np.float32)).astype(np.float16)).all()
+        np.int32(2), np.int32(1), dst, np.int64(n)], blocks=last_blocks(grid))
+    want = (dv.astype(np.float32) + av.astype(np.float32) + bv.astype(np.float32))
+    assert (dst[first:] == want.astype(np.float16)).all()
     assert not dst[first - WRAP:n - WRAP].any()
     kernel('reduce', 'reduce_copy_f16')((grid,), (256,), (dst, a, np.int64(n)),
                                         blocks=last_blocks(grid))
