@@ -1,6 +1,6 @@
 """Index arithmetic past 2^31 and 2^32 elements, for the kernels whose sizes are 64-bit (SyncBN,
-the same-device reduce, LRN, SoftmaxWithLoss) or whose item counts are 64-bit products
-(pooling, im2col, Interp). The arrays are sparse mappings (MAP_NORESERVE: untouched pages
+the same-device reduce, LRN, SoftmaxWithLoss, the fused kernels) or whose item counts and
+in-plane offsets are 64-bit products (pooling, im2col, Interp). The arrays are sparse mappings (MAP_NORESERVE: untouched pages
 read as the shared zero page and cost no memory); the test writes a few values near the end,
 runs only the last blocks of the full-size grid (the emulation's `blocks=`) and checks their
 outputs, and that the cells 2^32 elements before them, where a wrapped 32-bit index would
@@ -190,3 +190,100 @@ def test_pooling_and_im2col_item_counts():
                                            blocks=last_blocks(grid))
     assert_close(out.reshape(-1)[first:], xs32, 1e-6, 'interp')
     assert not out.reshape(-1)[first - WRAP:items - WRAP].any()
+
+
+def test_im2col_and_interp_planes_past_2_31():
+    """One image plane of more than 2^31 cells: the in-plane offsets (row * W) are 64-bit.
+    (Pooling's are not: its MAX index is int32, so H*W < 2^31 is its contract.)"""
+    h, w = 3, 2 ** 30 + 3
+    plane = h * w
+    grid = -(-plane // 256)
+    first = (grid - 2) * 256
+    x, col, back = (sparse((1, 1, h, w), np.float16) for _ in range(3))
+    xs = fill(x, first, plane, 14)
+    geometry = [np.int32(v) for v in (1, 1, h, w, 1, 1, 0, 0, 1, 1, 1, 1, h, w)]
+    kernel('im2col', 'im2col_f16')((grid,), (256,), [x] + geometry + [col], blocks=last_blocks(grid))
+    assert (col.reshape(-1)[first:].astype(np.float64) == xs).all()
+    kernel('im2col', 'col2im_f16')((grid,), (256,), [col] + geometry + [back],
+                                   blocks=last_blocks(grid))
+    assert (back.reshape(-1)[first:].astype(np.float64) == xs).all()
+    # Interp with a crop of 2: the identity resize of x[2:5, 2:W-2], whose float32 sampling
+    # rounds a column past 2^24 to a float (the fork's arithmetic): source = float32(column)
+    h, b = 5, 2
+    ih, iw = h - 2 * b + 2, w - 2 * b
+    items = ih * iw
+    x, dx = sparse((1, h, w), np.float32), sparse((1, h, w), np.float32)
+    y = sparse((1, ih, iw), np.float32)
+    grid = -(-items // 256)
+    first = (grid - 2) * 256
+    columns = np.arange(first, items) - (ih - 1) * iw      # all in the last row
+    assert columns[0] > 2 ** 29
+    source = columns.astype(np.float32).astype(np.int64)
+    x[0, h - 1, b + source[0]:] = np.random.RandomState(15).uniform(-2, 2, w - b - source[0])
+    geometry = [np.int32(v) for v in (1, h, w, b, ih, iw, ih, iw)]
+    kernel('interp', 'interp_forward_f32')((grid,), (256,), [x] + geometry + [y],
+                                           blocks=last_blocks(grid))
+    assert (y[0, ih - 1, columns] == x[0, h - 1, b + source]).all()
+    kernel('interp', 'interp_backward_f32')((grid,), (256,), [y] + geometry + [dx],
+                                            blocks=last_blocks(grid))
+    want = np.zeros(w)
+    np.add.at(want, b + source, y[0, ih - 1, columns].astype(np.float64))
+    assert_close(dx[0, h - 1, b + source[0]:], want[b + source[0]:], 1e-6, 'interp dx')
+
+
+@pytest.mark.parametrize('name', ['affine_relu', 'bn_relu_forward', 'bn_relu_backward_dx',
+                                  'eltwise_sum_relu', 'eltwise_sum_relu_backward'])
+def test_fused_elementwise(name):
+    n, c, hw = 1, 3, 2 ** 31 + 5
+    total = n * c * hw
+    grid = -(-total // 256)
+    first = (grid - 2) * 256
+    x, dy, out = (sparse((n, c, hw), np.float16) for _ in range(3))
+    xs, gs = fill(x, first, total, 16), fill(dy, first, total, 17)
+    a, b = np.array([1, 2, -3], np.float32), np.array([0.5, -1, 0.25], np.float32)
+    gamma, beta = np.array([1, -2, 0.5], np.float16), np.array([0, 1, -0.5], np.float16)
+    params = np.array([0.5, 1, -1, 0, 0, 0, 1, 2, 4, 1, -4, 2, 0, 1, -0.5], np.float32)
+    sums, count = np.array([1.0, 2.0, -3.0, 0.5, -1.0, 2.0]), np.array([4.0])
+    slope = 0.1
+    size = [np.int64(c), np.int64(hw), np.int64(total)]
+    # every value near the end is in channel 2
+    pre = {'affine_relu': -3 * xs + 0.25, 'bn_relu_forward': (xs + 1) * 2 - 0.5}
+    if name == 'affine_relu':
+        args = [x, a, b] + size + [np.int32(1), np.float64(slope), out]
+    elif name == 'bn_relu_forward':
+        args = [x, params] + size + [np.float64(slope), out]
+    elif name == 'bn_relu_backward_dx':
+        args = [x, dy, gamma, beta, np.float64(slope), params, sums, count] + size + [out]
+        on = xs > 0
+        g = np.where(on, gs, slope * gs)
+        xhat = (np.where(on, xs, xs / slope) + 0.5) / 0.5
+        want = 2 * (g - sums[2] / 4 - xhat * sums[5] / 4)
+    elif name == 'eltwise_sum_relu':
+        args = [x, dy, np.float64(2), np.float64(-1), np.int64(total), np.float64(slope), out]
+        pre[name] = 2 * xs - gs
+    else:
+        args = [x, dy, np.float64(-2), np.int64(total), np.float64(slope), out]
+        want = -2 * np.where(xs > 0, gs, slope * gs)
+    kernel('fused', 'fused_%s_f16' % name)((grid,), (256,), args, blocks=last_blocks(grid))
+    if name in pre:
+        want = np.where(pre[name] > 0, pre[name], slope * pre[name])
+    assert_close(out.reshape(-1)[first:], want, 2e-2, name)
+    assert not out.reshape(-1)[first - WRAP:total - WRAP].any()
+
+
+def test_fused_bn_relu_backward_reduce():
+    n, c, hw, splits = 1, 3, 2 ** 31 - 1, 2 ** 20
+    y, dy = sparse((n, c, hw), np.float32), sparse((n, c, hw), np.float32)
+    b = splits - 1
+    begin, end = n * hw * b // splits, n * hw * (b + 1) // splits
+    ys, gs = fill(y, 2 * hw + begin, 2 * hw + end, 18), fill(dy, 2 * hw + begin, 2 * hw + end, 19)
+    gamma, beta = np.array([1, 1, 2], np.float32), np.array([0, 0, 0.5], np.float32)
+    partial = np.full(c * splits * 2, np.nan)
+    kernel('fused', 'fused_bn_relu_backward_reduce_f32')((splits, c), (256,), (
+        y, dy, gamma, beta, np.float64(0), np.int32(n), np.int32(c), np.int64(hw),
+        np.int32(splits), partial), blocks=[(b, 2, 0)])
+    on = ys > 0
+    g, xhat = np.where(on, gs, 0), (np.where(on, ys, 0) - 0.5) / 2
+    slot = (2 * splits + b) * 2
+    assert_close(partial[slot:slot + 2], [g.sum(), (g * xhat).sum()], 1e-5, 'sums',
+                 scale=np.abs(gs).sum() * 4 + 1)

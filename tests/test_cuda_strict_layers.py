@@ -177,6 +177,9 @@ def test_interp(dtype, geometry, launch, order):
     nc, h, w, b, ih, iw, oh, ow = geometry
     rs = np.random.RandomState(3)
     x = device(rs.standard_normal((nc, h, w)), dtype, True)
+    outside = np.ones((h, w), bool)
+    outside[b:b + ih, b:b + iw] = False
+    x[:, outside] = np.nan                   # the crop: a read of these shows
     y = nan_filled((nc, oh, ow), dtype)
     args = [i32(v) for v in geometry]
     with schedule(order):
@@ -270,8 +273,11 @@ def test_softmax_loss(dtype, outer, classes, inner, launch, misaligned):
 
 # ---- im2col ------------------------------------------------------------------------------
 
+#: (N, C, H, W, KH, KW, PH, PW, SH, SW, DH, DW): the 4th has cells whose last window starts
+#: at OH*SH (col2im's guard), the 5th 25 windows over a cell (a float16 sum needs float32)
 IM2COL = [(2, 3, 7, 5, 3, 3, 1, 1, 2, 1, 1, 2), (1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1),
-          (1, 2, 9, 8, 2, 3, 2, 0, 1, 3, 2, 1)]
+          (1, 2, 9, 8, 2, 3, 2, 0, 1, 3, 2, 1), (1, 2, 8, 6, 3, 3, 1, 0, 2, 2, 1, 1),
+          (1, 2, 9, 9, 5, 5, 2, 2, 1, 1, 1, 1)]
 
 
 @pytest.mark.parametrize('dtype', DTYPES)

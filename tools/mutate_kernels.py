@@ -131,8 +131,10 @@ def mutants(files, operators):
 
 def _pytest(mutant, scratch, sanitize, timeout):
     tests = TESTS.get(mutant.path, _LAYER_TESTS)
+    # a test stuck in a loop ends its process after 60 s (pytest-timeout's thread method: the
+    # loop is in C, where no Python signal handler would run)
     cmd = [sys.executable, '-m', 'pytest', '-x', '-q', '-p', 'no:cacheprovider', '-p', 'no:xdist',
-           '--capture=sys'] + tests
+           '--capture=sys', '--timeout=60', '--timeout-method=thread'] + tests
     select = SELECT.get(mutant.path)
     if sanitize and sanitize[0] == 'tsan':
         select = '(%s) and (%s)' % (select, RACY) if select else RACY
@@ -154,6 +156,8 @@ def _pytest(mutant, scratch, sanitize, timeout):
             return 'survived', '%s run timed out' % sanitize[0].upper()
         return 'killed', 'hangs (timed out after %d s)' % timeout
     out = result.stdout + result.stderr
+    if '+++ Timeout +++' in out:
+        return 'killed', 'hangs (a test ran past 60 s)'
     if 'emulation build of' in out and 'failed' in out and result.returncode != 0:
         return 'stillborn', 'g++ rejects it'
     if result.returncode == 0:
