@@ -110,19 +110,20 @@ def test_reduce_sum8_and_copy():
 
 
 def test_lrn():
-    n, c, hw = 1, 3, 2 ** 31 + 3
+    """N*HW columns past 2^32: the second image's last columns."""
+    n, c, hw = 2, 3, 2 ** 31 + 3
     grid = -(-n * hw // 256)
     x, scale, y = (sparse((n, c, hw), np.float32) for _ in range(3))
-    first = (grid - 2) * 256
-    cols = [fill(x, ch * hw + first, (ch + 1) * hw, 7 + ch) for ch in range(c)]
+    first = (grid - 2) * 256 - hw             # a column of image 1
+    cols = [fill(x, (c + ch) * hw + first, (c + ch + 1) * hw, 7 + ch) for ch in range(c)]
     kernel('lrn', 'lrn_across_forward_f32')((grid,), (256,), (
         x, np.int32(n), np.int32(c), np.int64(hw), np.int32(3), np.float64(1.0), np.float64(0.5),
         np.float64(2.0), scale, y), blocks=last_blocks(grid))
     sq = [v * v for v in cols]
     want = [2 + sq[0] + sq[1], 2 + sq[0] + sq[1] + sq[2], 2 + sq[1] + sq[2]]
     for ch in range(c):
-        assert_close(scale[0, ch, first:], want[ch], 1e-6, 'scale')
-        assert_close(y[0, ch, first:], cols[ch] * want[ch] ** -0.5, 1e-6, 'y')
+        assert_close(scale[1, ch, first:], want[ch], 1e-6, 'scale')
+        assert_close(y[1, ch, first:], cols[ch] * want[ch] ** -0.5, 1e-6, 'y')
 
 
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])

@@ -157,6 +157,24 @@ def test_lrn(dtype, shape, size, launch, misaligned):
     assert_close(dx, want, TOL[dtype] * 4, 'dx')
 
 
+def test_lrn_float16_window_keeps_float32():
+    """Large channels first, then small ones: a window summed in float16 keeps the rounding
+    of the large squares after they left, far above float16's rounding of the output."""
+    shape, size, alpha, beta, k0 = (1, 37, 5), 7, 10.0, 0.75, 2.0
+    rs = np.random.RandomState(30)
+    values = rs.uniform(-0.1, 0.1, shape)
+    values[:, :4] = rs.uniform(2, 3, (1, 4, 5))
+    x = device(values, np.float16)
+    x64 = x.astype(np.float64)
+    want = k0 + alpha / size * lrn_window(x64 * x64, size)
+    scale, y = nan_filled(shape, np.float16), nan_filled(shape, np.float16)
+    k('lrn', 'lrn_across_forward', np.float16)((1,), (32,), (
+        x, i32(1), i32(37), np.int64(5), i32(size), np.float64(alpha / size), np.float64(beta),
+        np.float64(k0), scale, y))
+    assert_close(scale, want, TOL[np.float16], 'scale')
+    assert_close(y, x64 * want ** -beta, TOL[np.float16], 'y')
+
+
 # ---- Interp ------------------------------------------------------------------------------
 
 def taps(out_size, in_size):
