@@ -174,6 +174,13 @@ def test_pooling_and_im2col_item_counts():
     assert (y.reshape(-1)[first:].astype(np.float64) == xs).all()
     assert (index.reshape(-1)[first:] == np.arange(first, items) % (h * w)).all()
     assert not y.reshape(-1)[first - WRAP:items - WRAP].any()
+    for name, args in (('pool_max_backward', [y, index]), ('pool_ave_forward', [x]),
+                       ('pool_ave_backward', [x])):
+        out = sparse((nc, h, w), np.float16)
+        kernel('pooling', name + '_f16')((grid,), (256,), args + pool + [out],
+                                         blocks=last_blocks(grid))
+        assert (out.reshape(-1)[first:].astype(np.float64) == xs).all(), name
+        assert not out.reshape(-1)[first - WRAP:items - WRAP].any(), name
     col = sparse((nc, h, w), np.float16)
     geometry = [np.int32(v) for v in (1, nc, h, w, 1, 1, 0, 0, 1, 1, 1, 1, h, w)]
     kernel('im2col', 'im2col_f16')((grid,), (256,), [x] + geometry + [col], blocks=last_blocks(grid))

@@ -116,6 +116,35 @@ def test_ave_pooling(dtype, geometry, launch, misaligned):
     assert_close(dx, want_dx, TOL[dtype], 'ave dx')
 
 
+def test_max_pooling_ties_pick_the_first():
+    """Equal values in a window: the first in row-major order is the maximum (Caffe's rule)."""
+    shape, k_, s, p = (2, 7, 6), (3, 3), (2, 1), (1, 1)
+    x = device(np.random.RandomState(31).randint(0, 3, shape), np.float32)
+    want, want_index, _ = pool_reference(x.astype(np.float64), k_, s, p, 'max')
+    oh, ow = want.shape[1:]
+    y, index = nan_filled(want.shape, np.float32), np.full(want.shape, -1, np.int32)
+    k('pooling', 'pool_max_forward', np.float32)((1,), (32,), [x] + pool_args(shape, k_, s, p, oh, ow)
+                                                 + [y, index])
+    assert (index == want_index).all() and (y == want).all()
+
+
+def test_max_pooling_backward_float16_sums_in_float32():
+    """A peak that 25 windows choose: its float16 gradient is their float32 sum, rounded once."""
+    shape, k_, s, p = (1, 9, 9), (5, 5), (1, 1), (2, 2)
+    values = np.zeros(shape)
+    values[0, 4, 4] = 1
+    x = device(values, np.float16)
+    _, index64, _ = pool_reference(values, k_, s, p, 'max')
+    index = index64.astype(np.int32)
+    dy = device(np.random.RandomState(32).uniform(1, 2, index.shape), np.float16)
+    dx = nan_filled(shape, np.float16)
+    k('pooling', 'pool_max_backward', np.float16)((1,), (96,), [dy, index] + pool_args(
+        shape, k_, s, p, *index.shape[1:]) + [dx])
+    want = np.zeros(81)
+    np.add.at(want, index.reshape(-1), dy.astype(np.float64).reshape(-1))
+    assert (dx.reshape(-1) == want.astype(np.float16)).all()
+
+
 # ---- LRN ---------------------------------------------------------------------------------
 
 def lrn_window(v, size):
@@ -173,6 +202,17 @@ def test_lrn_float16_window_keeps_float32():
         np.float64(k0), scale, y))
     assert_close(scale, want, TOL[np.float16], 'scale')
     assert_close(y, x64 * want ** -beta, TOL[np.float16], 'y')
+    # backward: large gradients on the large channels, small ones after
+    grads = rs.uniform(0.05, 0.1, shape)
+    grads[:, :4] = 5000
+    dy, dx = device(grads, np.float16), nan_filled(shape, np.float16)
+    ratio = 2 * alpha * beta / size
+    k('lrn', 'lrn_across_backward', np.float16)((1,), (32,), (
+        x, y, scale, dy, i32(1), i32(37), np.int64(5), i32(size), np.float64(ratio),
+        np.float64(beta), dx))
+    s64, y64, g = scale.astype(np.float64), y.astype(np.float64), dy.astype(np.float64)
+    want = g * s64 ** -beta - ratio * x64 * lrn_window(g * y64 / s64, size)
+    assert_close(dx, want, TOL[np.float16] * 2, 'dx', scale=np.abs(want) + 1e-2)
 
 
 # ---- Interp ------------------------------------------------------------------------------

@@ -195,6 +195,18 @@ def run(mutant, timeout):
     return mutant
 
 
+def _survivors(log):
+    """The keys of the mutants a previous run printed as survived or equivalent: a status
+    line 'survived path:line operator#k ...' followed by the original line."""
+    keys = set()
+    lines = log.split('\n')
+    for status, before in zip(lines, lines[1:]):
+        match = re.match(r'(survived|equivalent)\s+(\S+):\d+ (\w+)#(\d+)', status)
+        if match:
+            keys.add((match.group(2), match.group(3), before.strip(), int(match.group(4))))
+    return keys
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--file', action='append', help='only this cuda/ file (repeatable)')
@@ -203,9 +215,13 @@ def main():
     parser.add_argument('--jobs', '-j', type=int, default=2)
     parser.add_argument('--timeout', type=int, default=300, help='seconds per test run')
     parser.add_argument('--markdown', action='store_true', help='print the survivors as a table')
+    parser.add_argument('--rerun', metavar='LOG',
+                        help="only the mutants a previous run's output lists as survivors")
     args = parser.parse_args()
     files = args.file or sorted(p.name for p in CUDA.iterdir() if p.suffix in ('.cu', '.cuh'))
     todo = mutants(files, args.operator or sorted(OPERATORS))
+    if args.rerun:
+        todo = [m for m in todo if m.key in _survivors(Path(args.rerun).read_text())]
     if args.list:
         for m in todo:
             print('%-40s %s\n%40s %s' % (m.name, m.before.strip(), '->', m.after.strip()))
