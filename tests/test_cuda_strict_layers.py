@@ -129,7 +129,8 @@ def test_max_pooling_ties_pick_the_first():
 
 
 def test_max_pooling_backward_float16_sums_in_float32():
-    """A peak that 25 windows choose: its float16 gradient is their float32 sum, rounded once."""
+    """A peak that 25 windows choose: its float16 gradient is their float32 sum, rounded once;
+    likewise AVE's sums over 25 windows."""
     shape, k_, s, p = (1, 9, 9), (5, 5), (1, 1), (2, 2)
     values = np.zeros(shape)
     values[0, 4, 4] = 1
@@ -143,6 +144,17 @@ def test_max_pooling_backward_float16_sums_in_float32():
     want = np.zeros(81)
     np.add.at(want, index.reshape(-1), dy.astype(np.float64).reshape(-1))
     assert (dx.reshape(-1) == want.astype(np.float16)).all()
+    # AVE: every cell sums dy/25 over up to 25 windows; within one float16 step of the truth
+    dx = nan_filled(shape, np.float16)
+    k('pooling', 'pool_ave_backward', np.float16)((1,), (96,), [dy] + pool_args(
+        shape, k_, s, p, *index.shape[1:]) + [dx])
+    want = np.zeros(shape)
+    g = dy.astype(np.float64) / 25
+    for i in range(9):
+        for j in range(9):
+            want[0, max(i - 2, 0):i + 3, max(j - 2, 0):j + 3] += g[0, i, j]
+    step = np.spacing(want.astype(np.float16)).astype(np.float64)
+    assert (np.abs(dx.astype(np.float64) - want) <= step).all()
 
 
 # ---- LRN ---------------------------------------------------------------------------------
