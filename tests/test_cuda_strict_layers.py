@@ -341,6 +341,23 @@ def test_softmax_loss(dtype, outer, classes, inner, launch, misaligned):
     assert_close(dx, want_dx, TOL[dtype], 'dx')
 
 
+def test_softmax_float16_sums_in_float32():
+    """40 classes of similar scores: each probability within float16 rounding of the truth,
+    which a float16 running sum of the exponentials misses."""
+    outer, classes, inner = 2, 40, 3
+    rs = np.random.RandomState(33)
+    scores = device(rs.uniform(0, 0.5, (outer, classes, inner)), np.float16)
+    labels = device(np.zeros((outer, inner)), np.float16)
+    prob = nan_filled(scores.shape, np.float16)
+    loss, valid = nan_filled(labels.shape, np.float32), nan_filled(labels.shape, np.float32)
+    k('softmax_loss', 'softmax_loss_forward', np.float16)((1,), (32,), [
+        scores, labels, i32(outer), i32(classes), np.int64(inner), i32(0), i32(-1), prob, loss,
+        valid])
+    e = np.exp(scores.astype(np.float64))
+    want = e / e.sum(1, keepdims=True)
+    assert_close(prob, want, 1e-3, 'prob', scale=want)
+
+
 # ---- im2col ------------------------------------------------------------------------------
 
 #: (N, C, H, W, KH, KW, PH, PW, SH, SW, DH, DW): the 4th has cells whose last window starts
