@@ -159,6 +159,24 @@ def test_softmax_loss(dtype):
     assert not dx.reshape(-1)[total - tail - WRAP:total - WRAP].any()
 
 
+def test_softmax_loss_outer_times_classes_past_2_31():
+    """inner = 1: outer*classes itself passes 2^31 (computed in 64 bits, not int)."""
+    outer, classes = 2 ** 20, 2 ** 11 + 1
+    total = outer * classes
+    prob, dx = sparse((outer, classes, 1), np.float32), sparse((outer, classes, 1), np.float32)
+    labels = np.arange(outer, dtype=np.float32) % classes
+    grid = -(-total // 256)
+    first = (grid - 2) * 256
+    ps = fill(prob, first, total, 20)
+    args = [np.int32(outer), np.int32(classes), np.int64(1), np.int32(0), np.int32(-1)]
+    kernel('softmax_loss', 'softmax_loss_backward_f32')(
+        (grid,), (256,), [prob, labels] + args + [np.array([2.0], np.float32), np.float64(4.0), dx],
+        blocks=last_blocks(grid))
+    t = np.arange(first, total)
+    want = (ps - (t % classes == labels[t // classes])) * 0.5
+    assert_close(dx.reshape(-1)[first:], want, 1e-6, 'dx')
+
+
 def test_pooling_and_im2col_item_counts():
     """int sizes whose products (items, plane offsets) pass 2^32."""
     nc, h, w = 2 ** 22 + 1, 32, 32
