@@ -128,6 +128,7 @@ EMU_HOST static void tsan_exchange(const unsigned* members, unsigned count) {
 #if defined(__SANITIZE_ADDRESS__)
 static const void* asan_host_bottom;
 static size_t asan_host_size;
+static bool stacks_dirty;  // a launch stopped with fibers mid-call
 #endif
 
 // ---- the stack switch -------------------------------------------------------------------
@@ -395,13 +396,16 @@ EMU_HOST static void run(unsigned t) {
 // barrier (if every thread is at it) opens and the round repeats.
 EMU_HOST static bool run_block() {
     poison_shared();
+#if defined(__SANITIZE_ADDRESS__)
+    if (stacks_dirty) {  // a failed launch left its frames' redzones
+        __asan_unpoison_memory_region(stacks, 1024 * STACK);
+        stacks_dirty = false;
+    }
+#endif
     for (unsigned t = 0; t < nthreads; ++t) {
         Thread& th = threads[t];
         th.state = READY;
         th.stack_base = stacks + (size_t)t * STACK;
-#if defined(__SANITIZE_ADDRESS__)
-        __asan_unpoison_memory_region(th.stack_base, STACK);  // a failed block's frames
-#endif
         th.sp = fresh_stack(static_cast<char*>(th.stack_base));
     }
     const unsigned nwarps = (nthreads + 31) / 32;
@@ -552,6 +556,9 @@ EMU_HOST static int emu_launch(const EmuLaunchConfig& c) {
         for (auto& f : tsan_fiber) f = __tsan_create_fiber(0);
 #endif
     }
+#if defined(__SANITIZE_ADDRESS__)
+    stacks_dirty = stacks_dirty || !error.empty();
+#endif
     error.clear();
     kernel_name = c.kernel;
     policy = c.policy;
