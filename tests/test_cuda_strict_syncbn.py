@@ -76,6 +76,29 @@ def test_local_stats(order, dtype, shape, block, splits, misaligned):
     assert_close(got[:, 1], (d * d).sum((0, 2)), SUM_TOL[dtype], 'sum((x-p)^2)', scale2)
 
 
+@pytest.mark.parametrize('misaligned', [False, True])   # the vector path, the scalar path
+def test_float16_sums_run_in_float32(misaligned):
+    """128 values per thread: a float16 running sum would be off by far more than float32's."""
+    shape, c = (4, 3, 1024), 3
+    x = device(data(shape, 40, offset=40), np.float16, misaligned)
+    dy = device(data(shape, 41), np.float16, misaligned)
+    params, (mean, invstd, _, _) = make_params(c, np.float16, 42)
+    partial, pivot = np.full(c * 2, np.nan), np.full(c, np.nan)
+    k('local_stats', np.float16)((1, c), (32,), (x, np.int32(4), np.int32(c), np.int64(1024),
+                                                 np.int32(1), partial, pivot))
+    x64, g = x.astype(np.float64), dy.astype(np.float64)
+    d = x64 - x64[0, :, 0][None, :, None]
+    got = partial.reshape(c, 2)
+    assert_close(got[:, 0], d.sum((0, 2)), 1e-5, 'sum(x-p)', np.abs(d).sum((0, 2)))
+    assert_close(got[:, 1], (d * d).sum((0, 2)), 1e-5, 'sum((x-p)^2)', (d * d).sum((0, 2)))
+    k('backward_reduce', np.float16)((1, c), (32,), (
+        x, dy, params, np.int32(0), np.int32(4), np.int32(c), np.int64(1024), np.int32(1), partial))
+    xhat = (x64 - per_channel(mean, shape)) * per_channel(invstd, shape)
+    assert_close(got[:, 0], g.sum((0, 2)), 1e-5, 'sum(dy)', np.abs(g).sum((0, 2)))
+    assert_close(got[:, 1], (g * xhat).sum((0, 2)), 1e-4, 'sum(dy*xhat)',
+                 np.abs(g * xhat).sum((0, 2)))
+
+
 @pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize('with_shift', [True, False])
 def test_stats_finish(dtype, with_shift):
