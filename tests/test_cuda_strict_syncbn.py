@@ -120,12 +120,13 @@ def test_stats_finish(dtype, with_shift):
 
 @pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize('mode', [0, 1, 2])
-def test_prepare(dtype, mode):
-    c, m, eps, momentum = 35, 7.0, 1e-3, 0.9
+@pytest.mark.parametrize('m', [7.0, 1.0, 0.0])   # 0: every replica empty; 1: no unbiased var
+def test_prepare(dtype, mode, m):
+    c, eps, momentum = 35, 1e-3, 0.9
     rs = np.random.RandomState(2)
     rm0, rv0 = rs.standard_normal(c), rs.uniform(0.5, 2, c)
     slope, bias = rs.standard_normal(c), rs.standard_normal(c)
-    packed = np.concatenate([[m], rs.standard_normal(c) * m, rs.uniform(1, 3, c) * m])
+    packed = np.concatenate([[m], rs.standard_normal(c) * m, rs.uniform(1, 3, c) * m + m * m])
     rm, rv = device(rm0, dtype, True), device(rv0, dtype)
     rm0, rv0 = rm.astype(np.float64), rv.astype(np.float64)
     params = nan_filled(5 * c, ACC[dtype])
@@ -137,10 +138,10 @@ def test_prepare(dtype, mode):
         mean, var = rm0, rv0
         assert (rm.astype(np.float64) == rm0).all() and (rv.astype(np.float64) == rv0).all()
     else:
-        delta = packed[1:1 + c] / m
+        delta = packed[1:1 + c] / max(m, 1)
         mean = rm0 + delta
-        var = np.maximum(packed[1 + c:] / m - delta * delta, 0)
-        batch_var = var * m / (m - 1) if mode == 2 else var
+        var = np.maximum(packed[1 + c:] / max(m, 1) - delta * delta, 0)
+        batch_var = var * m / (m - 1) if mode == 2 and m > 1 else var
         assert_close(rm, momentum * rm0 + (1 - momentum) * mean, OUT_TOL[dtype], 'running mean')
         assert_close(rv, momentum * rv0 + (1 - momentum) * batch_var, OUT_TOL[dtype], 'running var')
     tol = SUM_TOL[dtype]
