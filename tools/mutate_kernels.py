@@ -99,6 +99,25 @@ EQUIVALENT = {
     ('softmax_loss.cu', 'narrow_index', 'GRID_STRIDE(t, (i64)outer * inner) {', 0): _PROMOTED,
     ('softmax_loss.cu', 'narrow_index',
      'const i64 i = t % inner, o = t / ((i64)classes * inner);', 0): _PROMOTED,
+    ('syncbn.cu', 'narrow_index',
+     'return ((i64)n * C + c) * HW + (i64)(j - n * row_len) * width;', 0):
+        'n*C + c < N*C fits an int; its product with HW (i64) is 64-bit',
+    ('syncbn.cu', 'narrow_index',
+     'return ((i64)n * C + c) * HW + (i64)(j - n * row_len) * width;', 1):
+        'j - n*row_len < HW/width, and local_stats/backward_reduce need N*HW < 2^31',
+    ('syncbn.cu', 'narrow_index', 'const i64 slot = ((i64)blockIdx.y * splits + blockIdx.x) * 2;', 0):
+        'c*splits + b indexes the partial buffer (2*C*splits doubles): past 2^31 only for a '
+        'buffer of 32 GiB',
+    ('syncbn.cu', 'narrow_index', 's1 += partial[((i64)c * splits + b) * 2];', 0):
+        'the same index into the partial buffer',
+    ('syncbn.cu', 'narrow_index', 's2 += partial[((i64)c * splits + b) * 2 + 1];', 0):
+        'the same index into the partial buffer',
+    ('syncbn.cu', 'narrow_index', 'const A p = to_float(x[(i64)s.c * HW]);', 0): _PROMOTED,
+    ('syncbn.cu', 'bound_off_by_one',
+     'var = m > 0 ? packed[1 + C + c] / m - delta * delta : 0.0;', 0):
+        'at m = 0 the sums are 0 too: 0/0 is NaN, which the next line\'s clamp '
+        '(var > 0 ? var : 0) turns into 0 as the original gives',
+    ('syncbn.cu', 'bound_off_by_one', 'var = var > 0 ? var : 0.0;', 0): _AT_EQUALITY,
     ('softmax_loss.cu', 'bound_off_by_one', 'top = v > top ? v : top;', 0): _AT_EQUALITY,
     ('softmax_loss.cu', 'bound_off_by_one',
      'loss[t] = -log_acc(pl > (A)FLT_MIN_VALUE ? pl : (A)FLT_MIN_VALUE);', 0): _AT_EQUALITY,
