@@ -73,7 +73,8 @@ def test_bn_relu_forward(dtype, shape, grid, block, misaligned, slope):
     k('bn_relu_forward', dtype)(grid, block, (x, params, np.int64(c), np.int64(hw),
                                               np.int64(x.size), np.float64(slope), y))
     xhat = (x.astype(np.float64) - per_channel(mean, shape)) * per_channel(invstd, shape)
-    pre = xhat * per_channel(gamma.astype(np.float64), shape) + per_channel(beta.astype(np.float64), shape)
+    g64, b64 = gamma.astype(np.float64), beta.astype(np.float64)
+    pre = xhat * per_channel(g64, shape) + per_channel(b64, shape)
     assert_close(y, relu(pre, slope), OUT_TOL[dtype] * 2, 'y')
 
 
@@ -82,7 +83,8 @@ def from_output(y, dy, gamma, beta, slope, shape):
     y, dy = y.astype(np.float64), dy.astype(np.float64)
     on = y > 0
     pre = np.where(on, y, y / slope if slope else 0)
-    xhat = (pre - per_channel(beta.astype(np.float64), shape)) / per_channel(gamma.astype(np.float64), shape)
+    g64, b64 = gamma.astype(np.float64), beta.astype(np.float64)
+    xhat = (pre - per_channel(b64, shape)) / per_channel(g64, shape)
     return np.where(on, dy, dy * slope), xhat
 
 

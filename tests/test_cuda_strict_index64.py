@@ -1,10 +1,10 @@
 """Index arithmetic past 2^31 and 2^32 elements, for the kernels whose sizes are 64-bit (SyncBN,
-the same-device reduce, LRN, SoftmaxWithLoss, the fused kernels) or whose item counts and
-in-plane offsets are 64-bit products (pooling, im2col, Interp). The arrays are sparse mappings (MAP_NORESERVE: untouched pages
-read as the shared zero page and cost no memory); the test writes a few values near the end,
-runs only the last blocks of the full-size grid (the emulation's `blocks=`) and checks their
-outputs, and that the cells 2^32 elements before them, where a wrapped 32-bit index would
-land, stay zero."""
+the same-device reduce, LRN, SoftmaxWithLoss, the fused kernels) or whose item counts and in-
+plane offsets are 64-bit products (pooling, im2col, Interp). The arrays are sparse mappings
+(MAP_NORESERVE: untouched pages read as the shared zero page and cost no memory); the test
+writes a few values near the end, runs only the last blocks of the full-size grid (the
+emulation's `blocks=`) and checks their outputs, and that the cells 2^32 elements before them,
+where a wrapped 32-bit index would land, stay zero."""
 import mmap
 
 import numpy as np
@@ -48,7 +48,8 @@ def test_syncbn_normalize_and_dx(hw):
     xs, gs = fill(x, first, total, 1), fill(dy, first, total, 2)
     params = np.array([0.5, 1.0, -1.0, 0, 0, 0, 1, 2, 4, 1, -2, 3, 0.25, 0.5, 1], np.float32)
     channel = np.arange(first, total) // hw % c
-    mean, invstd, scale, bias = (params[3 * p:3 * p + 3][channel].astype(np.float64) for p in (0, 2, 3, 4))
+    mean, invstd, scale, bias = (params[3 * p:3 * p + 3][channel].astype(np.float64)
+                                 for p in (0, 2, 3, 4))
     kernel('syncbn', 'syncbn_normalize_f16')((grid,), (256,), (
         x, y, None, params, np.int64(c), np.int64(hw), np.int64(total)), blocks=last_blocks(grid))
     assert_close(y.reshape(-1)[first:], (xs - mean) * scale + bias, 2e-3, 'y')

@@ -85,7 +85,8 @@ def test_max_pooling(dtype, geometry, launch, misaligned):
     k('pooling', 'pool_max_backward', dtype)(*launch, [dy, index] + args + [dx])
     want_dx = np.zeros(shape)
     for n in range(shape[0]):
-        np.add.at(want_dx[n].reshape(-1), want_index[n].reshape(-1), dy[n].astype(np.float64).reshape(-1))
+        np.add.at(want_dx[n].reshape(-1), want_index[n].reshape(-1),
+                  dy[n].astype(np.float64).reshape(-1))
     assert_close(dx, want_dx, TOL[dtype], 'max dx')
 
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Mutation check of the CUDA kernel tests: applies one generic mutation at a time to a
-scratch copy of cuda/ and runs the emulated kernel tests against it (tests/cuda_emulation.py
-builds from CAFFE_SYNCBN_EMU_CUDA_DIR). A mutant is killed when a test fails (or hangs past
-the timeout, as a GPU watchdog would stop it); it is stillborn when g++ rejects it; it
-survives otherwise. A survivor of the plain emulation is run again under ThreadSanitizer
-(races inside a block) or AddressSanitizer (out-of-bounds accesses), as SANITIZERS says,
-before it counts as surviving. Survivors listed in EQUIVALENT below are equivalent mutants (no test can tell
-them apart from the original on any input the kernel's contract allows), with the reason.
+"""Mutation check of the CUDA kernel tests: applies one generic mutation at a time to a scratch
+copy of cuda/ and runs the emulated kernel tests against it (tests/cuda_emulation.py builds
+from CAFFE_SYNCBN_EMU_CUDA_DIR). A mutant is killed when a test fails (or hangs past the
+timeout, as a GPU watchdog would stop it); it is stillborn when g++ rejects it; it survives
+otherwise. A survivor of the plain emulation is run again under ThreadSanitizer (races inside a
+block) or AddressSanitizer (out-of-bounds accesses), as SANITIZERS says, before it counts as
+surviving. Survivors listed in EQUIVALENT below are equivalent mutants (no test can tell them
+apart from the original on any input the kernel's contract allows), with the reason.
 
     tools/mutate_kernels.py                 # every mutant, 2 at a time
     tools/mutate_kernels.py --list          # the mutants, without running them
@@ -212,8 +212,8 @@ def _pytest(mutant, scratch, sanitize, timeout):
         select = '(%s) and (%s)' % (select, racy) if select else racy
     if select:
         cmd += ['-k', select]
-    env = dict(os.environ, CAFFE_SYNCBN_EMU_CUDA_DIR=str(scratch),
-               PYTHONPATH=os.pathsep.join([str(ROOT)] + os.environ.get('PYTHONPATH', '').split(os.pathsep)))
+    path = [str(ROOT)] + os.environ.get('PYTHONPATH', '').split(os.pathsep)
+    env = dict(os.environ, CAFFE_SYNCBN_EMU_CUDA_DIR=str(scratch), PYTHONPATH=os.pathsep.join(path))
     env.pop('CAFFE_SYNCBN_EMU_SANITIZE', None)
     if sanitize:
         runtime = subprocess.run(['g++', '-print-file-name=lib%s.so' % sanitize[0]],
