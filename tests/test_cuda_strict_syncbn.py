@@ -174,14 +174,14 @@ ELEMENTWISE = [((1,), (32,), None), ((2,), (96,), 'x'), ((3,), (1024,), None),
 
 @pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize('shape', SHAPES)
-@pytest.mark.parametrize('grid, block, misaligned', ELEMENTWISE)
+@pytest.mark.parametrize('grid, block, misaligned', ELEMENTWISE + [((2,), (32,), 'xhat')])
 @pytest.mark.parametrize('xhat_out', [True, False])
 def test_normalize(dtype, shape, grid, block, misaligned, xhat_out):
     n, c, hw = shape
     params, (mean, invstd, scale, bias) = make_params(c, dtype, 3)
     x = device(data(shape, 4, offset=40), dtype, misaligned == 'x')
     y = nan_filled(shape, dtype, misaligned == 'y')
-    xhat = nan_filled(shape, dtype) if xhat_out else None
+    xhat = nan_filled(shape, dtype, misaligned == 'xhat') if xhat_out else None
     k('normalize', dtype)(grid, block, (x, y, xhat, params, np.int64(c), np.int64(hw),
                                         np.int64(x.size)))
     x64 = x.astype(np.float64)

@@ -118,6 +118,8 @@ EQUIVALENT = {
         'at m = 0 the sums are 0 too: 0/0 is NaN, which the next line\'s clamp '
         '(var > 0 ? var : 0) turns into 0 as the original gives',
     ('syncbn.cu', 'bound_off_by_one', 'var = var > 0 ? var : 0.0;', 0): _AT_EQUALITY,
+    ('syncbn.cu', 'narrow_index', 'constexpr i64 INDEX32_LIMIT = (i64)1 << 31;', 0):
+        'the limit becomes -2^31, so every size takes the 64-bit index path: the same values',
     ('softmax_loss.cu', 'bound_off_by_one', 'top = v > top ? v : top;', 0): _AT_EQUALITY,
     ('softmax_loss.cu', 'bound_off_by_one',
      'loss[t] = -log_acc(pl > (A)FLT_MIN_VALUE ? pl : (A)FLT_MIN_VALUE);', 0): _AT_EQUALITY,
