@@ -220,42 +220,56 @@ def test_pooling_and_im2col_item_counts():
 
 
 def test_im2col_and_interp_planes_past_2_31():
-    """One image plane of more than 2^31 cells: the in-plane offsets (row * W) are 64-bit.
-    (Pooling's are not: its MAX index is int32, so H*W < 2^31 is its contract.)"""
+    """One image plane of more than 2^31 cells: the in-plane offsets (row * W, kernel offset *
+    plane) are 64-bit. (Pooling's are not: its MAX index is int32, so H*W < 2^31 is its
+    contract.)"""
     h, w = 3, 2 ** 30 + 3
-    plane = h * w
+    ow = w - 1                                 # KW = 2: two column planes
+    plane = h * ow
     grid = -(-plane // 256)
     first = (grid - 2) * 256
-    x, col, back = (sparse((1, 1, h, w), np.float16) for _ in range(3))
-    xs = fill(x, first, plane, 14)
-    geometry = [np.int32(v) for v in (1, 1, h, w, 1, 1, 0, 0, 1, 1, 1, 1, h, w)]
+    x, back = sparse((1, 1, h, w), np.float16), sparse((1, 1, h, w), np.float16)
+    col = sparse((1, 1, 1, 2, h, ow), np.float16)
+    fill(x, h * w - 4 * 256, h * w, 14)
+    geometry = [np.int32(v) for v in (1, 1, h, w, 1, 2, 0, 0, 1, 1, 1, 1, h, ow)]
     kernel('im2col', 'im2col_f16')((grid,), (256,), [x] + geometry + [col], blocks=last_blocks(grid))
-    assert (col.reshape(-1)[first:].astype(np.float64) == xs).all()
+    rows, cols = np.divmod(np.arange(first, plane), ow)
+    for kw in range(2):
+        assert (col[0, 0, 0, kw, rows, cols] == x[0, 0, rows, cols + kw]).all()
+    cells = h * w
+    grid = -(-cells // 256)
     kernel('im2col', 'col2im_f16')((grid,), (256,), [col] + geometry + [back],
                                    blocks=last_blocks(grid))
-    assert (back.reshape(-1)[first:].astype(np.float64) == xs).all()
-    # Interp with a crop of 2: the identity resize of x[2:5, 2:W-2], whose float32 sampling
-    # rounds a column past 2^24 to a float (the fork's arithmetic): source = float32(column)
+    rows, cols = np.divmod(np.arange((grid - 2) * 256, cells), w)
+    c0 = col[0, 0, 0, 0, rows, np.minimum(cols, ow - 1)].astype(np.float64) * (cols < ow)
+    c1 = col[0, 0, 0, 1, rows, np.maximum(cols - 1, 0)].astype(np.float64) * (cols >= 1)
+    assert_close(back[0, 0, rows, cols], c0 + c1, 1e-3, 'col2im')
+    # Interp with a crop of 2, rows 3 -> 5 (the middle output row samples two input rows
+    # half and half), columns kept; the fork's float32 sampling rounds a column past 2^24
+    # to a float: source column = float32(column)
     h, b = 5, 2
-    ih, iw = h - 2 * b + 2, w - 2 * b
-    items = ih * iw
+    ih, iw, oh = 3, w - 2 * b, 5
     x, dx = sparse((1, h, w), np.float32), sparse((1, h, w), np.float32)
-    y = sparse((1, ih, iw), np.float32)
-    grid = -(-items // 256)
-    first = (grid - 2) * 256
-    columns = np.arange(first, items) - (ih - 1) * iw      # all in the last row
+    y = sparse((1, oh, iw), np.float32)
+    grid = -(-oh * iw // 256)
+    block = (3 * iw + 3 * iw // 4) // 256      # output row 3: source rows 1 and 2, 0.5 each
+    columns = np.arange(block * 256, block * 256 + 512) - 3 * iw
     assert columns[0] > 2 ** 29
     source = columns.astype(np.float32).astype(np.int64)
-    x[0, h - 1, b + source[0]:] = np.random.RandomState(15).uniform(-2, 2, w - b - source[0])
-    geometry = [np.int32(v) for v in (1, h, w, b, ih, iw, ih, iw)]
-    kernel('interp', 'interp_forward_f32')((grid,), (256,), [x] + geometry + [y],
-                                           blocks=last_blocks(grid))
-    assert (y[0, ih - 1, columns] == x[0, h - 1, b + source]).all()
-    kernel('interp', 'interp_backward_f32')((grid,), (256,), [y] + geometry + [dx],
-                                            blocks=last_blocks(grid))
-    want = np.zeros(w)
-    np.add.at(want, b + source, y[0, ih - 1, columns].astype(np.float64))
-    assert_close(dx[0, h - 1, b + source[0]:], want[b + source[0]:], 1e-6, 'interp dx')
+    for row in (1, 2):
+        x[0, b + row, b + source[0]:b + source[-1] + 1] = np.random.RandomState(row).uniform(
+            -2, 2, source[-1] - source[0] + 1)
+    geometry = [np.int32(v) for v in (1, h, w, b, ih, iw, oh, iw)]
+    blocks = [(block, 0, 0), (block + 1, 0, 0)]
+    kernel('interp', 'interp_forward_f32')((grid,), (256,), [x] + geometry + [y], blocks=blocks)
+    want = 0.5 * x[0, b + 1, b + source].astype(np.float64) + 0.5 * x[0, b + 2, b + source]
+    assert_close(y[0, 3, columns], want, 1e-6, 'interp y')
+    kernel('interp', 'interp_backward_f32')((grid,), (256,), [y] + geometry + [dx], blocks=blocks)
+    for row in (1, 2):
+        want = np.zeros(w)
+        np.add.at(want, b + source, 0.5 * y[0, 3, columns].astype(np.float64))
+        assert_close(dx[0, b + row, b + source[0]:b + source[-1] + 1],
+                     want[b + source[0]:b + source[-1] + 1], 1e-6, 'interp dx')
 
 
 @pytest.mark.parametrize('name', ['affine_relu', 'bn_relu_forward', 'bn_relu_backward_dx',

@@ -36,7 +36,7 @@ STRICT = ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_layers.py'
 #: the tests that launch each file's kernels (common.cuh: all of them)
 TESTS = {
     'syncbn.cu': ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_index64.py'],
-    'fused.cu': ['tests/test_cuda_strict_fused.py'],
+    'fused.cu': ['tests/test_cuda_strict_fused.py', 'tests/test_cuda_strict_index64.py'],
     'common.cuh': STRICT,
 }
 _LAYER_TESTS = ['tests/test_cuda_strict_layers.py', 'tests/test_cuda_strict_index64.py']
@@ -118,6 +118,12 @@ EQUIVALENT = {
         'at m = 0 the sums are 0 too: 0/0 is NaN, which the next line\'s clamp '
         '(var > 0 ? var : 0) turns into 0 as the original gives',
     ('syncbn.cu', 'bound_off_by_one', 'var = var > 0 ? var : 0.0;', 0): _AT_EQUALITY,
+    ('syncbn.cu', 'bound_off_by_one',
+     'const double inv_m = sums ? 1.0 / (count[0] > 1.0 ? count[0] : 1.0) : 0.0;', 0):
+        _AT_EQUALITY,
+    ('syncbn.cu', 'bound_off_by_one', 'if (total < INDEX32_LIMIT)' + ' ' * 61 + '\\', 0):
+        'at total = 2^31 the 32-bit path still holds every index (< 2^31), and with the launch '
+        "shape's stride every sum of index and stride",
     ('syncbn.cu', 'narrow_index', 'constexpr i64 INDEX32_LIMIT = (i64)1 << 31;', 0):
         'the limit becomes -2^31, so every size takes the 64-bit index path: the same values',
     ('softmax_loss.cu', 'bound_off_by_one', 'top = v > top ? v : top;', 0): _AT_EQUALITY,
