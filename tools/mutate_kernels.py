@@ -94,6 +94,9 @@ EQUIVALENT = {
      'for (int k = 0; k < 8; ++k) vec = vec && (k >= nsrc || aligned16(src[k]));', 1):
         'it only chooses between the vector and the scalar path, which give the same values '
         '(and an unused pointer is null, hence aligned)',
+    ('reduce.cu', 'bound_off_by_one',
+     'for (int k = 0; k < 8; ++k) vec = vec && (k >= nsrc || aligned16(src[k]));', 0):
+        'k = 8 >= nsrc (nsrc <= 8) short-circuits before src[8] would be read',
     ('reduce.cu', 'bound_off_by_one', 'for (int k = 0; k < 8; ++k) {', 0):
         'k = 8 >= nsrc (nsrc <= 8) always takes the loop\'s `continue`',
     ('softmax_loss.cu', 'narrow_index', 'GRID_STRIDE(t, (i64)outer * inner) {', 0): _PROMOTED,
