@@ -244,30 +244,30 @@ def test_im2col_and_interp_planes_past_2_31():
     c0 = col[0, 0, 0, 0, rows, np.minimum(cols, ow - 1)].astype(np.float64) * (cols < ow)
     c1 = col[0, 0, 0, 1, rows, np.maximum(cols - 1, 0)].astype(np.float64) * (cols >= 1)
     assert_close(back[0, 0, rows, cols], c0 + c1, 1e-3, 'col2im')
-    # Interp with a crop of 2, rows 3 -> 5 (the middle output row samples two input rows
-    # half and half), columns kept; the fork's float32 sampling rounds a column past 2^24
-    # to a float: source column = float32(column)
-    h, b = 5, 2
-    ih, iw, oh = 3, w - 2 * b, 5
+    # Interp with a crop of 2, rows 4 -> 7 (output row 5 samples input rows 2 and 3 half and
+    # half: row offsets 2W and 3W pass 2^31), columns kept; the fork's float32 sampling rounds
+    # a column past 2^24 to a float: source column = float32(column)
+    h, b = 8, 2
+    ih, iw, oh = 4, w - 2 * b, 7
     x, dx = sparse((1, h, w), np.float32), sparse((1, h, w), np.float32)
     y = sparse((1, oh, iw), np.float32)
     grid = -(-oh * iw // 256)
-    block = (3 * iw + 3 * iw // 4) // 256      # output row 3: source rows 1 and 2, 0.5 each
-    columns = np.arange(block * 256, block * 256 + 512) - 3 * iw
+    block = (5 * iw + 3 * iw // 4) // 256
+    columns = np.arange(block * 256, block * 256 + 512) - 5 * iw
     assert columns[0] > 2 ** 29
     source = columns.astype(np.float32).astype(np.int64)
-    for row in (1, 2):
+    for row in (2, 3):
         x[0, b + row, b + source[0]:b + source[-1] + 1] = np.random.RandomState(row).uniform(
             -2, 2, source[-1] - source[0] + 1)
     geometry = [np.int32(v) for v in (1, h, w, b, ih, iw, oh, iw)]
     blocks = [(block, 0, 0), (block + 1, 0, 0)]
     kernel('interp', 'interp_forward_f32')((grid,), (256,), [x] + geometry + [y], blocks=blocks)
-    want = 0.5 * x[0, b + 1, b + source].astype(np.float64) + 0.5 * x[0, b + 2, b + source]
-    assert_close(y[0, 3, columns], want, 1e-6, 'interp y')
+    want = 0.5 * x[0, b + 2, b + source].astype(np.float64) + 0.5 * x[0, b + 3, b + source]
+    assert_close(y[0, 5, columns], want, 1e-6, 'interp y')
     kernel('interp', 'interp_backward_f32')((grid,), (256,), [y] + geometry + [dx], blocks=blocks)
-    for row in (1, 2):
+    for row in (2, 3):
         want = np.zeros(w)
-        np.add.at(want, b + source, 0.5 * y[0, 3, columns].astype(np.float64))
+        np.add.at(want, b + source, 0.5 * y[0, 5, columns].astype(np.float64))
         assert_close(dx[0, b + row, b + source[0]:b + source[-1] + 1],
                      want[b + source[0]:b + source[-1] + 1], 1e-6, 'interp dx')
 
