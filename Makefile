@@ -40,7 +40,9 @@ kernel-asan: $(STAMP)
 # The same under ThreadSanitizer: each emulated CUDA thread is a TSan fiber that only
 # barriers and shuffles order, so a missing __syncthreads or a plain += where an atomic is
 # needed is reported as a data race between two threads of a block (the run's exit status is
-# 66 then). Races between blocks are not seen: see docs/gpu-emulation.md.
+# 66 then). Races between blocks are not seen: see docs/gpu-emulation.md. The kernels' tests
+# only: test_cuda_strict_emulation.py runs broken kernels (one races on purpose).
 kernel-tsan: $(STAMP)
 	CAFFE_SYNCBN_EMU_SANITIZE=thread LD_PRELOAD=$$(g++ -print-file-name=libtsan.so) \
-	$(PY) -m pytest -q -p no:cacheprovider --capture=sys -n 2 tests/test_cuda_strict_*.py
+	$(PY) -m pytest -q -p no:cacheprovider --capture=sys -n 2 tests/test_cuda_strict_syncbn.py \
+	tests/test_cuda_strict_layers.py tests/test_cuda_strict_fused.py tests/test_cuda_strict_index64.py
