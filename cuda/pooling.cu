@@ -6,6 +6,8 @@
 //   AVE divides by the window clipped to [-PH, H + PH) x [-PW, W + PW): padded cells count,
 //   the overhang of a ceil-rounded last window does not.
 // _f16, _f32, _f64: the element type; sums run in float32 (float16, float32) or float64.
+// Offsets inside a plane are int: H*W and OH*OW stay below 2^31 (MAX's index is int32 too);
+// the counts over all planes (NC*H*W, NC*OH*OW) are 64-bit.
 //
 // Launch shapes: 1-D grid-stride, 256 threads per block, grid = min(ceil(items/256), 32*SMs).
 //

@@ -1,13 +1,14 @@
-// Synchronized BatchNorm (caffe_syncbn/gpu/syncbn_gpu.py). x, y, dy, dx are contiguous
+// Batch normalization's CUDA engine (caffe_syncbn/layers/norm_gpu.py). x, y, dy, dx are contiguous
 // (N, C, HW) arrays of float16 (suffix _f16), float32 (_f32) or float64 (_f64); the layer's
 // blobs (slope, bias, running mean/var, their diffs) are C values of the same type. Sums and
 // products run in A = acc_t<T> (float32 for float16/float32, float64 for float64); every
-// statistic that crosses replicas is float64, in the layout of the CPU layer (layers/norm.py):
+// statistic that crosses replicas is float64, in the layout of the other engines (layers/norm_math.py):
 //   forward packed buffer  [count, sum(x-K) (C), sum((x-K)^2) (C)],  K = running mean
 //   backward packed buffer [sum(dy) (C), sum(dy*xhat) (C)]
-// `params` is the per-channel A array [mean_hi, mean_lo, invstd, scale, bias] (5C) that
-// syncbn_prepare writes: mean = mean_hi + mean_lo (mean_lo keeps what rounding the mean to A
-// lost), scale = slope*invstd, so xhat = ((x - mean_hi) - mean_lo)*invstd, y = xhat*slope + bias.
+// `params` is the per-channel A array [mean_hi, mean_lo, invstd, scale, bias] (5C) that the
+// engine builds from the layer's statistics: mean = mean_hi + mean_lo (mean_lo keeps what
+// rounding the mean to A lost), scale = slope*invstd, so xhat = ((x - mean_hi) - mean_lo)*invstd,
+// y = xhat*slope + bias.
 //
 // Launch shapes (B = 256 threads per block):
 //
@@ -23,13 +24,6 @@
 //   in float64, then moves them from p_c to K_c = shift[c] (shift null: they stay about p_c):
 //   sum(x-K) = S1 + m*d, sum((x-K)^2) = S2 + 2*d*S1 + m*d^2, d = p_c - K_c, m = count.
 //   writes out[0] = count, out[1 + c], out[1 + C + c] (the forward packed buffer).
-// syncbn_prepare_<t>(packed, C, running_mean, running_var, slope, bias, eps, momentum, mode, params)
-//   grid ceil(C/B), block B, a thread per channel.
-//   mode 0: running statistics (TEST, frozen): reads running mean/var; packed unused.
-//   mode 1 (BN) / 2 (SyncBN): batch statistics from the all-reduced packed buffer; updates
-//   running = momentum*running + (1-momentum)*batch IN PLACE, the variance term being the
-//   biased (mode 1) or the unbiased, m/(m-1) (mode 2), batch variance; m = packed[0].
-//   reads slope, bias; writes params (5C).
 // syncbn_normalize_<t>(x, y, xhat, params, C, HW, total)
 //   1-D grid-stride over the total = N*C*HW values, B per block, vectorised when HW allows.
 //   reads x, params; writes y = xhat*slope + bias, and xhat itself when the xhat pointer is
@@ -124,35 +118,6 @@ __device__ void stats_finish(const double* __restrict__ partial, int splits, int
     const double d = shift != nullptr ? pivot[c] - (double)to_float(shift[c]) : 0.0;
     out[1 + c] = s1 + count * d;
     out[1 + C + c] = s2 + 2.0 * d * s1 + count * d * d;
-}
-
-template <class T>
-__device__ void prepare(const double* __restrict__ packed, int C, T* __restrict__ running_mean,
-                        T* __restrict__ running_var, const T* __restrict__ slope,
-                        const T* __restrict__ bias, double eps, double momentum, int mode,
-                        acc_t<T>* __restrict__ params) {
-    typedef acc_t<T> A;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    const double rm = to_float(running_mean[c]), rv = to_float(running_var[c]);
-    double mean = rm, var = rv;
-    if (mode != 0) {
-        const double m = packed[0];
-        const double delta = m > 0 ? packed[1 + c] / m : 0.0;
-        mean = rm + delta;  // the sums were taken about K = the running mean
-        var = m > 0 ? packed[1 + C + c] / m - delta * delta : 0.0;
-        var = var > 0 ? var : 0.0;
-        const double batch_var = (mode == 2 && m > 1) ? var * (m / (m - 1.0)) : var;
-        running_mean[c] = from_acc<T>((A)(momentum * rm + (1.0 - momentum) * mean));
-        running_var[c] = from_acc<T>((A)(momentum * rv + (1.0 - momentum) * batch_var));
-    }
-    const double invstd = 1.0 / sqrt(var + eps);
-    const A hi = (A)mean;
-    params[c] = hi;
-    params[C + c] = (A)(mean - (double)hi);
-    params[2 * C + c] = (A)invstd;
-    params[3 * C + c] = (A)((double)to_float(slope[c]) * invstd);
-    params[4 * C + c] = to_float(bias[c]);
 }
 
 // The channel of element e of an (N, C, HW) array; I is 32-bit when the array allows.
@@ -288,11 +253,6 @@ __device__ void backward_dx_loop(const T* x, const T* dy, T* dx, const acc_t<T>*
                                                             const T* shift, double count,          \
                                                             double* out) {                         \
         stats_finish<T>(partial, splits, C, pivot, shift, count, out);                             \
-    }                                                                                              \
-    extern "C" __global__ void syncbn_prepare_##SUFFIX(                                            \
-        const double* packed, int C, T* running_mean, T* running_var, const T* slope,              \
-        const T* bias, double eps, double momentum, int mode, acc_t<T>* params) {                  \
-        prepare<T>(packed, C, running_mean, running_var, slope, bias, eps, momentum, mode, params); \
     }                                                                                              \
     extern "C" __global__ void syncbn_normalize_##SUFFIX(const T* x, T* y, T* xhat,                \
                                                          const acc_t<T>* params, i64 C, i64 HW,    \
