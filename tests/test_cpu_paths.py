@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.backend import cpu_threads
-from caffe_syncbn.layers import conv, conv_cpu, norm_cpu, norm_math
+from caffe_syncbn.layers import conv_cpu, norm_cpu, norm_math
 from caffe_syncbn.testing import build_layer, check_gradient
 
 

@@ -26,11 +26,10 @@ from google.protobuf.message import DecodeError
 
 from .. import caffe_pb2
 from ..errors import CaffeError, quote
-from .datum import cv2, encode_image, hwc_to_chw, imread, write_lmdb
+from .datum import cv2, encode_image, hwc_to_chw, imread, in_commits, write_lmdb
 
 ROW_WIDTH = 7
 LABEL_TYPES = ('xml', 'txt', 'json')
-COMMIT_EVERY = 1000
 
 
 def parse_annotated_datum(value, where='record'):
@@ -108,7 +107,7 @@ def read_voc_xml(path, image_height, image_width, name_to_label):
         raise CaffeError('%s: no valid image width/height' % quote(path))
     boxes = []
     for obj in root.findall('object'):
-        label, difficult, box = None, False, None
+        label, difficult = None, False
         for child in obj:
             if child.tag == 'name':
                 name = (child.text or '').strip()
@@ -257,8 +256,8 @@ def convert_annoset(root, list_file, db_path, label_map_file='', label_type='xml
     encode_type = encode_type.lower().lstrip('.')
     encoded = encoded or bool(encode_type)
 
-    def batches():
-        batch, size, done = [], None, 0
+    def records():
+        size = None
         for line_id, (image_name, label_name) in enumerate(entries):
             encoding = (encode_type or os.path.splitext(image_name)[1][1:].lower()) if encoded else ''
             record = annotated_datum(root + image_name, root + label_name, label_type,
@@ -275,18 +274,9 @@ def convert_annoset(root, list_file, db_path, label_map_file='', label_type='xml
                 elif shape != size:
                     raise CaffeError('%s has size %s, the first image has %s (--check_size)'
                                      % (root + image_name, shape, size))
-            batch.append((('%08d_%s' % (line_id, image_name)).encode(),
-                          record.SerializeToString()))
-            done += 1
-            if done % COMMIT_EVERY == 0:
-                yield batch
-                batch = []
-                log('Processed %d files.' % done)
-        if done % COMMIT_EVERY:
-            yield batch
-            log('Processed %d files.' % done)
+            yield ('%08d_%s' % (line_id, image_name)).encode(), record.SerializeToString()
 
-    count = write_lmdb(db_path, batches())
+    count = write_lmdb(db_path, in_commits(records(), log))
     if count == 0:
         raise CaffeError('no image of %s could be read (root folder %s)'
                          % (list_file, quote(root)))

@@ -238,6 +238,26 @@ class LMDBReader:
         return records
 
 
+#: records per LMDB transaction of the converters, as Caffe's tools commit them
+COMMIT_EVERY = 1000
+
+
+def in_commits(records, log):
+    """The (key, value) pairs of ``records`` in lists of COMMIT_EVERY, one transaction of
+    write_lmdb each, with Caffe's 'Processed N files.' after each."""
+    batch, done = [], 0
+    for record in records:
+        batch.append(record)
+        done += 1
+        if done % COMMIT_EVERY == 0:
+            yield batch
+            batch = []
+            log('Processed %d files.' % done)
+    if done % COMMIT_EVERY:
+        yield batch
+        log('Processed %d files.' % done)
+
+
 def write_lmdb(path, batches, map_size=1 << 26):
     """Write the (key, value) pairs of each batch (one transaction per batch) into a new LMDB
     folder ``path``, atomically: the database is built in a temporary folder beside ``path``

@@ -10,7 +10,7 @@ import io
 import os
 import struct
 
-from ..errors import CaffeError, quote
+from ..errors import CaffeError
 
 #: the default bound: 2^27 pixels (11585 x 11585), 400 MB once decoded in colour
 DEFAULT_MAX_PIXELS = 1 << 27

@@ -13,9 +13,7 @@ from ..formats.atomic import atomic_write
 from ..formats.blobs import array_to_blob
 from ..formats.regular import require_regular
 from .datum import (LMDBReader, array_to_datum, cv2, datum_to_array, encode_image, encoded_datum,
-                    hwc_to_chw, imread, parse_datum, record_name, write_lmdb)
-
-COMMIT_EVERY = 1000
+                    hwc_to_chw, imread, in_commits, parse_datum, record_name, write_lmdb)
 
 
 def read_image_list(path, error=CaffeError):
@@ -77,8 +75,8 @@ def convert_imageset(root, list_file, db_path, resize_height=0, resize_width=0, 
     log('A total of %d images.' % len(entries))
     encode_type = encode_type.lower().lstrip('.')
 
-    def batches():
-        batch, size, done = [], None, 0
+    def records():
+        size = None
         for line_id, (name, label) in enumerate(entries):
             encoding = encode_type
             if encoded and not encoding:
@@ -95,18 +93,9 @@ def convert_imageset(root, list_file, db_path, resize_height=0, resize_width=0, 
                     raise CaffeError('%s has size %s, the first image has %s (--check_size)'
                                      % (root + name, (datum.channels, datum.height,
                                                       datum.width), size))
-            key = ('%08d_%s' % (line_id, name)).encode()
-            batch.append((key, datum.SerializeToString()))
-            done += 1
-            if done % COMMIT_EVERY == 0:
-                yield batch
-                batch = []
-                log('Processed %d files.' % done)
-        if done % COMMIT_EVERY:
-            yield batch
-            log('Processed %d files.' % done)
+            yield ('%08d_%s' % (line_id, name)).encode(), datum.SerializeToString()
 
-    count = write_lmdb(db_path, batches())
+    count = write_lmdb(db_path, in_commits(records(), log))
     if count == 0:
         raise CaffeError('no image of %s could be read (root folder %s)' % (list_file, quote(root)))
     return count
