@@ -83,3 +83,47 @@ def test_priors_that_would_need_a_gradient_are_one_clear_error():
     with pytest.raises(CaffeError, match='propagate_down: true true false false'):
         solver.step(1)
     solver.close()
+
+
+GOLDEN = pathlib.Path(__file__).parent / 'ssd_golden'
+
+
+def fork_trajectory(monkeypatch, devices, batch):
+    """Our five iterations of the fork's golden solver (ssd_golden/solver_tiny_ssd*): the
+    loss of each and the solver's net after them."""
+    monkeypatch.chdir(GOLDEN)             # the net names its LMDB relative to this folder
+    param = parse_text((GOLDEN / 'solver_tiny_ssd.solver.prototxt').read_text(),
+                       caffe_pb2.SolverParameter())
+    param.ClearField('net')
+    text = (GOLDEN / 'solver_tiny_ssd.prototxt').read_text()
+    param.net_param.CopyFrom(parse_text(text.replace('batch_size: 2', 'batch_size: %d' % batch),
+                                        caffe_pb2.NetParameter()))
+    solver = get_solver(param, devices=devices, sync_bn=devices is not None,
+                        weights=None if devices is None else ['solver_tiny_ssd_init.caffemodel'])
+    if devices is None:
+        solver.net.copy_from('solver_tiny_ssd_init.caffemodel')
+    losses = []
+    for _ in range(5):
+        solver.step(1)
+        losses.append(solver.smoothed_loss)
+    return losses, solver
+
+
+def test_five_solver_iterations_follow_the_fork(monkeypatch):
+    reference = np.load(GOLDEN / 'solver_tiny_ssd.npz')
+    losses, solver = fork_trajectory(monkeypatch, None, 2)
+    np.testing.assert_allclose(losses, [float(reference['loss/%d' % i]) for i in range(5)],
+                               rtol=2e-5)
+    for key in (k for k in reference.files if k.startswith('param_after/')):
+        _, layer, index = key.split('/')
+        np.testing.assert_allclose(solver.net.params[layer][int(index)].data, reference[key],
+                                   rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def test_two_devices_of_one_image_under_sync_bn_follow_the_fork(monkeypatch):
+    """The fork's BatchNorm + Scale on 2 images; here SyncBN on 2 devices of 1 image."""
+    reference = np.load(GOLDEN / 'solver_tiny_ssd.npz')
+    losses, solver = fork_trajectory(monkeypatch, 'cpu:2', 1)
+    solver.close()
+    np.testing.assert_allclose(losses, [float(reference['loss/%d' % i]) for i in range(5)],
+                               rtol=2e-5)

@@ -497,10 +497,72 @@ def annotated_data_cases():
         save(name, prototxt, out)
 
 
+SOLVER_NET = """name: "solver_tiny_ssd"
+layer { name: "data" type: "AnnotatedData" top: "data" top: "label"
+        transform_param { scale: 0.0078125 mean_value: 127.5 }
+        data_param { source: "annoset/fork_xml_lmdb" batch_size: 2 backend: LMDB }
+        annotated_data_param { label_map_file: "annoset/labelmap.prototxt" } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 8 kernel_size: 3 stride: 4 pad: 1
+                            weight_filler { type: "gaussian" std: 0.2 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
+layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "loc" type: "Convolution" bottom: "conv" top: "loc"
+        convolution_param { num_output: 8 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loc_perm" type: "Permute" bottom: "loc" top: "loc_perm"
+        permute_param { order: 0 order: 2 order: 3 order: 1 } }
+layer { name: "loc_flat" type: "Flatten" bottom: "loc_perm" top: "loc_flat" }
+layer { name: "conf" type: "Convolution" bottom: "conv" top: "conf"
+        convolution_param { num_output: 8 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "conf_perm" type: "Permute" bottom: "conf" top: "conf_perm"
+        permute_param { order: 0 order: 2 order: 3 order: 1 } }
+layer { name: "conf_flat" type: "Flatten" bottom: "conf_perm" top: "conf_flat" }
+layer { name: "priors" type: "PriorBox" bottom: "conv" bottom: "data" top: "priors"
+        prior_box_param { min_size: 10 max_size: 20 variance: 0.1 variance: 0.1
+                          variance: 0.2 variance: 0.2 } }
+layer { name: "loss" type: "MultiBoxLoss" bottom: "loc_flat" bottom: "conf_flat"
+        bottom: "priors" bottom: "label" top: "loss"
+        propagate_down: true propagate_down: true propagate_down: false propagate_down: false
+        multibox_loss_param { num_classes: 4 overlap_threshold: 0.3 code_type: CENTER_SIZE } }
+"""
+SOLVER = ('net: "solver_tiny_ssd.prototxt" base_lr: 0.05 momentum: 0.9 weight_decay: 0.0005 '
+          'lr_policy: "fixed" max_iter: 5 display: 0 snapshot: 0 snapshot_after_train: false\n')
+SOLVER_STEPS = 5
+
+
+def solver_case():
+    """5 iterations of the fork's SGD solver on a tiny SSD (AnnotatedData without
+    augmentations, BatchNorm + Scale, MultiBoxLoss): the initial weights, the loss of each
+    iteration and the weights after the last."""
+    cwd = os.getcwd()
+    os.chdir(HERE)                        # the net's sources are relative to this folder
+    with open('solver_tiny_ssd.prototxt', 'w') as f:
+        f.write(SOLVER_NET)
+    with open('solver_tiny_ssd.solver.prototxt', 'w') as f:
+        f.write(SOLVER)
+    solver = caffe.SGDSolver('solver_tiny_ssd.solver.prototxt')
+    solver.net.save('solver_tiny_ssd_init.caffemodel')
+    out = {}
+    for step in range(SOLVER_STEPS):
+        solver.step(1)
+        out['loss/%d' % step] = np.array(solver.net.blobs['loss'].data)
+    for name, blobs in solver.net.params.items():
+        for i, blob in enumerate(blobs):
+            out['param_after/%s/%d' % (name, i)] = blob.data.copy()
+    del solver
+    subprocess.run(['rm', '-f', 'annoset/fork_xml_lmdb/lock.mdb'], check=True)
+    os.chdir(cwd)
+    save('solver_tiny_ssd', None, out)
+
+
 GROUPS = {'permute': permute_cases, 'normalize': normalize_cases,
           'prior_box': prior_box_cases, 'detection_output': detection_output_cases,
           'detection_evaluate': detection_evaluate_cases, 'map': map_cases, 'net': net_case,
-          'multibox_loss': multibox_loss_cases, 'annotated_data': annotated_data_cases}
+          'multibox_loss': multibox_loss_cases, 'annotated_data': annotated_data_cases,
+          'solver': solver_case}
 
 
 if __name__ == '__main__':
