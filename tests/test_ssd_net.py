@@ -97,5 +97,24 @@ def test_onnx_export_of_detection_output_says_what_to_export():
     message = str(info.value)
     assert '\n' not in message
     assert "'detection_out' (DetectionOutput)" in message
-    assert 'delete this layer from the prototxt and export: its bottoms (mbox_loc, ' \
-           'mbox_conf_flatten, mbox_priorbox) become the outputs' in message
+    assert message.endswith('export up to its bottoms, to decode outside the model: '
+                            '--outputs mbox_loc,mbox_conf_flatten,mbox_priorbox')
+
+
+def test_onnx_export_with_the_outputs_the_refusal_names(reference, tmp_path):
+    """What the refusal says works as it says, through the command line."""
+    onnx = pytest.importorskip('onnx')
+    pytest.importorskip('onnxruntime')
+    from caffe_syncbn.cli.convert import main
+    from onnx_helpers import assert_close, run
+    image, ours = reference
+    main(['to-onnx', '--model', PROTOTXT, '--weights', WEIGHTS, '--output',
+          str(tmp_path / 'heads'), '--outputs', ','.join(HEADS)])
+    model = onnx.load(str(tmp_path / 'heads.onnx'))
+    assert [layer_output.name for layer_output in model.graph.output] == list(HEADS)
+    outputs = run(model, {'data': image})
+    for name in HEADS:
+        assert_close(outputs[name], ours[name], name)
+    with pytest.raises(CaffeError, match=r"^outputs: net '.*' has no blob 'nope'"):
+        main(['to-onnx', '--model', PROTOTXT, '--output', str(tmp_path / 'x'),
+              '--outputs', 'nope'])

@@ -5,7 +5,7 @@
     convert_model.py fold-bn      --model IN.prototxt  --weights IN.caffemodel  --output OUT
     convert_model.py to-deploy    --model IN.prototxt [--weights ...] --output OUT [--input-shape N,C,H,W]
     convert_model.py to-onnx      --model IN.prototxt [--weights ...] --output OUT [--input-shape N,C,H,W]
-                                  [--opset K] [--dynamic-batch]
+                                  [--opset K] [--dynamic-batch] [--outputs A,B]
 
 Caffe outputs are OUT.prototxt, and OUT.caffemodel when weights are given (OUT.caffemodel.h5
 with --hdf5); ONNX output is OUT.onnx. Every file is written atomically.
@@ -45,17 +45,23 @@ def build_parser(prog=None):
     p = argparse.ArgumentParser(prog=prog, description='Convert a Caffe model: batch-norm forms, '
                                 'BN folding, deploy nets and ONNX.')
     p.add_argument('command', choices=COMMANDS)
-    p.add_argument('--model', required=True, help='the net prototxt')
-    p.add_argument('--weights', help='its caffemodel (binary or HDF5); fold-bn needs it')
-    p.add_argument('--output', required=True, help='output prefix: OUT.prototxt, OUT.caffemodel, '
-                                                   'OUT.onnx')
-    p.add_argument('--input-shape', type=parse_shape, help='N,C,H,W of the data input '
-                                                           '(to-deploy, to-onnx)')
-    p.add_argument('--opset', type=int, default=17, help='ONNX opset (to-onnx; default 17)')
-    p.add_argument('--dynamic-batch', action='store_true', help='ONNX inputs and outputs take '
-                                                                'any batch size')
-    p.add_argument('--stage', action='append', default=[], help='NetState stage for the TEST '
-                                                                'net (to-deploy; repeatable)')
+    p.add_argument('--model', required=True, metavar='FILE', help='the net prototxt')
+    p.add_argument('--weights', metavar='FILE',
+                   help='its caffemodel (binary or HDF5); fold-bn needs it')
+    p.add_argument('--output', required=True, metavar='OUT',
+                   help='output prefix: OUT.prototxt, OUT.caffemodel, OUT.onnx')
+    p.add_argument('--input-shape', type=parse_shape, metavar='SHAPE',
+                   help='N,C,H,W of the data input (to-deploy, to-onnx)')
+    p.add_argument('--opset', type=int, default=17, metavar='K',
+                   help='ONNX opset (to-onnx; default 17)')
+    p.add_argument('--outputs', type=lambda text: [n for n in text.split(',') if n],
+                   metavar='A,B',
+                   help="the blobs the ONNX model gives, separated by ',' (to-onnx; default: "
+                        "the net's outputs): it leaves out the layers none of them needs")
+    p.add_argument('--dynamic-batch', action='store_true',
+                   help='ONNX inputs and outputs take any batch size')
+    p.add_argument('--stage', action='append', default=[], metavar='S',
+                   help='NetState stage for the TEST net (to-deploy; repeatable)')
     p.add_argument('--hdf5', action='store_true', help='write OUT.caffemodel.h5 instead')
     return p
 
@@ -90,7 +96,8 @@ def write_net(prefix, net_param, weights, hdf5=False):
     return paths
 
 
-def write_onnx(path, model, weights=None, input_shape=None, opset=17, dynamic_batch=False):
+def write_onnx(path, model, weights=None, input_shape=None, opset=17, dynamic_batch=False,
+               outputs=None):
     """OUT.onnx of a deploy net; ``input_shape`` sizes its first input."""
     net_param = load_net_param(model)
     shapes = None
@@ -101,7 +108,7 @@ def write_onnx(path, model, weights=None, input_shape=None, opset=17, dynamic_ba
                              'net first: to-deploy)' % model)
         shapes = {inputs[0]: input_shape}
     onnx_model = to_onnx(net_param, weights, input_shapes=shapes, opset=opset,
-                         dynamic_batch=dynamic_batch)
+                         dynamic_batch=dynamic_batch, outputs=outputs)
     with atomic_write(path) as f:
         f.write(onnx_model.SerializeToString())
     return path
@@ -123,7 +130,7 @@ def main(argv=None, prog=None):
     prefix = output_prefix(args.output)
     if args.command == 'to-onnx':
         written = [write_onnx(prefix + '.onnx', args.model, args.weights, args.input_shape,
-                              args.opset, args.dynamic_batch)]
+                              args.opset, args.dynamic_batch, args.outputs)]
     else:
         net_param, weights = convert(args.command, args.model, args.weights, args.input_shape,
                                      args.stage)

@@ -36,8 +36,7 @@ def prior_box(n):
 
 @rule('DetectionOutput')
 def detection_output(n):
-    heads = ', '.join(n.param.bottom[:3])
     raise Unsupported("ONNX has no operator with the SSD fork's decoding and suppression "
-                      '(per-class NMS with eta, keep_top_k over classes); delete this layer '
-                      'from the prototxt and export: its bottoms (%s) become the outputs, '
-                      'to decode outside the model' % heads)
+                      '(per-class NMS with eta, keep_top_k over classes); export up to its '
+                      'bottoms, to decode outside the model: --outputs %s'
+                      % ','.join(n.param.bottom[:3]))

@@ -31,7 +31,8 @@ _HINTS = (
 )
 
 
-def to_onnx(net_param, weights=None, input_shapes=None, opset=MIN_OPSET, dynamic_batch=False):
+def to_onnx(net_param, weights=None, input_shapes=None, opset=MIN_OPSET, dynamic_batch=False,
+            outputs=None):
     """The ONNX ModelProto of a deploy net, checked with ``onnx.checker``.
 
     net_param:     NetParameter or prototxt path (V1 and legacy ``input:`` fields are
@@ -43,18 +44,23 @@ def to_onnx(net_param, weights=None, input_shapes=None, opset=MIN_OPSET, dynamic
     input_shapes:  {input blob: shape} overriding the prototxt's Input shapes
     opset:         ONNX opset, >= 17
     dynamic_batch: make the first axis of every input and output symbolic
+    outputs:       the blobs the model gives (default: the net's outputs); the layers
+                   that none of them needs are left out, so a net exports up to a layer
+                   ONNX cannot express
     """
     max_opset = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= max_opset:
         raise CaffeError('ONNX opset %d is not supported: give %d to %d (the installed onnx '
                          'knows up to %d)' % (opset, MIN_OPSET, max_opset, max_opset))
     param = _with_input_shapes(load_net_param(net_param), input_shapes or {})
+    if outputs:
+        param = _needed_for(param, list(outputs))
     _refuse_types_without_rule(param)
     net = Net(param, TEST, context=LayerContext(phase=TEST, xp=np, dtype=np.float32))
     if weights is not None:
         net.copy_from(weights)
     batch_axes = _batch_trace(net) if dynamic_batch else {}
-    model = _export(net, opset, batch_axes)
+    model = _export(net, opset, batch_axes, list(outputs) if outputs else net.outputs)
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -78,6 +84,25 @@ def _with_input_shapes(param, input_shapes):
         del ip.shape[tops.index(name)].dim[:]
         ip.shape[tops.index(name)].dim.extend(int(d) for d in shape)
     return out
+
+
+def _needed_for(param, outputs):
+    """The TEST net of ``param`` with only the layers that ``outputs`` need (every layer
+    that writes a needed blob, the last value of a blob being its value)."""
+    net = filter_net(param, net_state(param, TEST))
+    produced = {top for layer in net.layer for top in layer.top}
+    unknown = [name for name in outputs if name not in produced]
+    if unknown:
+        raise CaffeError("outputs: net '%s' has no blob %s (blobs: %s)"
+                         % (net.name, ', '.join(map(repr, unknown)), ', '.join(sorted(produced))))
+    needed, kept = set(outputs), []
+    for layer in reversed(net.layer):
+        if needed & set(layer.top):
+            needed.update(layer.bottom)
+            kept.append(layer)
+    del net.layer[:]
+    net.layer.extend(reversed(kept))
+    return net
 
 
 def _refuse_types_without_rule(param):
@@ -139,7 +164,7 @@ def _batch_trace(net):
     return batched
 
 
-def _export(net, opset, batched):
+def _export(net, opset, batched, output_blobs):
     graph = Graph(opset, reserved=net.blobs)
     for name in net.inputs:             # graph inputs keep their blob names
         graph.claim(name)
@@ -173,7 +198,7 @@ def _export(net, opset, batched):
         _name_nodes(graph, n, tensors[lp.top[0]] if lp.top else None)
     if refused:
         raise _refusal(net.name, refused)
-    return _model(net, graph, tensors, batched)
+    return _model(net, graph, tensors, batched, output_blobs)
 
 
 def _made_by(n, tensor):
@@ -203,7 +228,7 @@ def _value_info(name, shape, batched, batch_size):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
 
 
-def _model(net, graph, tensors, batched):
+def _model(net, graph, tensors, batched, output_blobs):
     batch_size = net.blobs[net.inputs[0]].shape[0] if net.inputs else None
 
     def info(tensor, blob):
@@ -211,7 +236,7 @@ def _model(net, graph, tensors, batched):
 
     inputs = [info(name, name) for name in net.inputs]
     outputs = []
-    for name in net.outputs:
+    for name in output_blobs:
         tensor = tensors[name]
         if tensor != name:              # an alias of another tensor: name it
             final = graph.claim(name)
