@@ -7,11 +7,11 @@ names (``SGDSolver`` ...), in the mode set_mode_cpu/set_mode_gpu chose, as pycaf
 ``caffe.get_solver(path)`` does. ``AdamSolver(path)`` forces a type.
 """
 from .. import caffe_pb2
-from ..errors import CaffeError, quote
+from ..errors import CaffeError
 from ..netparam.prototxt import parse_text
 from ..netparam.solver_param import copy_message, load_solver_param, upgrade_solver_param
 from .data_parallel import DataParallelSolver
-from .rules import RULES
+from .rules import RULES, rule_class
 from .solver import Solver
 
 
@@ -36,11 +36,8 @@ _CLASSES = {'SGD': SGDSolver, 'Nesterov': NesterovSolver, 'AdaGrad': AdaGradSolv
 
 def get_solver_class(type_name):
     """The single-device solver class of a SolverParameter ``type`` ('SGD', 'Adam', ...)."""
-    try:
-        return _CLASSES[type_name]
-    except KeyError:
-        raise CaffeError('unknown solver type %s; expected one of %s'
-                         % (quote(type_name), ', '.join(_CLASSES))) from None
+    rule_class(type_name)                    # the one error for an unknown type
+    return _CLASSES[type_name]
 
 
 def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
