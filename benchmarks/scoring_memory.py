@@ -2,7 +2,7 @@
 """Peak memory of scoring a net (TEST forwards): the memory plan against every blob kept,
 and against Caffe's `caffe test`, in the same run.
 
-    python benchmarks/test_memory.py PROTOTXT [--batch N] [--iterations 2] [--pairs 3]
+    python benchmarks/scoring_memory.py PROTOTXT [--batch N] [--iterations 2] [--pairs 3]
                                      [--compare-caffe PATH/TO/caffe]
 
 The prototxt's data layers become Input layers of --batch (timing.timing_net_param,
