@@ -1,6 +1,7 @@
-"""The memory plan of a net that runs forward only: blobs share storage by liveness.
+"""Memory plans: storage shared by liveness, for the blobs of a net that runs forward only
+(ForwardPlan) and for the diffs of one that trains (DiffPlan).
 
-Blobs that alias one array (an in-place top, Split tops, Reshape and Flatten views) form
+Forward only. Blobs that alias one array (an in-place top, Split tops, Reshape and Flatten views) form
 one group. A group is live from the first layer that writes one of its blobs to the last
 layer that reads or writes one. Groups whose lives do not overlap take turns in one
 buffer, sized for the largest; a group that starts at layer i reuses a buffer only when
@@ -8,7 +9,17 @@ its previous occupant was last used before layer i, so no layer ever reads a bot
 its own top overwrote. The groups of kept blobs (the net's inputs and outputs, and those
 the user names) keep storage of their own.
 
-Buffers are plain ``empty`` arrays: nothing is resident until a layer writes it. The plan
+Training. Every blob's data stays (the backward reads it), but a blob's diff lives only
+from the backward of its last consumer, which writes it, to the backward of its first
+producer, which reads it last: the same interval of layer indices as in the forward, run
+the other way. Diffs whose intervals do not overlap take turns in one buffer, with the
+forward plan's rule. A diff keeps storage of its own when something outside the backward
+reads or writes it (the net's inputs and outputs, loss tops, whose diff holds the loss
+weight from the forward on, and the blobs the user names), and when its last consumer
+does not write it (no backward, or propagate_down false), so that no backward reads
+another blob's gradient.
+
+Buffers are plain ``empty`` arrays: nothing is resident until a layer writes it. A plan
 holds while the shapes do; the Net plans again when its input shapes change.
 """
 import collections
@@ -18,8 +29,8 @@ import numpy as np
 from .blob import storage_of
 from .errors import CaffeError, quote
 
-#: the memory plans a Net takes: 'off' keeps every blob (pycaffe's Net), 'share' plans a
-#: net that runs forward only
+#: the memory plans a Net takes: 'off' keeps every blob (pycaffe's Net); 'share' shares
+#: the blobs of a net that runs forward only, and the diffs of one that runs backward
 MEMORY_PLANS = ('off', 'share')
 
 
@@ -71,32 +82,80 @@ class ForwardPlan:
         aliases' views again); returns the bytes of all buffers."""
         for group in self.groups:           # sized for the shapes the blobs have now
             group.nbytes = storage_of(group.owner.data).nbytes
-        sizes, free_after = [], []             # per buffer: bytes, last layer of its occupant
-        for group in self.groups:
-            free = [k for k, last in enumerate(free_after) if last < group.first]
-            fits = [k for k in free if sizes[k] >= group.nbytes]
-            if fits:
-                k = min(fits, key=lambda k: sizes[k])
-            elif free:
-                k = max(free, key=lambda k: sizes[k])
-                sizes[k] = group.nbytes
-            else:
-                k = len(sizes)
-                sizes.append(group.nbytes)
-                free_after.append(None)
-            group.buffer = k
-            free_after[k] = group.last
-        self.buffers = [new_buffer(xp, size) for size in sizes]
+        self.buffers = _share_buffers(xp, self.groups)
         for group in self.groups:
             owner = group.owner
             view = self.buffers[group.buffer][:group.nbytes]
             owner.data = view.view(owner.dtype).reshape(owner.shape)
-        return sum(sizes)
+        return sum(buffer.nbytes for buffer in self.buffers)
 
     def holds(self):
         """Whether every group still lives in its buffer: a reshape to a new size gives a
         blob storage of its own, and then the net plans again."""
         return all(storage_of(g.owner.data) is self.buffers[g.buffer] for g in self.groups)
+
+
+class DiffPlan:
+    """The diffs of a training net's activations, sharing buffers once ``apply``-ed.
+
+    ``bottoms``, ``tops``: the net's per-layer lists of Blob; ``runs_backward[i]`` and
+    ``writes_diff[i][j]``: whether layer i's backward runs and writes the diff of its
+    bottom j; ``kept``: the blobs whose diff keeps storage of its own."""
+
+    def __init__(self, bottoms, tops, runs_backward, writes_diff, kept):
+        kept_ids = {id(b) for b in kept}
+        self.groups = []
+        for blob in _unique([b for layer in bottoms for b in layer]):
+            if id(blob) in kept_ids:
+                continue
+            consumers = [i for i, layer in enumerate(bottoms) if any(b is blob for b in layer)]
+            producers = [i for i, layer in enumerate(tops) if any(t is blob for t in layer)]
+            last = max(consumers)
+            j = next(j for j, b in enumerate(bottoms[last]) if b is blob)
+            if producers and runs_backward[last] and writes_diff[last][j]:
+                self.groups.append(_Group(blob, min(producers), last))
+        self.groups.sort(key=lambda g: g.first)
+        self.buffers = []
+
+    def apply(self, xp):
+        """Give every planned blob a diff that views its buffer; returns the buffers' bytes."""
+        for group in self.groups:
+            group.nbytes = group.owner.data.nbytes
+        self.buffers = _share_buffers(xp, self.groups)
+        for group in self.groups:
+            blob = group.owner
+            view = self.buffers[group.buffer][:group.nbytes]
+            blob.diff = view.view(blob.dtype).reshape(blob.shape)
+        return sum(buffer.nbytes for buffer in self.buffers)
+
+    def holds(self):
+        """Whether every planned diff still views its buffer (a reshape to a new size
+        drops it)."""
+        return all(group.owner.diff_if_made is not None and
+                   storage_of(group.owner.diff_if_made) is self.buffers[group.buffer]
+                   for group in self.groups)
+
+
+def _share_buffers(xp, groups):
+    """Buffers for ``groups`` (sorted by ``first``): a group takes a buffer whose last
+    occupant's life ended before its own began, the smallest that fits, else the largest
+    free one grown to fit, else a new one. Sets each group's ``buffer``."""
+    sizes, free_after = [], []             # per buffer: bytes, last layer of its occupant
+    for group in groups:
+        free = [k for k, last in enumerate(free_after) if last < group.first]
+        fits = [k for k in free if sizes[k] >= group.nbytes]
+        if fits:
+            k = min(fits, key=lambda k: sizes[k])
+        elif free:
+            k = max(free, key=lambda k: sizes[k])
+            sizes[k] = group.nbytes
+        else:
+            k = len(sizes)
+            sizes.append(group.nbytes)
+            free_after.append(None)
+        group.buffer = k
+        free_after[k] = group.last
+    return [new_buffer(xp, size) for size in sizes]
 
 
 class _Group:

@@ -14,7 +14,7 @@ from .backend import mode_array_module
 from .blob import Blob, format_bytes, memory_limit, storage_of
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
-from .memory_plan import MEMORY_PLANS, ForwardPlan, KeptBlobs
+from .memory_plan import MEMORY_PLANS, DiffPlan, ForwardPlan, KeptBlobs
 from .net_batches import BatchedCalls
 from .netparam.graph import filter_net, insert_splits, net_state
 from .netparam.upgrade import load_net_param
@@ -31,9 +31,11 @@ class Net(BatchedCalls):
     phase:   TRAIN or TEST
     level, stages: the NetState used with include/exclude rules
     context: a LayerContext (backend, dtype, communicator) shared by every layer
-    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share' makes a net that
-             runs forward only, whose blobs share storage by liveness (memory_plan.py):
-             it keeps the inputs, the outputs and the blobs named in ``keep``
+    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share' shares storage by
+             liveness (memory_plan.py): a TEST net without force_backward runs forward only,
+             shares its blobs and keeps the inputs, the outputs and the blobs named in
+             ``keep``; in any other net the activations' diffs share storage, except those
+             of the inputs, the outputs, the loss tops and the blobs named in ``keep``
     """
 
     def __init__(self, model, phase=None, weights=None, level=0, stages=(), context=None,
@@ -236,10 +238,16 @@ class Net(BatchedCalls):
         unknown = [name for name in keep if name not in self.blobs]
         if unknown:
             raise CaffeError("keep: net '%s' has no blob %s" % (self.name, quote(unknown[0])))
+        kept = set(self.inputs) | set(self.outputs) | set(keep)
+        if self.phase == TRAIN or self.net_param.force_backward:
+            kept |= set(self.output_blob_loss_weights)
+            self._plan = DiffPlan(self._bottoms, self._tops, self._layer_need_backward,
+                                  self._bottom_need_backward, [self.blobs[name] for name in kept])
+            self._apply_plan()
+            return
         self._layer_need_backward = [False] * len(self.layers)
         for layer in self.layers:              # nothing need be kept for a backward
             layer.backward_runs = False
-        kept = set(self.inputs) | set(self.outputs) | set(keep)
         persistent = [top for layer, tops in zip(self.layers, self._tops) if layer.tops_persist
                       for top in tops]
         self._plan = ForwardPlan(self._bottoms, self._tops,
@@ -256,8 +264,9 @@ class Net(BatchedCalls):
         planned = self._plan.apply(self.context.xp)
         self.reshape()                         # the aliases take views of the new storage
         self._planned_inputs = self._input_shapes()
-        log.debug("Net '%s': %d planned blob groups share %s", self.name,
-                  len(self._plan.groups), format_bytes(planned))
+        log.debug("Net '%s': %d planned %s share %s", self.name, len(self._plan.groups),
+                  'diffs' if isinstance(self._plan, DiffPlan) else 'blob groups',
+                  format_bytes(planned))
 
     def _write_loss_weights(self):
         """Caffe keeps each loss weight in its top's diff, where backward starts from."""
@@ -295,7 +304,7 @@ class Net(BatchedCalls):
         """Run backward for layers start down to end (inclusive); ``after_layer(i)`` is called
         once layer i is through (run or skipped), e.g. to start reducing its gradients."""
         start = len(self.layers) - 1 if start is None else start
-        if self._plan is not None:
+        if isinstance(self._plan, ForwardPlan):
             raise CaffeError("net '%s' runs forward only: its memory plan shares the blobs a "
                              "backward would read; build it with memory_plan='off'" % self.name)
         for i in range(start, end - 1, -1):
