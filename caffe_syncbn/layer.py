@@ -124,6 +124,10 @@ class Layer:
     #: True for a layer that writes its tops once and whose later forwards rely on them
     #: (DummyData's constant fillers): a memory plan gives its tops storage of their own
     tops_persist = False
+    #: set by the Net on a layer that absorbed others (``absorb``): whether the chain's
+    #: output stays as the chain wrote it until the chain's backward (no later layer
+    #: writes that blob in place)
+    output_survives = False
 
     def __init__(self, param, ctx=None):
         self.param = param
@@ -166,6 +170,15 @@ class Layer:
 
     def backward(self, top, propagate_down, bottom):
         pass
+
+    def absorb(self, layer, top):
+        """Offered by a Net whose memory plan is 'inplace_abn': ``layer`` follows this one
+        (or the last layer it absorbed) in a chain: its only bottom is the chain's output,
+        which no other layer reads and the user did not ask to keep, and ``top`` is its
+        only top. Return True to take its forward and backward into this layer's: the Net
+        then runs neither; this layer writes ``top``, reads its diff, and accumulates
+        ``layer``'s param diffs as ``layer`` would."""
+        return False
 
     def fixed_param_mults(self, index):
         """(lr_mult, decay_mult) this layer imposes on blob ``index`` whatever the prototxt

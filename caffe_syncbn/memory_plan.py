@@ -30,8 +30,10 @@ from .blob import storage_of
 from .errors import CaffeError, quote
 
 #: the memory plans a Net takes: 'off' keeps every blob (pycaffe's Net); 'share' shares
-#: the blobs of a net that runs forward only, and the diffs of one that runs backward
-MEMORY_PLANS = ('off', 'share')
+#: the blobs of a net that runs forward only, and the diffs of one that runs backward;
+#: 'inplace_abn' shares as 'share' does, and lets layers absorb the chains that follow
+#: them (Layer.absorb: batch norm with its Scale and ReLU)
+MEMORY_PLANS = ('off', 'share', 'inplace_abn')
 
 
 def new_buffer(xp, nbytes):
@@ -162,6 +164,47 @@ class _Group:
     def __init__(self, owner, first, last):
         self.owner, self.first, self.last = owner, first, last
         self.nbytes = self.buffer = None
+
+
+def absorb_chains(layers, bottoms, tops, loss_weights, backward_flags, kept):
+    """Offer each layer the layers that follow it in a chain (Layer.absorb); returns, per
+    layer, the indices of the layers it absorbed, and sets ``output_survives`` on each head.
+
+    Layer k continues the chain that ends with layer e when it reads only e's one top and
+    writes one top, no loss, and e's top is no other layer's input nor ``kept`` (unless k
+    writes it in place). ``backward_flags`` (the Net's per-layer need_backward and per-bottom
+    flags; None in a net that runs forward only): a chain runs its backward as one, so its
+    layers must agree on it."""
+    consumers = collections.Counter(id(b) for layer in bottoms for b in layer)
+    kept_ids = {id(b) for b in kept}
+
+    def links(end, nxt):
+        if len(tops[end]) != 1 or len(bottoms[nxt]) != 1 or len(tops[nxt]) != 1 \
+                or bottoms[nxt][0] is not tops[end][0] or any(loss_weights[nxt]):
+            return False
+        output = tops[end][0]
+        if tops[nxt][0] is not output and (consumers[id(output)] > 1 or id(output) in kept_ids):
+            return False
+        if backward_flags is None:
+            return True
+        need, bottom_need = backward_flags
+        return need[nxt] == need[end] and bottom_need[nxt] == [need[end]]
+
+    chains, absorbed = [[] for _ in layers], set()
+    for head, layer in enumerate(layers):
+        if head in absorbed:
+            continue
+        end = head
+        while end + 1 < len(layers) and links(end, end + 1) \
+                and layer.absorb(layers[end + 1], tops[end + 1][0]):
+            end += 1
+            absorbed.add(end)
+            chains[head].append(end)
+        if end > head:
+            output = tops[end][0]
+            layer.output_survives = not any(output in t and output in b
+                                            for t, b in zip(tops[end + 1:], bottoms[end + 1:]))
+    return chains
 
 
 class KeptBlobs(collections.OrderedDict):

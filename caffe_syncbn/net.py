@@ -14,7 +14,7 @@ from .backend import mode_array_module
 from .blob import Blob, format_bytes, memory_limit, storage_of
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
-from .memory_plan import MEMORY_PLANS, DiffPlan, ForwardPlan, KeptBlobs
+from .memory_plan import MEMORY_PLANS, DiffPlan, ForwardPlan, KeptBlobs, absorb_chains
 from .net_batches import BatchedCalls
 from .netparam.graph import filter_net, insert_splits, net_state
 from .netparam.upgrade import load_net_param
@@ -31,11 +31,10 @@ class Net(BatchedCalls):
     phase:   TRAIN or TEST
     level, stages: the NetState used with include/exclude rules
     context: a LayerContext (backend, dtype, communicator) shared by every layer
-    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share' shares storage by
-             liveness (memory_plan.py): a TEST net without force_backward runs forward only,
-             shares its blobs and keeps the inputs, the outputs and the blobs named in
-             ``keep``; in any other net the activations' diffs share storage, except those
-             of the inputs, the outputs, the loss tops and the blobs named in ``keep``
+    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share' and 'inplace_abn'
+             share storage by liveness (memory_plan.py): the blobs of a TEST net without
+             force_backward, which runs forward only, else the activations' diffs; the
+             inputs, the outputs and the blobs named in ``keep`` keep their own
     """
 
     def __init__(self, model, phase=None, weights=None, level=0, stages=(), context=None,
@@ -61,8 +60,10 @@ class Net(BatchedCalls):
         else:
             with naming(os.fspath(model)):
                 self._build()
-        if memory_plan == 'share':
-            self._plan_memory(list(keep))
+        self._chains = [[] for _ in self.layers]     # per layer: the layers it absorbed
+        if memory_plan != 'off':
+            self._plan_memory(list(keep), absorb=memory_plan == 'inplace_abn')
+        self._absorbed = {k for chain in self._chains for k in chain}
         if weights:
             self.copy_from(weights)
 
@@ -191,7 +192,7 @@ class Net(BatchedCalls):
                 elif value != values[index]:
                     raise layer_error(lp, "shared param '%s' has %s %g but its owner has %g"
                                       % (spec.name, field, value, values[index]))
-            layer.blobs[j] = owner if owner.shape == blob.shape else _reshaped_view(owner, blob.shape)
+            layer.blobs[j] = owner if owner.shape == blob.shape else owner.reshaped_view(blob.shape)
             return lr_mult != 0
         if spec.name:
             owners[spec.name] = blob
@@ -234,20 +235,27 @@ class Net(BatchedCalls):
             layer.backward_runs = need
         self._bottom_need_backward = bottom_need_backward
 
-    def _plan_memory(self, keep):
+    def _plan_memory(self, keep, absorb):
         unknown = [name for name in keep if name not in self.blobs]
         if unknown:
             raise CaffeError("keep: net '%s' has no blob %s" % (self.name, quote(unknown[0])))
         kept = set(self.inputs) | set(self.outputs) | set(keep)
-        if self.phase == TRAIN or self.net_param.force_backward:
+        forward_only = self.phase == TEST and not self.net_param.force_backward
+        if forward_only:
+            self._layer_need_backward = [False] * len(self.layers)
+            for layer in self.layers:          # nothing need be kept for a backward
+                layer.backward_runs = False
+        if absorb:
+            self._chains = absorb_chains(self.layers, self._bottoms, self._tops, self._loss_weights,
+                                         None if forward_only else (self._layer_need_backward,
+                                                                    self._bottom_need_backward),
+                                         [self.blobs[name] for name in kept])
+        if not forward_only:
             kept |= set(self.output_blob_loss_weights)
             self._plan = DiffPlan(self._bottoms, self._tops, self._layer_need_backward,
                                   self._bottom_need_backward, [self.blobs[name] for name in kept])
             self._apply_plan()
             return
-        self._layer_need_backward = [False] * len(self.layers)
-        for layer in self.layers:              # nothing need be kept for a backward
-            layer.backward_runs = False
         persistent = [top for layer, tops in zip(self.layers, self._tops) if layer.tops_persist
                       for top in tops]
         self._plan = ForwardPlan(self._bottoms, self._tops,
@@ -291,8 +299,12 @@ class Net(BatchedCalls):
             self._apply_plan()                 # new shapes since the last plan
         loss = 0.0
         for i in range(start, end + 1):
+            if i in self._absorbed:
+                continue                       # its head ran it
             layer, bottoms, tops = self.layers[i], self._bottoms[i], self._tops[i]
             layer.reshape(bottoms, tops)
+            for k in self._chains[i]:
+                self.layers[k].reshape(self._bottoms[k], self._tops[k])
             layer.forward(bottoms, tops)
             for blob, w in zip(tops, self._loss_weights[i]):
                 if w:
@@ -308,6 +320,8 @@ class Net(BatchedCalls):
             raise CaffeError("net '%s' runs forward only: its memory plan shares the blobs a "
                              "backward would read; build it with memory_plan='off'" % self.name)
         for i in range(start, end - 1, -1):
+            if i in self._absorbed:
+                continue        # its head's backward runs it, and then covers its params
             if self._layer_need_backward[i]:
                 self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
             if after_layer is not None:
@@ -425,14 +439,6 @@ class Net(BatchedCalls):
     def __repr__(self):
         return "Net('%s', %s, %d layers)" % (self.name, 'TRAIN' if self.phase == TRAIN else 'TEST',
                                               len(self.layers))
-
-
-def _reshaped_view(owner, shape):
-    """A Blob that views ``owner``'s data and diff under another shape (PERMISSIVE sharing)."""
-    view = Blob.__new__(Blob)
-    view.xp, view.dtype = owner.xp, owner.dtype
-    view.data, view.diff = owner.data.reshape(shape), owner.diff.reshape(shape)
-    return view
 
 
 __all__ = ['Net', 'TRAIN', 'TEST', 'load_net_param']

@@ -52,12 +52,17 @@ import numpy as np
 
 from ..layer import TEST, Layer, register
 from . import norm_cpu, norm_gpu, norm_math
+from .norm_chain import Chain
 from .norm_math import STAT, channel_view, inverse_std, moments
 
 
 class _ChannelNorm(Layer):
     """What the three layers share: shapes, the engine, the per-channel statistics as
-    float64, and the x_hat the backward reads."""
+    float64, the x_hat the backward reads, and the Scale and ReLU they may absorb
+    (norm_chain.py)."""
+
+    #: what this layer absorbed (Layer.absorb), or None
+    chain = None
 
     def setup_channels(self, bottom, top):
         self.check_bottoms(bottom, exact=1)
@@ -104,18 +109,66 @@ class _ChannelNorm(Layer):
     def share(self, packed):
         """Sum per-channel sums over the replicas (SyncBN); alone, nothing to do."""
 
+    def absorb(self, layer, top):
+        # with batch statistics the backward reads x_hat, which the chain then finds from
+        # its output; a net that runs forward only fuses the passes
+        if self.backward_runs and self.uses_running_stats():
+            return False
+        chain = self.chain or self.new_chain()
+        if not chain.offer(layer, self.channels):
+            return False
+        chain.top = top
+        self.chain = chain
+        return True
+
+    def new_chain(self):
+        return Chain()
+
     def normalize(self, bottom, top, mean, keep_x_hat, slope=None, bias=None):
-        """y into the top; keeps what the backward reads x_hat from, if it reads it."""
+        """y into the top (the chain's, which applies its affine part and ReLU); keeps what
+        the backward reads x_hat from, if it reads it."""
+        chain, activation = self.chain, None
+        if chain is not None:
+            top, activation = [chain.top], chain.negative_slope
+            slope, bias = chain.gamma(), chain.beta()
         x3, y3 = channel_view(bottom[0].data), channel_view(top[0].data)
         keep_x_hat = keep_x_hat and self.backward_runs
         buffer = None
         in_place = top[0] is bottom[0] or top[0].data is bottom[0].data
+        # in place, the chain finds x_hat from its output if it can; apart, from its input
+        self._recovered = keep_x_hat and in_place and chain is not None and \
+            chain.recovers(self.name, self.output_survives, slope, bias)
+        keep_x_hat = keep_x_hat and not self._recovered
         if keep_x_hat and in_place:           # the input is gone once y is written
             buffer = self._x_hat_buffer
             if buffer is None or buffer.shape != x3.shape or buffer.dtype != x3.dtype:
                 buffer = self._x_hat_buffer = self.xp.empty_like(x3)
         self._x_hat = self.engine.normalize(x3, y3, mean, self._inv_std, slope, bias,
-                                            keep_x_hat, buffer)
+                                            keep_x_hat, buffer, activation)
+
+    def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
+        """The sums dx takes with the batch-statistics formula, or None for dx = dy * scale.
+        The forks' BN applies that formula in TEST too (with the running x_hat)."""
+        return sum_dy, sum_dy_x_hat
+
+    def chain_backward(self, propagate_down, bottom):
+        """The chain's backward, from its top's diff: through the ReLU, the affine part's
+        param diffs, then the batch norm's, with x_hat found from the output or kept."""
+        chain = self.chain
+        y3, dy3 = channel_view(chain.top.data), channel_view(chain.top.diff)
+        gamma, beta = chain.gamma(), chain.beta()
+        x_hat = self._x_hat
+        if self._recovered:
+            x_hat = self.engine.x_hat_from_output(y3, gamma, beta, chain.negative_slope)
+        g3 = self.engine.activation_gradient(y3, dy3, chain.negative_slope, x_hat)
+        sum_g, sum_g_x_hat = self.engine.gradient_sums(g3, x_hat)
+        chain.add_param_gradients(sum_g, sum_g_x_hat)
+        if not propagate_down[0]:
+            return
+        scale = self._inv_std if gamma is None else gamma * self._inv_std
+        self.engine.input_gradient(channel_view(bottom[0].diff), g3, scale, x_hat,
+                                   *self.batch_gradient_sums(sum_g, sum_g_x_hat),
+                                   count=self._count)
 
 
 @register('BatchNorm')
@@ -141,6 +194,9 @@ class BatchNorm(_ChannelNorm):
     def fixed_param_mults(self, index):
         return (0.0, None) if index < 3 else None
 
+    def uses_running_stats(self):
+        return self.use_global_stats
+
     def forward(self, bottom, top):
         xp = self.xp
         if self.use_global_stats:
@@ -158,6 +214,8 @@ class BatchNorm(_ChannelNorm):
         self.normalize(bottom, top, mean, not self.use_global_stats)
 
     def backward(self, top, propagate_down, bottom):
+        if self.chain is not None:
+            return self.chain_backward(propagate_down, bottom)
         if not propagate_down[0]:
             return
         dy3, dx3 = channel_view(top[0].diff), channel_view(bottom[0].diff)
@@ -194,6 +252,12 @@ class BN(_ChannelNorm):
     def fixed_param_mults(self, index):
         return (0.0, 0.0) if index >= 2 or self.affine_frozen else None
 
+    def uses_running_stats(self):
+        return self.use_running_stats
+
+    def new_chain(self):
+        return Chain(affine_owner=self, beta_index=self.BIAS)
+
     def batch_moments(self, x3):
         """(count, mean, biased var) of this forward's batch, about its own mean."""
         return self.local_moments(x3)
@@ -221,6 +285,8 @@ class BN(_ChannelNorm):
         return not self.affine_frozen
 
     def backward(self, top, propagate_down, bottom):
+        if self.chain is not None:
+            return self.chain_backward(propagate_down, bottom)
         dy3, dx3 = channel_view(top[0].diff), channel_view(bottom[0].diff)
         scale = self.stat(self.SLOPE) * self._inv_std
         if self.affine_frozen:
@@ -242,10 +308,6 @@ class BN(_ChannelNorm):
         else:
             self.engine.input_gradient(dx3, dy3, scale, self._x_hat, *sums, count=self._count)
 
-    def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
-        """The sums dx takes with the batch-statistics formula, or None for dx = dy * scale.
-        The forks apply that formula in TEST too (with the running x_hat)."""
-        return sum_dy, sum_dy_x_hat
 
 
 @register('SyncBN')
