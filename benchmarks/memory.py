@@ -55,7 +55,7 @@ def measure_ours(args):
     from caffe_syncbn import TRAIN, Net
     from caffe_syncbn.blob import storage_of
     from caffe_syncbn.cli.timing import timing_net_param
-    net = Net(timing_net_param(args.model, args.batch), TRAIN)
+    net = Net(timing_net_param(args.model, args.batch), TRAIN, memory_plan=args.memory_plan[0])
     print('after building:       peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
     for step in range(args.steps):
         net.forward_prefilled()
@@ -117,6 +117,16 @@ def compare_with_caffe(args):
     return 0
 
 
+def plan_list(text):
+    from caffe_syncbn.memory_plan import MEMORY_PLANS
+    plans = list(MEMORY_PLANS) if text == 'all' else text.split(',')
+    unknown = [plan for plan in plans if plan not in MEMORY_PLANS]
+    if unknown:
+        raise argparse.ArgumentTypeError('unknown memory plan %r (known: %s, all)'
+                                         % (unknown[0], ', '.join(MEMORY_PLANS)))
+    return plans
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('model', help='net prototxt')
@@ -128,6 +138,8 @@ def main(argv=None):
                         help='BLAS threads with --compare-caffe (default 2)')
     parser.add_argument('--compare-caffe', metavar='CAFFE', help='path of the caffe binary')
     parser.add_argument('--pairs', type=int, default=3, help='alternating pairs (default 3)')
+    parser.add_argument('--memory-plan', type=plan_list, default=['off'], metavar='PLANS',
+                        help="the Net's memory plans, separated by ',', or 'all' (default off)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.pairs < 1:
         parser.error('--steps and --pairs must be at least 1')

@@ -12,15 +12,22 @@ from cuda_emulation import emulated_kernels
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.backend import cuda_kernels, to_numpy
+from caffe_syncbn.cli.timing import timing_net_param
 from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.training.solvers import get_solver
+from conftest import ROOT
 from test_data_parallel import batches
 from test_data_parallel import solver_param as data_parallel_solver
+from test_memory_plan import random_param
 
 HEADS = {   # the layers after conv1, written in place or apart
     'BatchNorm+Scale': '''
 layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "%(bn)s" }
+layer { name: "sc1" type: "Scale" bottom: "%(bn)s" top: "%(sc)s" scale_param { bias_term: true } }''',
+    'BatchNorm(global)+Scale': '''
+layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "%(bn)s"
+        batch_norm_param { use_global_stats: true } }
 layer { name: "sc1" type: "Scale" bottom: "%(bn)s" top: "%(sc)s" scale_param { bias_term: true } }''',
     'BN': '''
 layer { name: "bn1" type: "BN" bottom: "c1" top: "%(sc)s" bn_param { momentum: 0.9 } }''',
@@ -97,15 +104,16 @@ def test_a_chain_gives_the_gradients_of_off(head, slope, in_place, dtype):
     assert_same_gradients(reference, fused, 2e-5 if dtype == np.float32 else 1e-10)
     bn = fused.layer_by_name['bn1']
     absorbed = [fused._layer_names[k] for k in fused._chains[fused._layer_names.index('bn1')]]
-    assert absorbed == (['sc1'] if head == 'BatchNorm+Scale' else []) + \
+    assert absorbed == (['sc1'] if 'Scale' in head else []) + \
         (['relu1'] if slope is not None else [])
-    # in place, only a ReLU of slope 0 makes the chain keep x_hat; apart, x_hat is made
-    # again from the input, which stays
-    assert bn._recovered == (in_place and slope != 0.0 and bool(absorbed))
+    # in place, only the batch formula after a ReLU of slope 0 makes the chain keep x_hat;
+    # apart, x_hat is made again from the input, which stays
+    assert bn._recovered == (in_place and bool(absorbed) and
+                             (slope != 0.0 or head == 'BatchNorm(global)+Scale'))
     kept = [array for layer in fused.layers for array in
             (getattr(layer, '_x_hat_buffer', None), getattr(layer, '_input_copy', None))
             if array is not None]
-    assert len(kept) == (1 if in_place and slope == 0.0 or in_place and not absorbed else 0)
+    assert len(kept) == (1 if in_place and not bn._recovered else 0)
 
 
 def test_gamma_near_zero_keeps_x_hat_and_says_so_once(caplog):
@@ -154,7 +162,7 @@ def test_a_forward_only_net_fuses_the_inference_chain():
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-6)
 
 
-@pytest.mark.parametrize('head', ['BatchNorm+Scale', 'SyncBN'])
+@pytest.mark.parametrize('head', ['BatchNorm+Scale', 'BatchNorm(global)+Scale', 'SyncBN'])
 @pytest.mark.parametrize('slope', [None, 0.0, 0.1])
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
 def test_the_cuda_chain_in_the_emulation_gives_the_host_gradients(monkeypatch, head, slope, dtype):
@@ -167,13 +175,38 @@ def test_the_cuda_chain_in_the_emulation_gives_the_host_gradients(monkeypatch, h
     run([reference, fused])
     assert_same_gradients(reference, fused, 2e-4 if dtype == np.float32 else 1e-10)
     fused_kernels = {name for name in called if name.startswith('fused_')}
-    if head != 'BatchNorm+Scale' and slope is None:       # nothing to absorb
+    if head == 'SyncBN' and slope is None:       # nothing to absorb
         assert fused_kernels == set()
-    elif slope is None or slope > 0:
+    elif slope is None or slope > 0 or head == 'BatchNorm(global)+Scale':
         want = {'fused_bn_relu_backward_reduce', 'fused_bn_relu_backward_dx'}
         assert want <= fused_kernels and (slope is None or 'fused_bn_relu_forward' in fused_kernels)
+        assert 'fused_eltwise_sum_relu_backward' not in fused_kernels
     else:
         assert fused_kernels == {'fused_affine_relu', 'fused_eltwise_sum_relu_backward'}
+
+
+def test_resnet50_gives_the_gradients_of_off():
+    """Every BatchNorm + Scale + ReLU of ResNet-50 (use_global_stats, as the file has it)
+    becomes a chain that keeps nothing."""
+    param = timing_net_param(ROOT / 'examples' / 'resnet50' / 'ResNet-50-deploy.prototxt', batch=2)
+    reference, fused = (caffe.Net(param, caffe.TRAIN, memory_plan=plan)
+                        for plan in ('off', 'inplace_abn'))
+    rs = np.random.RandomState(0)
+    for a, b in zip(reference.learnable_params, fused.learnable_params):
+        a.data[...] = random_param(rs, a.shape)
+        b.data[...] = a.data
+    x = rs.uniform(0, 3, reference.blobs['data'].shape)
+    for net in (reference, fused):
+        net.blobs['data'].data[...] = x
+        net.forward_prefilled()
+        net.blobs['prob'].diff[...] = np.eye(1000)[[3, 7]] - net.blobs['prob'].data
+        net.backward_from()
+    assert sum(map(len, fused._chains)) == 53 + 33     # 53 Scales, 33 ReLUs after them
+    assert all(layer._recovered for layer in fused.layers if getattr(layer, 'chain', None))
+    for j, (a, b) in enumerate(zip(reference.learnable_params, fused.learnable_params)):
+        scale = max(float(np.abs(a.diff).max()), 1e-6)
+        np.testing.assert_allclose(b.diff, a.diff, rtol=1e-3, atol=2e-5 * scale,
+                                   err_msg='param %d' % j)
 
 
 def train(plan, steps=10):

@@ -110,10 +110,6 @@ class _ChannelNorm(Layer):
         """Sum per-channel sums over the replicas (SyncBN); alone, nothing to do."""
 
     def absorb(self, layer, top):
-        # with batch statistics the backward reads x_hat, which the chain then finds from
-        # its output; a net that runs forward only fuses the passes
-        if self.backward_runs and self.uses_running_stats():
-            return False
         chain = self.chain or self.new_chain()
         if not chain.offer(layer, self.channels):
             return False
@@ -131,13 +127,15 @@ class _ChannelNorm(Layer):
         if chain is not None:
             top, activation = [chain.top], chain.negative_slope
             slope, bias = chain.gamma(), chain.beta()
+            keep_x_hat = self.uses_batch_formula() or chain.wants_gamma_gradient()
         x3, y3 = channel_view(bottom[0].data), channel_view(top[0].data)
         keep_x_hat = keep_x_hat and self.backward_runs
         buffer = None
         in_place = top[0] is bottom[0] or top[0].data is bottom[0].data
         # in place, the chain finds x_hat from its output if it can; apart, from its input
         self._recovered = keep_x_hat and in_place and chain is not None and \
-            chain.recovers(self.name, self.output_survives, slope, bias)
+            chain.recovers(self.name, self.output_survives, self.uses_batch_formula(),
+                           slope, bias)
         keep_x_hat = keep_x_hat and not self._recovered
         if keep_x_hat and in_place:           # the input is gone once y is written
             buffer = self._x_hat_buffer
@@ -147,9 +145,8 @@ class _ChannelNorm(Layer):
                                             keep_x_hat, buffer, activation)
 
     def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
-        """The sums dx takes with the batch-statistics formula, or None for dx = dy * scale.
-        The forks' BN applies that formula in TEST too (with the running x_hat)."""
-        return sum_dy, sum_dy_x_hat
+        """The sums dx takes with the batch-statistics formula, or None for dx = dy * scale."""
+        return (sum_dy, sum_dy_x_hat) if self.uses_batch_formula() else None
 
     def chain_backward(self, propagate_down, bottom):
         """The chain's backward, from its top's diff: through the ReLU, the affine part's
@@ -166,9 +163,12 @@ class _ChannelNorm(Layer):
         if not propagate_down[0]:
             return
         scale = self._inv_std if gamma is None else gamma * self._inv_std
-        self.engine.input_gradient(channel_view(bottom[0].diff), g3, scale, x_hat,
-                                   *self.batch_gradient_sums(sum_g, sum_g_x_hat),
-                                   count=self._count)
+        dx3 = channel_view(bottom[0].diff)
+        sums = self.batch_gradient_sums(sum_g, sum_g_x_hat)
+        if sums is None:
+            self.engine.input_gradient(dx3, g3, scale, x_hat)
+        else:
+            self.engine.input_gradient(dx3, g3, scale, x_hat, *sums, count=self._count)
 
 
 @register('BatchNorm')
@@ -194,8 +194,8 @@ class BatchNorm(_ChannelNorm):
     def fixed_param_mults(self, index):
         return (0.0, None) if index < 3 else None
 
-    def uses_running_stats(self):
-        return self.use_global_stats
+    def uses_batch_formula(self):
+        return not self.use_global_stats
 
     def forward(self, bottom, top):
         xp = self.xp
@@ -252,8 +252,10 @@ class BN(_ChannelNorm):
     def fixed_param_mults(self, index):
         return (0.0, 0.0) if index >= 2 or self.affine_frozen else None
 
-    def uses_running_stats(self):
-        return self.use_running_stats
+    def uses_batch_formula(self):
+        """The forks' BN applies the batch-statistics formula in TEST too (with the running
+        x_hat); frozen, dx = dy * slope / std."""
+        return not self.affine_frozen
 
     def new_chain(self):
         return Chain(affine_owner=self, beta_index=self.BIAS)
@@ -326,6 +328,9 @@ class SyncBN(BN):
 
     def running_variance(self, var, count):
         return var * (count / self.xp.maximum(count - 1, 1))
+
+    def uses_batch_formula(self):
+        return not self.use_running_stats
 
     def backward_reads_x_hat(self):
         return not self.use_running_stats or self.wants_param_gradient(self.SLOPE)

@@ -58,20 +58,25 @@ class Chain:
             return 0 * self.gamma()
         return owner.blobs[self.beta_index].data.reshape(-1).astype(STAT)
 
+    def wants_gamma_gradient(self):
+        return self.affine_owner is not None and self.affine_owner.wants_param_gradient(0)
+
     def add_param_gradients(self, sum_g, sum_g_x_hat):
         """d gamma += sum(g * x_hat), d beta += sum(g), as the affine part's owner wants."""
         owner = self.affine_owner
         if owner is None:
             return
         for index, values in ((0, sum_g_x_hat), (self.beta_index, sum_g)):
-            if index is not None and owner.wants_param_gradient(index):
+            if index is not None and values is not None and owner.wants_param_gradient(index):
                 blob = owner.blobs[index]
                 blob.diff += values.reshape(blob.shape).astype(blob.dtype)
 
-    def recovers(self, layer_name, survives, gamma, beta):
+    def recovers(self, layer_name, survives, batch_formula, gamma, beta):
         """Whether the backward may find x_hat from the output this step (see the module
-        docstring); says once why not when gamma is the reason."""
-        if self.negative_slope == 0 or not survives:
+        docstring); says once why not when gamma is the reason. Without the batch formula
+        only gamma's gradient reads x_hat, and only where the ReLU passes a gradient: a
+        ReLU of slope 0 loses nothing it needs."""
+        if (self.negative_slope == 0 and batch_formula) or not survives:
             return False
         if gamma is None:
             return True

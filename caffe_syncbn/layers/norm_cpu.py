@@ -58,11 +58,12 @@ class Normalization:
 
 class FromOutput:
     """x_hat = (p - beta) / gamma from a chain's output y (norm_chain.py): p = y where
-    y > 0, y / s elsewhere (s: the ReLU's negative slope, None: no ReLU)."""
+    y > 0, y / s elsewhere (s: the ReLU's negative slope; None: no ReLU; 0: p = y, whose
+    x_hat only meets a zero gradient where y <= 0)."""
 
     def __init__(self, y3, gamma, beta, activation):
         images, dtype = y3.shape[0], work_dtype(y3.dtype)
-        self.activation = None if activation is None else dtype.type(activation)
+        self.activation = dtype.type(activation) if activation else None
         self.beta = None if gamma is None else _tiled(beta, images, dtype)
         self.inv_gamma = None if gamma is None else _tiled(1.0 / gamma, images, dtype)
 

@@ -175,7 +175,10 @@ def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, 
     if isinstance(x_hat, FromOutput):
         params = xp.zeros(5 * c, _accumulator(dy3.dtype))
         params[3 * c:4 * c] = scale            # gamma * inv_std, the factor of g in dx
-        sums = xp.concatenate([sum_dy, sum_dy_x_hat]).astype(STAT)
+        if sum_dy is None:                     # dx = scale * g: no batch terms
+            sums, count = xp.zeros(2 * c, STAT), xp.ones(1, STAT)
+        else:
+            sums = xp.concatenate([sum_dy, sum_dy_x_hat]).astype(STAT)
         if dy3.size:
             _kernel('fused_bn_relu_backward_dx', dy3.dtype, 'fused')(
                 grid_1d(dy3.size), (BLOCK,),

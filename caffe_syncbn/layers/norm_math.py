@@ -25,7 +25,8 @@ update); an engine holds the passes over the data, with one signature in all thr
 and two for the chains of norm_chain.py, whose output y = relu(gamma * x_hat + beta):
 
     x_hat_from_output(y3, gamma, beta, activation) -> what the backward reads x_hat from,
-        found from y (gamma, beta None: no affine part; ``activation`` None or > 0)
+        found from y (gamma, beta None: no affine part; ``activation`` 0 only where the
+        gradient through the ReLU, 0 where y <= 0, is all that meets x_hat)
     activation_gradient(y3, dy3, activation, x_hat) -> the gradient g through the ReLU,
         the dy the other functions then take with that x_hat (written over dy3)
 
@@ -129,7 +130,7 @@ def x_hat_from_output(y3, gamma, beta, activation):
     xp = get_array_module(y3)
     dtype = work_dtype(y3.dtype)
     p = y3.astype(dtype)
-    if activation is not None:
+    if activation:                  # slope 0: p = y, whose gradient is 0 where y <= 0
         p = xp.where(p > 0, p, p / dtype.type(activation))
     if gamma is not None:
         p = (p - per_channel(beta.astype(dtype))) / per_channel(gamma.astype(dtype))
