@@ -103,10 +103,11 @@ def _parser(command):
         p.flag('batch', type=positive_int('rows'), metavar='N',
                help="the batch size (default: the prototxt's)")
     if command in ('train', 'test', 'time'):
-        p.flag('memory_plan', choices=MEMORY_PLANS, default='share',
-               help="share (default): storage shared by liveness, the blobs' of a net that "
-                    "runs forward only, the diffs' of one that trains; off: every blob keeps "
-                    'its own, as in Caffe')
+        p.flag('memory_plan', choices=MEMORY_PLANS, default='inplace_abn',
+               help="share: storage shared by liveness, the blobs' of a net that runs "
+                    "forward only, the diffs' of one that trains; inplace_abn (default): "
+                    'share, and batch norms run the Scale and ReLU after them and keep only '
+                    'their output; off: every blob keeps its own, as in Caffe')
         p.flag('level', type=int, metavar='N', help='the NetState level')
         p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
                help="NetState stages separated by ',' (the flag may repeat)")
