@@ -180,6 +180,12 @@ class Layer:
         ``layer``'s param diffs as ``layer`` would."""
         return False
 
+    def backward_reads(self, bottom, top):
+        """The blobs whose data this layer's backward reads: a memory plan may give the
+        others' storage to later blobs once the forward is past them. Every bottom and
+        top, unless the layer knows better."""
+        return list(bottom) + list(top)
+
     def fixed_param_mults(self, index):
         """(lr_mult, decay_mult) this layer imposes on blob ``index`` whatever the prototxt
         says (None in either place keeps the prototxt's value), or None. BatchNorm's

@@ -1,23 +1,21 @@
-"""Memory plans: storage shared by liveness, for the blobs of a net that runs forward only
-(ForwardPlan) and for the diffs of one that trains (DiffPlan).
+"""Memory plans: storage shared by liveness, in a net that runs forward only and in one
+that trains.
 
-Forward only. Blobs that alias one array (an in-place top, Split tops, Reshape and Flatten views) form
-one group. A group is live from the first layer that writes one of its blobs to the last
-layer that reads or writes one. Groups whose lives do not overlap take turns in one
-buffer, sized for the largest; a group that starts at layer i reuses a buffer only when
-its previous occupant was last used before layer i, so no layer ever reads a bottom that
-its own top overwrote. The groups of kept blobs (the net's inputs and outputs, and those
-the user names) keep storage of their own.
+Blobs that alias one array (an in-place top, Split tops, Reshape and Flatten views) form
+one group, live from the first layer that writes one of its blobs to the last layer that
+reads or writes one. In a net that trains, layer i's forward is step i and its backward
+step 2L - 1 - i of one timeline: a group's data lives on until the backward of the last
+layer whose backward reads it (Layer.backward_reads), and a blob's diff lives from the
+backward of its last consumer, which writes it, to the backward of its first producer,
+which reads it last.
 
-Training. Every blob's data stays (the backward reads it), but a blob's diff lives only
-from the backward of its last consumer, which writes it, to the backward of its first
-producer, which reads it last: the same interval of layer indices as in the forward, run
-the other way. Diffs whose intervals do not overlap take turns in one buffer, with the
-forward plan's rule. A diff keeps storage of its own when something outside the backward
-reads or writes it (the net's inputs and outputs, loss tops, whose diff holds the loss
-weight from the forward on, and the blobs the user names), and when its last consumer
-does not write it (no backward, or propagate_down false), so that no backward reads
-another blob's gradient.
+Groups whose lives do not overlap take turns in one buffer, sized for the largest; a
+group that starts at step t reuses a buffer only when its previous occupant's life ended
+before t, so no layer ever reads a bottom that its own top overwrote, nor a top diff its
+bottom diff overwrote. Kept blobs (the net's inputs and outputs, and those the user
+names) keep storage of their own; so do the diffs of loss tops, which hold the loss
+weight from the forward on, and a diff that its last consumer does not write (no
+backward, or propagate_down false), so that no backward reads another blob's gradient.
 
 Buffers are plain ``empty`` arrays: nothing is resident until a layer writes it. A plan
 holds while the shapes do; the Net plans again when its input shapes change.
@@ -41,101 +39,107 @@ def new_buffer(xp, nbytes):
     return xp.empty(nbytes, np.uint8)
 
 
-class ForwardPlan:
-    """The groups of a net's blobs and, once ``apply``-ed, the buffers they share.
+class MemoryPlan:
+    """Planned groups (``forward_plan``, ``train_plan``) and, once ``apply``-ed, the
+    buffers they share."""
 
-    ``bottoms`` and ``tops`` are the net's per-layer lists of Blob; ``kept`` the blobs
-    that keep their own storage."""
-
-    def __init__(self, bottoms, tops, kept):
-        self.blobs = _unique([b for layer in bottoms + tops for b in layer])
-        parent = {id(b): id(b) for b in self.blobs}
-
-        def root(key):
-            while parent[key] != key:
-                parent[key] = parent[parent[key]]
-                key = parent[key]
-            return key
-
-        for layer_bottoms, layer_tops in zip(bottoms, tops):
-            for top in layer_tops:
-                for bottom in layer_bottoms:
-                    if top is bottom or storage_of(top.data) is storage_of(bottom.data):
-                        parent[root(id(top))] = root(id(bottom))
-        members = {}
-        for blob in self.blobs:
-            members.setdefault(root(id(blob)), []).append(blob)
-        kept_ids = {id(b) for b in kept}
-        self.groups = []
-        for group in members.values():
-            writes = [i for i, layer in enumerate(tops) if any(t in group for t in layer)]
-            uses = writes + [i for i, layer in enumerate(bottoms) if any(b in group for b in layer)]
-            if not writes or any(id(b) in kept_ids for b in group):
-                continue               # an input, or kept: storage of its own
-            owner = next(b for i in sorted(writes) for b in tops[i] if b in group)
-            if storage_of(owner.data) is not owner.data:
-                continue               # a view of a layer's own array (Parameter's top)
-            self.groups.append(_Group(owner, min(writes), max(uses)))
-        self.groups.sort(key=lambda g: g.first)
+    def __init__(self, groups, forward_only):
+        self.groups = sorted(groups, key=lambda g: g.first)
+        self.forward_only = forward_only
         self.buffers = []
 
     def apply(self, xp):
-        """Give every group's owner a view of its buffer (the layers' reshape makes the
-        aliases' views again); returns the bytes of all buffers."""
+        """Give every group's owner a view of its buffer, as its data or its diff (the
+        layers' reshape makes the aliases' views again); returns the bytes of all buffers."""
         for group in self.groups:           # sized for the shapes the blobs have now
             group.nbytes = storage_of(group.owner.data).nbytes
         self.buffers = _share_buffers(xp, self.groups)
         for group in self.groups:
             owner = group.owner
-            view = self.buffers[group.buffer][:group.nbytes]
-            owner.data = view.view(owner.dtype).reshape(owner.shape)
+            view = self.buffers[group.buffer][:group.nbytes].view(owner.dtype).reshape(owner.shape)
+            if group.is_diff:
+                owner.diff = view
+            else:
+                owner.data = view
         return sum(buffer.nbytes for buffer in self.buffers)
 
     def holds(self):
         """Whether every group still lives in its buffer: a reshape to a new size gives a
-        blob storage of its own, and then the net plans again."""
-        return all(storage_of(g.owner.data) is self.buffers[g.buffer] for g in self.groups)
-
-
-class DiffPlan:
-    """The diffs of a training net's activations, sharing buffers once ``apply``-ed.
-
-    ``bottoms``, ``tops``: the net's per-layer lists of Blob; ``runs_backward[i]`` and
-    ``writes_diff[i][j]``: whether layer i's backward runs and writes the diff of its
-    bottom j; ``kept``: the blobs whose diff keeps storage of its own."""
-
-    def __init__(self, bottoms, tops, runs_backward, writes_diff, kept):
-        kept_ids = {id(b) for b in kept}
-        self.groups = []
-        for blob in _unique([b for layer in bottoms for b in layer]):
-            if id(blob) in kept_ids:
-                continue
-            consumers = [i for i, layer in enumerate(bottoms) if any(b is blob for b in layer)]
-            producers = [i for i, layer in enumerate(tops) if any(t is blob for t in layer)]
-            last = max(consumers)
-            j = next(j for j, b in enumerate(bottoms[last]) if b is blob)
-            if producers and runs_backward[last] and writes_diff[last][j]:
-                self.groups.append(_Group(blob, min(producers), last))
-        self.groups.sort(key=lambda g: g.first)
-        self.buffers = []
-
-    def apply(self, xp):
-        """Give every planned blob a diff that views its buffer; returns the buffers' bytes."""
+        blob storage of its own (and drops its diff), and then the net plans again."""
         for group in self.groups:
-            group.nbytes = group.owner.data.nbytes
-        self.buffers = _share_buffers(xp, self.groups)
-        for group in self.groups:
-            blob = group.owner
-            view = self.buffers[group.buffer][:group.nbytes]
-            blob.diff = view.view(blob.dtype).reshape(blob.shape)
-        return sum(buffer.nbytes for buffer in self.buffers)
+            array = group.owner.diff_if_made if group.is_diff else group.owner.data
+            if array is None or storage_of(array) is not self.buffers[group.buffer]:
+                return False
+        return True
 
-    def holds(self):
-        """Whether every planned diff still views its buffer (a reshape to a new size
-        drops it)."""
-        return all(group.owner.diff_if_made is not None and
-                   storage_of(group.owner.diff_if_made) is self.buffers[group.buffer]
-                   for group in self.groups)
+
+def forward_plan(bottoms, tops, kept):
+    """The plan of a net that runs forward only: its blobs share storage by liveness.
+    ``bottoms`` and ``tops`` are the net's per-layer lists of Blob; ``kept`` the blobs
+    that keep their own storage."""
+    return MemoryPlan(_data_groups(bottoms, tops, kept), forward_only=True)
+
+
+def train_plan(bottoms, tops, backward_reads, runs_backward, writes_diff, kept_data, kept_diff):
+    """The plan of a net that runs backward, on one timeline: layer i's forward is step i,
+    its backward step 2L - 1 - i. A blob's data lives on until the backward of the last
+    layer that reads it (``backward_reads[i]``: the blobs layer i's backward reads);
+    diffs as the module docstring says. ``runs_backward[i]`` and ``writes_diff[i][j]``:
+    whether layer i's backward runs and writes the diff of its bottom j."""
+    steps = 2 * len(bottoms)
+    reads = [blobs if runs else [] for blobs, runs in zip(backward_reads, runs_backward)]
+    groups = _data_groups(bottoms, tops, kept_data,
+                          lambda group: [steps - 1 - i for i, blobs in enumerate(reads)
+                                         if any(b in group for b in blobs)])
+    kept_ids = {id(b) for b in kept_diff}
+    for blob in _unique([b for layer in bottoms for b in layer]):
+        if id(blob) in kept_ids:
+            continue
+        consumers = [i for i, layer in enumerate(bottoms) if any(b is blob for b in layer)]
+        producers = [i for i, layer in enumerate(tops) if any(t is blob for t in layer)]
+        last = max(consumers)
+        j = next(j for j, b in enumerate(bottoms[last]) if b is blob)
+        if producers and runs_backward[last] and writes_diff[last][j]:
+            groups.append(_Group(blob, steps - 1 - last, steps - 1 - min(producers), True))
+    return MemoryPlan(groups, forward_only=False)
+
+
+def _data_groups(bottoms, tops, kept, backward_steps=None):
+    """A _Group per set of blobs that alias one array (in place, Split, views), live from
+    the first layer that writes one to the last that reads one, or to the latest of
+    ``backward_steps(group)``; kept groups, inputs and views of a layer's own array keep
+    their own storage."""
+    blobs = _unique([b for layer in bottoms + tops for b in layer])
+    parent = {id(b): id(b) for b in blobs}
+
+    def root(key):
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    for layer_bottoms, layer_tops in zip(bottoms, tops):
+        for top in layer_tops:
+            for bottom in layer_bottoms:
+                if top is bottom or storage_of(top.data) is storage_of(bottom.data):
+                    parent[root(id(top))] = root(id(bottom))
+    members = {}
+    for blob in blobs:
+        members.setdefault(root(id(blob)), []).append(blob)
+    kept_ids = {id(b) for b in kept}
+    groups = []
+    for group in members.values():
+        writes = [i for i, layer in enumerate(tops) if any(t in group for t in layer)]
+        uses = writes + [i for i, layer in enumerate(bottoms) if any(b in group for b in layer)]
+        if not writes or any(id(b) in kept_ids for b in group):
+            continue                   # an input, or kept: storage of its own
+        owner = next(b for i in sorted(writes) for b in tops[i] if b in group)
+        if storage_of(owner.data) is not owner.data:
+            continue                   # a view of a layer's own array (Parameter's top)
+        if backward_steps is not None:
+            uses += backward_steps(group)
+        groups.append(_Group(owner, min(writes), max(uses)))
+    return groups
 
 
 def _share_buffers(xp, groups):
@@ -161,8 +165,11 @@ def _share_buffers(xp, groups):
 
 
 class _Group:
-    def __init__(self, owner, first, last):
-        self.owner, self.first, self.last = owner, first, last
+    """What one buffer holds for a while: ``owner``'s data, or its diff (``is_diff``), live
+    over the steps [first, last]."""
+
+    def __init__(self, owner, first, last, is_diff=False):
+        self.owner, self.first, self.last, self.is_diff = owner, first, last, is_diff
         self.nbytes = self.buffer = None
 
 

@@ -14,7 +14,7 @@ from .backend import mode_array_module
 from .blob import Blob, format_bytes, memory_limit, storage_of
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
-from .memory_plan import MEMORY_PLANS, DiffPlan, ForwardPlan, KeptBlobs, absorb_chains
+from .memory_plan import MEMORY_PLANS, KeptBlobs, absorb_chains, forward_plan, train_plan
 from .net_batches import BatchedCalls
 from .netparam.graph import filter_net, insert_splits, net_state
 from .netparam.upgrade import load_net_param
@@ -250,16 +250,21 @@ class Net(BatchedCalls):
                                          None if forward_only else (self._layer_need_backward,
                                                                     self._bottom_need_backward),
                                          [self.blobs[name] for name in kept])
-        if not forward_only:
-            kept |= set(self.output_blob_loss_weights)
-            self._plan = DiffPlan(self._bottoms, self._tops, self._layer_need_backward,
-                                  self._bottom_need_backward, [self.blobs[name] for name in kept])
-            self._apply_plan()
-            return
         persistent = [top for layer, tops in zip(self.layers, self._tops) if layer.tops_persist
                       for top in tops]
-        self._plan = ForwardPlan(self._bottoms, self._tops,
-                                 [self.blobs[name] for name in kept] + persistent)
+        kept_data = [self.blobs[name] for name in kept] + persistent
+        # a chain's head writes its output in the forward and reads its diff in the backward
+        tops = [t + [self._tops[k][0] for k in chain] for t, chain in zip(self._tops, self._chains)]
+        if forward_only:
+            self._plan = forward_plan(self._bottoms, tops, kept_data)
+        else:
+            absorbed = {k for chain in self._chains for k in chain}
+            runs = [need and i not in absorbed for i, need in enumerate(self._layer_need_backward)]
+            reads = [layer.backward_reads(bottoms, layer_tops) for layer, bottoms, layer_tops
+                     in zip(self.layers, self._bottoms, self._tops)]
+            self._plan = train_plan(self._bottoms, tops, reads, runs, self._bottom_need_backward,
+                                    kept_data, kept_data + [
+                                        self.blobs[name] for name in self.output_blob_loss_weights])
         self._apply_plan()
         self.blobs = KeptBlobs([(name, blob) for name, blob in self.blobs.items() if name in kept],
                                [name for name in self.blobs if name not in kept])
@@ -272,8 +277,7 @@ class Net(BatchedCalls):
         planned = self._plan.apply(self.context.xp)
         self.reshape()                         # the aliases take views of the new storage
         self._planned_inputs = self._input_shapes()
-        log.debug("Net '%s': %d planned %s share %s", self.name, len(self._plan.groups),
-                  'diffs' if isinstance(self._plan, DiffPlan) else 'blob groups',
+        log.debug("Net '%s': %d planned groups share %s", self.name, len(self._plan.groups),
                   format_bytes(planned))
 
     def _write_loss_weights(self):
@@ -316,7 +320,7 @@ class Net(BatchedCalls):
         """Run backward for layers start down to end (inclusive); ``after_layer(i)`` is called
         once layer i is through (run or skipped), e.g. to start reducing its gradients."""
         start = len(self.layers) - 1 if start is None else start
-        if isinstance(self._plan, ForwardPlan):
+        if self._plan is not None and self._plan.forward_only:
             raise CaffeError("net '%s' runs forward only: its memory plan shares the blobs a "
                              "backward would read; build it with memory_plan='off'" % self.name)
         for i in range(start, end - 1, -1):

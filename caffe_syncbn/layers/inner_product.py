@@ -51,6 +51,9 @@ class InnerProductLayer(Layer):
         if self.bias_term:
             y += self.blobs[1].data
 
+    def backward_reads(self, bottom, top):
+        return list(bottom)         # the weight gradient reads the input
+
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff.reshape(-1, self.num_output)
         x = bottom[0].data.reshape(-1, self.inputs)

@@ -58,6 +58,9 @@ class ReLULayer(NeuronLayer):
                 y[a:b] = xp.where(x[a:b] > 0, x[a:b], x[a:b] * self.slope)
         blocks(xp, x.size, 1, work)
 
+    def backward_reads(self, bottom, top):
+        return list(bottom)         # in place, the output, whose sign is the input's
+
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
@@ -315,6 +318,9 @@ class DropoutLayer(NeuronLayer):
             raise self.error('dropout_ratio must be in [0, 1), got %g' % self.ratio)
         self.scale = 1.0 / (1.0 - self.ratio)
         self.scale_train = getattr(p, 'scale_train', True)
+
+    def backward_reads(self, bottom, top):
+        return []                   # the mask is kept
 
     def activate(self, x):
         if self.phase == TRAIN:

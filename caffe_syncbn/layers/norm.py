@@ -120,6 +120,13 @@ class _ChannelNorm(Layer):
     def new_chain(self):
         return Chain()
 
+    def backward_reads(self, bottom, top):
+        # x_hat comes from a kept copy, from the input (apart) or from the chain's output,
+        # whose sign the ReLU's gradient reads too
+        output = self.chain.top if self.chain is not None else top[0]
+        reads = [bottom[0]] if output is not bottom[0] else []
+        return reads + ([output] if self.chain is not None else [])
+
     def normalize(self, bottom, top, mean, keep_x_hat, slope=None, bias=None):
         """y into the top (the chain's, which applies its affine part and ReLU); keeps what
         the backward reads x_hat from, if it reads it."""

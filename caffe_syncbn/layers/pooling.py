@@ -288,6 +288,9 @@ class PoolingLayer(Layer):
         if len(top) > 1:
             top[1].data[...] = self.pool.mask()
 
+    def backward_reads(self, bottom, top):
+        return []                   # MAX keeps its mask; AVE and STOCHASTIC's TEST are linear
+
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return

@@ -195,6 +195,11 @@ class EltwiseLayer(Layer):
                     dx[a:b] = dy[a:b]
         blocks(xp, dy.size, 1, work)
 
+    def backward_reads(self, bottom, top):
+        if self.op == self.OPS.SUM:
+            return []
+        return super().backward_reads(bottom, top)
+
     def backward(self, top, propagate_down, bottom):
         if self.op == self.OPS.SUM:
             self._sum_backward(top, propagate_down, bottom)

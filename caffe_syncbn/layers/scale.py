@@ -108,6 +108,9 @@ class ScaleLayer(Layer):
             buffer = self._input_copy = self.xp.empty_like(x)
         return buffer
 
+    def backward_reads(self, bottom, top):
+        return list(bottom)         # the input (or its copy, in place) and the operand
+
     def backward(self, top, propagate_down, bottom):
         xp = self.xp
         scale = self._scale_blob(bottom)

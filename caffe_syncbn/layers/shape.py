@@ -37,6 +37,9 @@ class SplitLayer(Layer):
         for t in top:
             t.data = bottom[0].data
 
+    def backward_reads(self, bottom, top):
+        return []
+
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
@@ -84,6 +87,9 @@ class ConcatLayer(Layer):
             size = b.shape[self.axis]
             top[0].data[(slice(None),) * self.axis + (slice(start, start + size),)] = b.data
             start += size
+
+    def backward_reads(self, bottom, top):
+        return []
 
     def backward(self, top, propagate_down, bottom):
         start = 0
