@@ -32,11 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 CUDA = ROOT / 'cuda'
 STRICT = ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_layers.py',
           'tests/test_cuda_strict_fused.py', 'tests/test_cuda_strict_index64.py',
-          'tests/test_cuda_strict_emulation.py']
+          'tests/test_cuda_strict_emulation.py', 'tests/test_cuda_strict_detection.py']
 #: the tests that launch each file's kernels (common.cuh: all of them)
 TESTS = {
     'syncbn.cu': ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_index64.py'],
     'fused.cu': ['tests/test_cuda_strict_fused.py', 'tests/test_cuda_strict_index64.py'],
+    'detection.cu': ['tests/test_cuda_strict_detection.py'],
     'common.cuh': STRICT,
 }
 _LAYER_TESTS = ['tests/test_cuda_strict_layers.py', 'tests/test_cuda_strict_index64.py']
