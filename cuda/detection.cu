@@ -47,7 +47,7 @@ __device__ void decode_boxes(const T* __restrict__ loc, const T* __restrict__ pr
         const i64 p = t / L % P;
         const T* in = loc + t * 4;
         const T* box = prior + p * 4;
-        const T* var = prior + ((i64)P + p) * 4;
+        const T* var = prior + (P + p) * 4;       // p is an i64: so is the sum
         A o[4], q[4];
         for (int k = 0; k < 4; ++k) {
             o[k] = variance_encoded_in_target ? to_float(in[k]) : to_float(in[k]) * to_float(var[k]);

@@ -119,14 +119,16 @@ def test_jaccard(dtype, sizes, grid, block):
 
 
 def test_jaccard_special_pairs():
-    """Equal boxes give exactly 1, an edge contact and an inverted box exactly 0."""
+    """Equal boxes give exactly 1; an edge contact, an inverted box and boxes of no width or
+    no height (whose union is 0: no 0/0) exactly 0."""
     boxes = np.array([[0, 0, 0.5, 0.5], [0.5, 0, 1, 0.5], [0.75, 0.75, 0.25, 0.25],
-                      [0.125, 0.125, 0.25, 0.375]])
-    iou = nan_filled((4, 4), np.float64)
-    k('jaccard', np.float64)((1,), (32,), (boxes, np.int64(4), boxes, np.int64(4), iou))
+                      [0.125, 0.125, 0.25, 0.375], [0.5, 0, 0.5, 1], [0, 0.5, 1, 0.5]])
+    iou = nan_filled((6, 6), np.float64)
+    k('jaccard', np.float64)((1,), (32,), (boxes, np.int64(6), boxes, np.int64(6), iou))
     assert iou[0, 0] == 1 and iou[1, 1] == 1 and iou[3, 3] == 1
     assert iou[0, 1] == 0 and iou[1, 0] == 0 and (iou[2] == 0).all() and (iou[:, 2] == 0).all()
     assert iou[0, 3] == pytest.approx(0.125 * 0.25 / 0.25)
+    assert (iou[4:] == 0).all() and (iou[:, 4:] == 0).all()
 
 
 def test_decode_boxes_past_2_31_boxes():

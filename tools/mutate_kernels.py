@@ -63,6 +63,19 @@ _PLANE = ("an offset inside one plane: pooling.cu's contract is H*W and OH*OW < 
 #: (file, operator, original line stripped, occurrence in that line) -> why no test can kill it
 EQUIVALENT = {
     ('fused.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
+    ('detection.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
+    ('detection.cu', 'bound_off_by_one', 'return w < A(0) || h < A(0) ? A(0) : w * h;', 0):
+        'at w = 0 the size w*h is 0 all the same',
+    ('detection.cu', 'bound_off_by_one', 'return w < A(0) || h < A(0) ? A(0) : w * h;', 1):
+        'at h = 0 the size w*h is 0 all the same',
+    ('detection.cu', 'bound_off_by_one',
+     'const A w = (u2 < v2 ? u2 : v2) - (u0 > v0 ? u0 : v0);', 0): _AT_EQUALITY,
+    ('detection.cu', 'bound_off_by_one',
+     'const A w = (u2 < v2 ? u2 : v2) - (u0 > v0 ? u0 : v0);', 1): _AT_EQUALITY,
+    ('detection.cu', 'bound_off_by_one',
+     'const A h = (u3 < v3 ? u3 : v3) - (u1 > v1 ? u1 : v1);', 0): _AT_EQUALITY,
+    ('detection.cu', 'bound_off_by_one',
+     'const A h = (u3 < v3 ? u3 : v3) - (u1 > v1 ? u1 : v1);', 1): _AT_EQUALITY,
     ('interp.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
     ('lrn.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
     ('pooling.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
