@@ -1,14 +1,13 @@
 """The detection kernels of cuda/detection.cu (box decoding, the Jaccard matrix), launched
 directly through the strict emulation against float64 numpy written here from the fork's
 formulas: 1 prior, sizes that are not a multiple of the block, 257, grids smaller than the
-work, blocks of 32, 96, 256 and 1024, float16/32/64, and indices past 2^31 boxes and 2^32
-pairs over sparse arrays (test_cuda_strict_index64.py's way). The kernels read scalars only
-(no vector path), so no misaligned-pointer cases."""
+work, blocks of 32, 96, 256 and 1024, float16/32/64 (indices past 2^31 boxes and 2^32 pairs:
+test_cuda_strict_index64.py). The kernels read scalars only (no vector path), so no
+misaligned-pointer cases."""
 import numpy as np
 import pytest
 
 from cuda_emulation import kernel
-from test_cuda_strict_index64 import WRAP, last_blocks, sparse
 from test_cuda_strict_syncbn import ACC, SUFFIX, assert_close, device, nan_filled
 
 DTYPES = [np.float16, np.float32, np.float64]
@@ -130,44 +129,3 @@ def test_jaccard_special_pairs():
     assert iou[0, 3] == pytest.approx(0.125 * 0.25 / 0.25)
     assert (iou[4:] == 0).all() and (iou[:, 4:] == 0).all()
 
-
-def test_decode_boxes_past_2_31_boxes():
-    """num * P * L and P + p past 2^31: the last two blocks' boxes, from sparse arrays."""
-    num, count = 2, 2 ** 30 + 1
-    total = num * count
-    grid = -(-total // 256)
-    loc = sparse((num, count, 1, 4), np.float16)
-    prior = sparse((2, count, 4), np.float16)
-    boxes = sparse((num, count, 1, 4), np.float32)
-    first = (grid - 2) * 256                     # the last blocks' boxes: image 1, last priors
-    rs = np.random.RandomState(40)
-    loc.reshape(-1, 4)[first:] = rs.standard_normal((total - first, 4))
-    tail = first - count
-    prior[:, tail:] = random_priors(rs, count - tail)
-    k('decode_boxes', np.float16)((grid,), (256,), (
-        loc, prior, np.int32(num), np.int32(count), np.int32(1), np.int32(CENTER_SIZE),
-        np.int32(0), boxes), blocks=last_blocks(grid))
-    want = reference_decode(loc[1:, tail:].astype(np.float64),
-                            prior[:, tail:].astype(np.float64), CENTER_SIZE, 0)
-    assert_close(boxes[1:, tail:], want, TOL[np.float16] * 4, 'boxes')
-    assert not boxes.reshape(-1, 4)[first - WRAP // 4:total - WRAP // 4].any()
-
-
-def test_jaccard_past_2_32_pairs():
-    """na * nb past 2^32 pairs: the last two blocks' overlaps, into a sparse matrix."""
-    na, nb = 2 ** 16 + 1, 2 ** 16
-    total = na * nb
-    grid = -(-total // 256)
-    rs = np.random.RandomState(41)
-    a = np.tile(box_set(rs, 1), (na, 1))        # every row overlaps every column somewhat
-    b = random_priors(rs, nb)[0] * 0.2 + 0.1
-    iou = sparse((na, nb), np.float32)
-    k('jaccard', np.float32)((grid,), (256,), (a.astype(np.float32), np.int64(na),
-                                              b.astype(np.float32), np.int64(nb), iou),
-                             blocks=last_blocks(grid))
-    first = (grid - 2) * 256
-    want = reference_jaccard(a[-1:].astype(np.float32).astype(np.float64),
-                             b[first % nb:].astype(np.float32).astype(np.float64))
-    assert (want > 0).all()
-    assert_close(iou[-1, first % nb:], want[0], TOL[np.float32] * 4, 'iou')
-    assert not iou.reshape(-1)[first - WRAP:total - WRAP].any()

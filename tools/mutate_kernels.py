@@ -37,13 +37,14 @@ STRICT = ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_layers.py'
 TESTS = {
     'syncbn.cu': ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_index64.py'],
     'fused.cu': ['tests/test_cuda_strict_fused.py', 'tests/test_cuda_strict_index64.py'],
-    'detection.cu': ['tests/test_cuda_strict_detection.py'],
+    'detection.cu': ['tests/test_cuda_strict_detection.py', 'tests/test_cuda_strict_index64.py'],
     'common.cuh': STRICT,
 }
 _LAYER_TESTS = ['tests/test_cuda_strict_layers.py', 'tests/test_cuda_strict_index64.py']
 #: -k expressions that pick a layer file's tests
 SELECT = {'pooling.cu': 'pooling', 'lrn.cu': 'lrn', 'interp.cu': 'interp or pooling_and_im2col',
-          'reduce.cu': 'reduce', 'softmax_loss.cu': 'softmax', 'im2col.cu': 'im2col'}
+          'reduce.cu': 'reduce', 'softmax_loss.cu': 'softmax', 'im2col.cu': 'im2col',
+          'detection.cu': 'decode_boxes or jaccard'}
 
 #: the sanitizers that can see what a survivor of each operator breaks: a race inside a block
 #: (ThreadSanitizer), an access out of bounds (AddressSanitizer). The ThreadSanitizer run
