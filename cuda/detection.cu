@@ -10,7 +10,8 @@
 // are sequential over at most a few hundred candidates; they read this file's outputs.
 //
 // Launch shapes: 1-D grid-stride, 256 threads per block, grid = min(ceil(items/256), 32*SMs).
-// No vector loads: each thread reads 4 + 4 values (16 with the variances), all scalar.
+// No vector loads: a thread reads its 8 (jaccard) or 12 (decode_boxes) values one by one.
+// Item indices are 64-bit: num*P*L boxes and na*nb pairs may pass 2^31 (num, P, L: ints).
 //
 // decode_boxes_<t>(loc, prior, num, P, L, code_type, variance_encoded_in_target, boxes)
 //   loc (num, P, L, 4) offsets: L = 1 shares one box per prior over the classes
@@ -32,7 +33,7 @@
 #define GRID_STRIDE(t, n) \
     for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < (n); t += (i64)blockDim.x * gridDim.x)
 
-enum { CODE_CORNER = 1, CODE_CENTER_SIZE = 2, CODE_CORNER_SIZE = 3 };
+enum { CODE_CORNER = 1, CODE_CORNER_SIZE = 3 };  // and CENTER_SIZE (2): the last branch
 
 // expf for float: the C library's exp would compute a float32 offset in float64
 __device__ __forceinline__ float exp_acc(float v) { return expf(v); }

@@ -12,8 +12,8 @@ settings are that net's.
 The weights are not stored: ``weights(seed)`` draws them from numpy's RandomState (stable
 across numpy versions), so the fork's pycaffe (make_goldens.py) and the tests get the same
 arrays. Their scales keep the activations near unit size through the 47 convolutions, and
-the background class's bias makes most priors background, so that the detections are a few
-dozen boxes with varied labels and scores rather than ties. Runs under the fork's Python and
+the background class's bias makes most priors background, so that the detections (100 per
+image, keep_top_k's limit) have varied labels and scores rather than softmax ties. Runs under the fork's Python and
 ours: numpy only.
 """
 import numpy as np
@@ -35,7 +35,8 @@ HEADS = [('conv11', 60, None, (2,)), ('conv13', 105, 150, (2, 3)),
 #: logit added to the background class of every prior
 BACKGROUND_BIAS = 5.0
 #: the heads' weights are gain / sqrt(fan_in) times a standard normal: the head inputs have a
-#: second moment near 6, so the loc offsets come out near unit size and the logits near 1.7
+#: second moment between 3 and 7, so the loc offsets come out near unit size and the logits
+#: spread by about 1.7
 LOC_GAIN, CONF_GAIN = 0.4, 0.7
 
 
@@ -61,7 +62,8 @@ class _Writer:
                    % (name, bottom, name, outputs, 'true' if bias else 'false', pad, kernel,
                       stride, group))
         shapes = [(outputs, self.channels[bottom] // group, kernel, kernel)]
-        self.params.append((name, 'head' if bias else 'conv', shapes + [(outputs,)] * bias))
+        self.params.append((name, 'head' if bias else 'conv',
+                            shapes + ([(outputs,)] if bias else [])))
         self.channels[name] = outputs
 
     def bn_scale_relu(self, name):
@@ -164,7 +166,8 @@ def weights(seed):
 
 def images(seed, count=2):
     """``count`` images (count, 3, 300, 300) in [-1, 1], the range of MobileNet-SSD's input
-    ((pixel - 127.5) * 0.007843): smooth random blobs, so that the features vary in space."""
+    ((pixel - 127.5) * 0.007843): random 30x30-pixel patches plus noise, so that the features
+    vary in space."""
     rs = np.random.RandomState(seed)
     coarse = rs.uniform(-1, 1, (count, 3, 10, 10))
     fine = np.repeat(np.repeat(coarse, 30, axis=2), 30, axis=3)
