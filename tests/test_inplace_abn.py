@@ -201,7 +201,7 @@ def test_resnet50_gives_the_gradients_of_off():
         net.forward_prefilled()
         net.blobs['prob'].diff[...] = np.eye(1000)[[3, 7]] - net.blobs['prob'].data
         net.backward_from()
-    assert sum(map(len, fused._chains)) == 53 + 33     # 53 Scales, 33 ReLUs after them
+    assert sum(map(len, fused._chains)) == 53 + 33 + 16    # Scales, ReLUs after them and after the sums
     assert all(layer._recovered for layer in fused.layers if getattr(layer, 'chain', None))
     for j, (a, b) in enumerate(zip(reference.learnable_params, fused.learnable_params)):
         scale = max(float(np.abs(a.diff).max()), 1e-6)
@@ -226,3 +226,37 @@ def test_ten_solver_iterations_under_syncbn_on_two_devices_stay_within_float32_r
     assert any(chains)
     for a, b in zip(reference, fused):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(a).max())))
+
+
+RESIDUAL = '''name: "residual"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 4 dim: 3 dim: 6 dim: 6 } shape { dim: 4 } } }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "a"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }
+layer { name: "conv2" type: "Convolution" bottom: "x" top: "b"
+        convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "%(sum)s"
+        eltwise_param { operation: SUM %(coeff)s } }
+layer { name: "relu" type: "ReLU" bottom: "%(sum)s" top: "%(out)s" relu_param { negative_slope: %(slope)g } }
+layer { name: "pool" type: "Pooling" bottom: "%(out)s" top: "pool"
+        pooling_param { pool: AVE global_pooling: true } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "pool" bottom: "label" top: "loss" }
+'''
+
+
+@pytest.mark.parametrize('slope', [0.0, 0.1])
+@pytest.mark.parametrize('in_place', [True, False])
+@pytest.mark.parametrize('coeff', ['', 'coeff: 1 coeff: -0.5'])
+@pytest.mark.parametrize('kernels', [False, True])
+def test_an_eltwise_sum_absorbs_its_relu(monkeypatch, slope, in_place, coeff, kernels):
+    emulated_kernels(monkeypatch)
+    called = set()
+    original = cuda_kernels.kernel
+    monkeypatch.setattr(cuda_kernels, 'kernel',
+                        lambda stem, name: called.add(name.rsplit('_', 1)[0]) or original(stem, name))
+    text = RESIDUAL % {'sum': 's', 'out': 's' if in_place else 'r', 'coeff': coeff, 'slope': slope}
+    reference, fused = twins(text, kernels=kernels)
+    run([reference, fused])
+    assert fused._chains[fused._layer_names.index('sum')] == [fused._layer_names.index('relu')]
+    assert_same_gradients(reference, fused, 2e-5)
+    assert ({'fused_eltwise_sum_relu', 'fused_eltwise_sum_relu_backward'} <= called) == kernels
