@@ -62,17 +62,23 @@ def kept_arrays(layer, xp, blob_memory):
 def measure_ours(args):
     from caffe_syncbn.cli.timing import peak_memory_kb
     print('after imports:        peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
+    from caffe_reference import as_training
+
     from caffe_syncbn import TRAIN, Net
     from caffe_syncbn.blob import storage_of
     from caffe_syncbn.cli.timing import timing_net_param
-    net = Net(timing_net_param(args.model, args.batch), TRAIN, memory_plan=args.memory_plan[0])
+    param = timing_net_param(args.model, args.batch)
+    net = Net(as_training(param) if args.as_training else param, TRAIN,
+              memory_plan=args.memory_plan[0])
     print('after building:       peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
     for step in range(args.steps):
         start = time.perf_counter()
         net.forward_prefilled()
         if step == args.steps - 1:
+            plan = net._plan
             blob_memory = {id(storage_of(array)) for b in list(net.blobs.values())
                            + net.learnable_params for array in _stored(b)}
+            blob_memory |= {id(buffer) for buffer in (plan.buffers if plan else [])}
             caches = [(layer_name, attr, size) for layer_name, layer in
                       zip(net._layer_names, net.layers)
                       for attr, size in kept_arrays(layer, net.context.xp, blob_memory).items()]
@@ -89,8 +95,10 @@ def measure_ours(args):
 
     print('params:      data %7.1f MiB, diff %7.1f MiB'
           % (held(params, 'data'), held(params, 'diff')))
-    print('activations: data %7.1f MiB, diff %7.1f MiB' % (held(activations, 'data'),
-                                                           held(activations, 'diff')))
+    print('activations: data %7.1f MiB, diff %7.1f MiB%s' % (
+        held(activations, 'data'), held(activations, 'diff'),
+        ' (the kept blobs), and %.1f MiB in %d buffers the plan shares' % (
+            sum(b.nbytes for b in plan.buffers) / MIB, len(plan.buffers)) if plan else ''))
     total = sum(size for _, _, size in caches)
     print('kept by layers from forward to backward: %.1f MiB' % (total / MIB))
     for layer_name, attr, size in sorted(caches, key=lambda c: -c[2])[:args.top]:
@@ -103,7 +111,7 @@ def measure_ours(args):
 def _ours(args, prototxt, plan, batch=None, steps=None):
     """The command that measures one plan in a process of its own."""
     command = [sys.executable, os.path.abspath(__file__), prototxt, '--memory-plan', plan,
-               '--steps', str(steps or args.steps)]
+               '--steps', str(steps or args.steps)]      # the prototxt is made for training
     return command + (['--batch', str(batch)] if batch else [])
 
 
@@ -116,7 +124,7 @@ def compare_plans(args):
         runs['caffe'] = []
     load = os.getloadavg()
     with temporary_folder() as folder:
-        prototxt = write_timing_prototxt(args.model, args.batch, folder)
+        prototxt = write_timing_prototxt(args.model, args.batch, folder, args.as_training)
         for pair in range(args.pairs):
             order = list(runs)
             for who in order[pair % len(order):] + order[:pair % len(order)]:
@@ -144,7 +152,7 @@ def max_batches(args):
     from caffe_reference import blas_env, run_measured, temporary_folder, write_timing_prototxt
     env = blas_env(args.threads)
     with temporary_folder() as folder:
-        prototxt = write_timing_prototxt(args.model, None, folder)
+        prototxt = write_timing_prototxt(args.model, None, folder, args.as_training)
         for plan in args.memory_plan:
             def fits(batch):
                 _, _, peak = run_measured(_ours(args, prototxt, plan, batch, steps=1), env)
@@ -193,6 +201,9 @@ def main(argv=None):
     parser.add_argument('--pairs', type=int, default=3, help='alternating pairs (default 3)')
     parser.add_argument('--memory-plan', type=plan_list, default=['off'], metavar='PLANS',
                         help="the Net's memory plans, separated by ',', or 'all' (default off)")
+    parser.add_argument('--as-training', action='store_true',
+                        help='batch statistics in every batch norm, and a loss where the net '
+                             'has none (caffe_reference.as_training)')
     parser.add_argument('--max-batch-in', type=byte_count, metavar='BUDGET',
                         help='the largest batch per plan whose peak stays within BUDGET (8G)')
     args = parser.parse_args(argv)
