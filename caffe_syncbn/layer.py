@@ -186,6 +186,17 @@ class Layer:
         top, unless the layer knows better."""
         return list(bottom) + list(top)
 
+    def recomputable(self, bottom, top):
+        """The tops this layer can write again in its backward from what it keeps, not
+        from its bottoms (which may be gone by then): a memory plan 'recompute' frees them
+        after the forward and calls ``recompute`` before the first backward that reads
+        them. None, unless the layer can."""
+        return []
+
+    def recompute(self, top):
+        """Write ``top``'s data again, as the last forward wrote it."""
+        raise NotImplementedError
+
     def fixed_param_mults(self, index):
         """(lr_mult, decay_mult) this layer imposes on blob ``index`` whatever the prototxt
         says (None in either place keeps the prototxt's value), or None. BatchNorm's

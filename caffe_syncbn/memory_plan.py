@@ -30,8 +30,9 @@ from .errors import CaffeError, quote
 #: the memory plans a Net takes: 'off' keeps every blob (pycaffe's Net); 'share' shares
 #: the blobs of a net that runs forward only, and the diffs of one that runs backward;
 #: 'inplace_abn' shares as 'share' does, and lets layers absorb the chains that follow
-#: them (Layer.absorb: batch norm with its Scale and ReLU)
-MEMORY_PLANS = ('off', 'share', 'inplace_abn')
+#: them (Layer.absorb: batch norm with its Scale and ReLU); 'recompute' is 'inplace_abn'
+#: whose layers write again in the backward the tops they can (Layer.recomputable)
+MEMORY_PLANS = ('off', 'share', 'inplace_abn', 'recompute')
 
 
 def new_buffer(xp, nbytes):
@@ -47,6 +48,11 @@ class MemoryPlan:
         self.groups = sorted(groups, key=lambda g: g.first)
         self.forward_only = forward_only
         self.buffers = []
+        #: per layer index: the groups whose data its backward is the first to read again
+        self.refills = collections.defaultdict(list)
+        for group in self.groups:
+            if group.forward_life is not None:
+                self.refills[group.refill_before].append(group)
 
     def apply(self, xp):
         """Give every group's owner a view of its buffer, as its data or its diff (the
@@ -56,21 +62,41 @@ class MemoryPlan:
         self.buffers = _share_buffers(xp, self.groups)
         for group in self.groups:
             owner = group.owner
-            view = self.buffers[group.buffer][:group.nbytes].view(owner.dtype).reshape(owner.shape)
+            group.view = self.buffers[group.buffer][:group.nbytes].view(owner.dtype).reshape(
+                owner.shape)
             if group.is_diff:
-                owner.diff = view
-            else:
-                owner.data = view
+                owner.diff = group.view
+            elif group.forward_life is None:
+                owner.data = group.view
         return sum(buffer.nbytes for buffer in self.buffers)
+
+    def enter_backward(self, group):
+        """Move a recomputed group to its backward buffer (its producer then writes it
+        again), its aliases with it."""
+        _move(group.members, group.forward_life.view, group.view)
+
+    def enter_forward(self):
+        """Every recomputed group back in its forward buffer."""
+        for groups in self.refills.values():
+            for group in groups:
+                _move(group.members, group.view, group.forward_life.view)
 
     def holds(self):
         """Whether every group still lives in its buffer: a reshape to a new size gives a
         blob storage of its own (and drops its diff), and then the net plans again."""
         for group in self.groups:
             array = group.owner.diff_if_made if group.is_diff else group.owner.data
-            if array is None or storage_of(array) is not self.buffers[group.buffer]:
+            if group.forward_life is None and (
+                    array is None or storage_of(array) is not self.buffers[group.buffer]):
                 return False
         return True
+
+
+def _move(members, old, new):
+    """Make the blobs that view ``old``'s storage view ``new``'s."""
+    for blob in members:
+        if storage_of(blob.data) is storage_of(old):
+            blob.data = new.reshape(blob.shape)
 
 
 def forward_plan(bottoms, tops, kept):
@@ -80,17 +106,32 @@ def forward_plan(bottoms, tops, kept):
     return MemoryPlan(_data_groups(bottoms, tops, kept), forward_only=True)
 
 
-def train_plan(bottoms, tops, backward_reads, runs_backward, writes_diff, kept_data, kept_diff):
+def train_plan(bottoms, tops, backward_reads, runs_backward, writes_diff, kept_data, kept_diff,
+               recomputable=()):
     """The plan of a net that runs backward, on one timeline: layer i's forward is step i,
     its backward step 2L - 1 - i. A blob's data lives on until the backward of the last
     layer that reads it (``backward_reads[i]``: the blobs layer i's backward reads);
     diffs as the module docstring says. ``runs_backward[i]`` and ``writes_diff[i][j]``:
-    whether layer i's backward runs and writes the diff of its bottom j."""
+    whether layer i's backward runs and writes the diff of its bottom j.
+    ``recomputable``: the tops that their layer can write again (Layer.recomputable): such
+    a group lives twice, in the forward until its last reader there, and again from the
+    backward of the first layer to read it (``MemoryPlan.refills``)."""
     steps = 2 * len(bottoms)
     reads = [blobs if runs else [] for blobs, runs in zip(backward_reads, runs_backward)]
-    groups = _data_groups(bottoms, tops, kept_data,
-                          lambda group: [steps - 1 - i for i, blobs in enumerate(reads)
-                                         if any(b in group for b in blobs)])
+    again = {id(blob) for blob in recomputable}
+
+    def backward_steps(group):
+        return [steps - 1 - i for i, blobs in enumerate(reads) if any(b in group for b in blobs)]
+
+    groups = []
+    for group in _data_groups(bottoms, tops, kept_data):
+        later = backward_steps(group.members)
+        if later and any(id(b) in again for b in group.members):
+            groups += [group, _Group(group.owner, min(later), max(later), members=group.members,
+                                     forward_life=group, refill_before=steps - 1 - min(later))]
+        else:
+            group.last = max([group.last] + later)
+            groups.append(group)
     kept_ids = {id(b) for b in kept_diff}
     for blob in _unique([b for layer in bottoms for b in layer]):
         if id(blob) in kept_ids:
@@ -104,11 +145,10 @@ def train_plan(bottoms, tops, backward_reads, runs_backward, writes_diff, kept_d
     return MemoryPlan(groups, forward_only=False)
 
 
-def _data_groups(bottoms, tops, kept, backward_steps=None):
+def _data_groups(bottoms, tops, kept):
     """A _Group per set of blobs that alias one array (in place, Split, views), live from
-    the first layer that writes one to the last that reads one, or to the latest of
-    ``backward_steps(group)``; kept groups, inputs and views of a layer's own array keep
-    their own storage."""
+    the first layer that writes one to the last that reads one; kept groups, inputs and
+    views of a layer's own array keep their own storage."""
     blobs = _unique([b for layer in bottoms + tops for b in layer])
     parent = {id(b): id(b) for b in blobs}
 
@@ -136,9 +176,7 @@ def _data_groups(bottoms, tops, kept, backward_steps=None):
         owner = next(b for i in sorted(writes) for b in tops[i] if b in group)
         if storage_of(owner.data) is not owner.data:
             continue                   # a view of a layer's own array (Parameter's top)
-        if backward_steps is not None:
-            uses += backward_steps(group)
-        groups.append(_Group(owner, min(writes), max(uses)))
+        groups.append(_Group(owner, min(writes), max(uses), members=group))
     return groups
 
 
@@ -165,12 +203,17 @@ def _share_buffers(xp, groups):
 
 
 class _Group:
-    """What one buffer holds for a while: ``owner``'s data, or its diff (``is_diff``), live
-    over the steps [first, last]."""
+    """What one buffer holds for a while: ``owner``'s data (and its aliases', ``members``),
+    or its diff (``is_diff``), live over the steps [first, last]. A recomputed group's
+    second life names its first (``forward_life``) and the layer before whose backward
+    it is written again (``refill_before``)."""
 
-    def __init__(self, owner, first, last, is_diff=False):
+    def __init__(self, owner, first, last, is_diff=False, members=(), forward_life=None,
+                 refill_before=None):
         self.owner, self.first, self.last, self.is_diff = owner, first, last, is_diff
-        self.nbytes = self.buffer = None
+        self.members = list(members) or [owner]
+        self.forward_life, self.refill_before = forward_life, refill_before
+        self.nbytes = self.buffer = self.view = None
 
 
 def absorb_chains(layers, bottoms, tops, loss_weights, backward_flags, kept):

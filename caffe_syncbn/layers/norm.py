@@ -120,6 +120,22 @@ class _ChannelNorm(Layer):
     def new_chain(self):
         return Chain()
 
+    def recomputable(self, bottom, top):
+        # in place with the batch formula (after a ReLU of slope 0, if any), x_hat is kept:
+        # the output is its affine map, written again for the first backward that reads it
+        output = self.chain.top if self.chain is not None else top[0]
+        keeps = output is bottom[0] and self.uses_batch_formula() and \
+            (self.chain is None or self.chain.negative_slope == 0)
+        return [output] if keeps else []
+
+    def recompute(self, top):
+        if self.chain is not None:
+            slope, bias, activation = self.chain.gamma(), self.chain.beta(), 0.0
+        else:
+            (slope, bias), activation = self.affine(), None
+        self.engine.output_from_x_hat(self._x_hat, channel_view(top.data), slope, bias,
+                                      activation)
+
     def backward_reads(self, bottom, top):
         # x_hat comes from a kept copy, from the input (apart) or from the chain's output,
         # whose sign the ReLU's gradient reads too
@@ -204,6 +220,9 @@ class BatchNorm(_ChannelNorm):
     def uses_batch_formula(self):
         return not self.use_global_stats
 
+    def affine(self):
+        return None, None
+
     def forward(self, bottom, top):
         xp = self.xp
         if self.use_global_stats:
@@ -267,6 +286,9 @@ class BN(_ChannelNorm):
     def new_chain(self):
         return Chain(affine_owner=self, beta_index=self.BIAS)
 
+    def affine(self):
+        return self.stat(self.SLOPE), self.stat(self.BIAS)
+
     def batch_moments(self, x3):
         """(count, mean, biased var) of this forward's batch, about its own mean."""
         return self.local_moments(x3)
@@ -287,8 +309,7 @@ class BN(_ChannelNorm):
             self.set_stat(self.VAR, keep * self.stat(self.VAR)
                           + (1 - keep) * self.running_variance(var, self._count))
         self._inv_std = inverse_std(var, self.eps)
-        self.normalize(bottom, top, mean, self.backward_reads_x_hat(),
-                       self.stat(self.SLOPE), self.stat(self.BIAS))
+        self.normalize(bottom, top, mean, self.backward_reads_x_hat(), *self.affine())
 
     def backward_reads_x_hat(self):
         return not self.affine_frozen

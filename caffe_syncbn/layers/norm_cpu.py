@@ -152,6 +152,23 @@ def _normalize_rows(x3, y3, normalization, slope, bias, kept, activation):
     _blocks(x3, work)
 
 
+def output_from_x_hat(x_hat, y3, slope, bias, activation):
+    y = _rows(y3)
+    images, dtype = y3.shape[0], y3.dtype
+    slope = None if slope is None else _tiled(slope, images, dtype)
+    bias = None if bias is None else _tiled(bias, images, dtype)
+
+    def work(r0, r1):
+        out = y[r0:r1]
+        out[...] = x_hat.block(r0, r1)
+        if slope is not None:
+            out *= slope[r0:r1]
+            out += bias[r0:r1]
+        if activation is not None:
+            _relu(out, activation)
+    _blocks(y3, work)
+
+
 def _relu(out, negative_slope):
     if negative_slope == 0:
         np.maximum(out, 0, out=out)

@@ -122,6 +122,18 @@ def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_ou
     return XHat(x_hat_out if x_hat_out is not None else x3, params, int(x_hat_out is not None))
 
 
+def output_from_x_hat(x_hat, y3, slope, bias, activation):
+    xp = get_array_module(y3)
+    c, acc = y3.shape[1], _accumulator(y3.dtype)
+    a = xp.ones(c, acc) if slope is None else slope.astype(acc)
+    b = xp.zeros(c, acc) if bias is None else bias.astype(acc)
+    if y3.size:
+        _kernel('fused_affine_relu', y3.dtype, 'fused')(
+            grid_1d(y3.size), (BLOCK,), (x_hat.source, a, b, i64(c), i64(y3.shape[2]),
+                                         i64(y3.size), i32(activation is not None),
+                                         f64(activation or 0), y3))
+
+
 def x_hat_from_output(y3, gamma, beta, activation):
     xp = get_array_module(y3)
     c = y3.shape[1]

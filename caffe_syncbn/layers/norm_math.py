@@ -29,6 +29,8 @@ and two for the chains of norm_chain.py, whose output y = relu(gamma * x_hat + b
         gradient through the ReLU, 0 where y <= 0, is all that meets x_hat)
     activation_gradient(y3, dy3, activation, x_hat) -> the gradient g through the ReLU,
         the dy the other functions then take with that x_hat (written over dy3)
+    output_from_x_hat(x_hat, y3, slope, bias, activation): y into y3 again from a kept
+        x_hat (normalize's ``keep`` into ``x_hat_out``), as normalize computed it
 
 This module is the engine for any array module (numpy in float16, CuPy without the
 kernels); norm_cpu.py is the host engine and norm_gpu.py the CUDA one.
@@ -115,10 +117,14 @@ def x_hat_of(x3, mean, inv_std):
 def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None,
               activation=None):
     x_hat = x_hat_of(x3, mean, inv_std)
+    output_from_x_hat(x_hat, y3, slope, bias, activation)
+    return x_hat if keep else None
+
+
+def output_from_x_hat(x_hat, y3, slope, bias, activation):
     y = x_hat if slope is None else \
         x_hat * per_channel(slope.astype(x_hat.dtype)) + per_channel(bias.astype(x_hat.dtype))
     y3[...] = y if activation is None else relu(y, activation)
-    return x_hat if keep else None
 
 
 def relu(v, negative_slope):
