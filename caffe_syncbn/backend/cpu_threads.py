@@ -28,9 +28,12 @@ BLOCK_BYTES = 1 << 19
 #: a GEMM that accumulates into its output computes it this many bytes at a time
 ACCUMULATE_CHUNK_BYTES = 2 << 20
 
-_state = {'threads': None, 'pool': None, 'blas': None}
+_state = {'threads': None, 'pool': None, 'blas': None, 'blas_single': False}
 _lock = threading.Lock()
 _running_part = threading.local()      # a thread running a part of a split splits no further
+#: each thread's buffer for accumulating GEMMs, kept between calls: a fresh one of a
+#: megabyte or more is mapped anew by malloc and faults in its pages on every call
+_scratch = threading.local()
 
 
 def _blas_controller():
@@ -63,15 +66,20 @@ def set_threads(count):
 
 
 def _start(count, blas):
-    _state['blas'] = blas
+    _state['blas'], _state['blas_single'] = blas, False
     _state['pool'] = ThreadPoolExecutor(count - 1, 'caffe_syncbn') if count > 1 else None
     _state['threads'] = count
 
 
 def _single_threaded_blas():
+    """Set numpy's BLAS to one thread, once: asking it on every GEMM costs more than a
+    small GEMM."""
+    if _state['blas_single']:
+        return
     blas = _state['blas']
     if blas is not None and blas.get_num_threads() != 1:
         blas.set_num_threads(1)
+    _state['blas_single'] = True
 
 
 def split(count, work, min_part=1, parts=None):
@@ -114,10 +122,10 @@ def split_rows(rows, row_size, work):
 def blocks(xp, rows, row_size, work, itemsize=4):
     """Run ``work(r0, r1)`` over ``rows`` rows of ``row_size`` elements: on numpy in blocks
     of about BLOCK_BYTES split over threads, elsewhere (CuPy) once over all rows."""
-    if xp is not np:
+    per_block = max(1, BLOCK_BYTES // max(1, row_size * itemsize))
+    if xp is not np or rows <= per_block:     # one block is too little to split
         work(0, rows)
         return
-    per_block = max(1, BLOCK_BYTES // max(1, row_size * itemsize))
 
     def part(start, stop):
         for first in range(start, stop, per_block):
@@ -148,8 +156,8 @@ def matmul(a, b, out=None, accumulate=False):
         span = max(1, ACCUMULATE_CHUNK_BYTES // (out.itemsize * (n if by_rows else m)))
 
         def work(start, stop):
-            scratch = np.empty(((min(span, stop - start), n) if by_rows else
-                                (m, min(span, stop - start))), out.dtype)
+            scratch = _scratch_matrix(((min(span, stop - start), n) if by_rows else
+                                       (m, min(span, stop - start))), out.dtype)
             for first in range(start, stop, span):
                 last = min(stop, first + span)
                 if by_rows:
@@ -161,11 +169,23 @@ def matmul(a, b, out=None, accumulate=False):
                     np.matmul(a, b[:, first:last], out=part)
                     out[:, first:last] += part
         split(m if by_rows else n, work, parts=parts)
+    elif parts == 1:
+        np.matmul(a, b, out=out)
     elif m >= n:
         split(m, lambda s, e: np.matmul(a[s:e], b, out=out[s:e]), parts=parts)
     else:
         split(n, lambda s, e: np.matmul(a, b[:, s:e], out=out[:, s:e]), parts=parts)
     return out
+
+
+def _scratch_matrix(shape, dtype):
+    """A C-ordered matrix of ``shape`` in this thread's scratch buffer, which grows as
+    needed (to about ACCUMULATE_CHUNK_BYTES: the chunks are cut to that size)."""
+    nbytes = shape[0] * shape[1] * dtype.itemsize
+    buffer = getattr(_scratch, 'buffer', None)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = _scratch.buffer = np.empty(nbytes, np.uint8)
+    return buffer[:nbytes].view(dtype).reshape(shape)
 
 
 def batched_matmul(a, b, out=None):

@@ -17,8 +17,14 @@ def canonical_axis(layer, blob, axis):
 
 def share_view(top, source, shape):
     """Make ``top.data`` a view of ``source`` with ``shape`` (Caffe's ShareData);
-    ``top.diff`` stays the top's own array. Nothing of the top's size is allocated."""
-    top.view(source.reshape(shape))
+    ``top.diff`` stays the top's own array. Nothing of the top's size is allocated.
+    A view of the shape the top has already passed Blob.view's checks: the net reshapes
+    every layer before every forward, and those checks cost more than a small layer."""
+    view = source.reshape(shape)
+    if view.shape == top.data.shape:
+        top.data = view
+    else:
+        top.view(view)
 
 
 @register('Split')
