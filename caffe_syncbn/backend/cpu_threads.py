@@ -12,6 +12,7 @@ The number of threads is what the BLAS was configured with when first asked
 (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, else the cores), or CAFFE_SYNCBN_THREADS.
 From then on numpy's BLAS is kept at one thread per call.
 """
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -162,20 +163,31 @@ def matmul(a, b, out=None, accumulate=False):
                 last = min(stop, first + span)
                 if by_rows:
                     part = scratch[:last - first]
-                    np.matmul(a[first:last], b, out=part)
+                    _gemm(a[first:last], b, part)
                     out[first:last] += part
                 else:
                     part = scratch[:, :last - first]
-                    np.matmul(a, b[:, first:last], out=part)
+                    _gemm(a, b[:, first:last], part)
                     out[:, first:last] += part
         split(m if by_rows else n, work, parts=parts)
     elif parts == 1:
-        np.matmul(a, b, out=out)
+        _gemm(a, b, out)
     elif m >= n:
-        split(m, lambda s, e: np.matmul(a[s:e], b, out=out[s:e]), parts=parts)
+        split(m, lambda s, e: _gemm(a[s:e], b, out[s:e]), parts=parts)
     else:
-        split(n, lambda s, e: np.matmul(a, b[:, s:e], out=out[:, s:e]), parts=parts)
+        split(n, lambda s, e: _gemm(a, b[:, s:e], out[:, s:e]), parts=parts)
     return out
+
+
+def _gemm(a, b, out):
+    """``out = a @ b``. An inner dimension of 1 (an outer product: the weight gradient
+    of a fully connected layer at batch 1) is a broadcast product: numpy's matmul takes
+    ten times longer for it than for an inner dimension of 2. Each output is the one
+    product either way."""
+    if a.shape[1] == 1:
+        np.multiply(a, b, out=out)
+    else:
+        np.matmul(a, b, out=out)
 
 
 def _scratch_matrix(shape, dtype):
@@ -197,15 +209,16 @@ def batched_matmul(a, b, out=None):
             return a @ b
         out[...] = a @ b
         return out
-    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    lead = a.shape[:-2] if a.shape[:-2] == b.shape[:-2] else \
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if out is None:
         out = np.empty(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+    if math.prod(lead) == 1:          # one product (a convolution of one group): no views
+        matmul(a[(0,) * (a.ndim - 2)], b[(0,) * (b.ndim - 2)], out=out[(0,) * len(lead)])
+        return out
     a = np.broadcast_to(a, lead + a.shape[-2:])
     b = np.broadcast_to(b, lead + b.shape[-2:])
     cells = list(np.ndindex(*lead))
-    if len(cells) == 1:
-        matmul(a[cells[0]], b[cells[0]], out=out[cells[0]])
-        return out
     threads()
     _single_threaded_blas()
 

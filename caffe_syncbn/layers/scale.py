@@ -104,7 +104,10 @@ class ScaleLayer(Layer):
     def _per_row(self, operand):
         """The operand (dim values) repeated for each of the ``outer`` slices, as a column."""
         outer = self.dims[0]
-        return self.xp.tile(operand.reshape(-1).astype(self.dtype), outer).reshape(-1, 1)
+        column = operand.reshape(-1, 1)
+        if column.dtype != self.dtype:
+            column = column.astype(self.dtype)
+        return column if outer == 1 else self.xp.tile(column, (outer, 1))
 
     def _saved_buffer(self, x):
         """The array the input is copied into, kept from one forward to the next."""
