@@ -39,9 +39,10 @@ ACCUMULATE_CACHED_BYTES = 1 << 19
 _state = {'threads': None, 'pool': None, 'blas': None, 'blas_single': False}
 _lock = threading.Lock()
 _running_part = threading.local()      # a thread running a part of a split splits no further
-#: each thread's buffer for accumulating GEMMs, kept between calls: a fresh one of a
-#: megabyte or more is mapped anew by malloc and faults in its pages on every call
+#: each thread's buffers by use, kept between calls: a fresh one of a megabyte or more is
+#: mapped anew by malloc and faults in its pages on every call
 _scratch = threading.local()
+_zeros = {}
 
 
 def _blas_controller():
@@ -166,8 +167,8 @@ def matmul(a, b, out=None, accumulate=False):
         span = max(1, chunk // (out.itemsize * (n if by_rows else m)))
 
         def work(start, stop):
-            scratch = _scratch_matrix(((min(span, stop - start), n) if by_rows else
-                                       (m, min(span, stop - start))), out.dtype)
+            scratch = scratch_array('gemm', ((min(span, stop - start), n) if by_rows else
+                                             (m, min(span, stop - start))), out.dtype)
             for first in range(start, stop, span):
                 last = min(stop, first + span)
                 if by_rows:
@@ -199,14 +200,30 @@ def _gemm(a, b, out):
         np.matmul(a, b, out=out)
 
 
-def _scratch_matrix(shape, dtype):
-    """A C-ordered matrix of ``shape`` in this thread's scratch buffer, which grows as
-    needed (to about ACCUMULATE_CHUNK_BYTES: the chunks are cut to that size)."""
-    nbytes = shape[0] * shape[1] * dtype.itemsize
-    buffer = getattr(_scratch, 'buffer', None)
+def scratch_array(use, shape, dtype):
+    """A C-ordered array of ``shape`` in this thread's buffer for ``use`` (a name), which
+    grows as needed and is overwritten by the next call for the same use: for the parts
+    of blocks (BLOCK_BYTES) and of GEMMs (ACCUMULATE_CHUNK_BYTES)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buffers = _scratch.__dict__.setdefault('buffers', {})
+    buffer = buffers.get(use)
     if buffer is None or buffer.nbytes < nbytes:
-        buffer = _scratch.buffer = np.empty(nbytes, np.uint8)
+        buffer = buffers[use] = np.empty(nbytes, np.uint8)
     return buffer[:nbytes].view(dtype).reshape(shape)
+
+
+def zeros(count, dtype):
+    """``count`` zeros of ``dtype``, shared and read-only: an operand for elementwise
+    passes, which numpy runs two to three times faster against an array than against
+    a scalar (np.maximum(x, zeros) for ReLU)."""
+    dtype = np.dtype(dtype)
+    found = _zeros.get(dtype)
+    if found is None or found.size < count:
+        found = np.zeros(max(count, BLOCK_BYTES // dtype.itemsize), dtype)
+        found.flags.writeable = False
+        _zeros[dtype] = found
+    return found[:count]
 
 
 def batched_matmul(a, b, out=None):
