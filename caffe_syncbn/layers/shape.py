@@ -156,7 +156,9 @@ class _ViewLayer(Layer):
         self.check_tops(top, exact=1)
         if top[0] is bottom[0]:
             raise self.error('cannot run in place (the top is its bottom)')
-        self.shape = tuple(self.top_shape(bottom[0]))
+        if bottom[0].shape != getattr(self, '_shape_of_bottom', None):    # checked once a shape
+            self.shape = tuple(self.top_shape(bottom[0]))
+            self._shape_of_bottom = bottom[0].shape
         share_view(top[0], bottom[0].data, self.shape)
 
     def forward(self, bottom, top):
