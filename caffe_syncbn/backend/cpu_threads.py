@@ -81,8 +81,8 @@ def _start(count, blas):
 
 
 def _single_threaded_blas():
-    """Set numpy's BLAS to one thread, once: asking it on every GEMM costs more than a
-    small GEMM."""
+    """Set numpy's BLAS to one thread, once: asking it (a few microseconds) on every GEMM
+    of a small net adds up."""
     if _state['blas_single']:
         return
     blas = _state['blas']
