@@ -32,7 +32,7 @@ NETS = {
     'alexnet-b4': (os.path.join(CORPUS, 'BVLC_caffe__models_bvlc_alexnet_deploy.prototxt'), 4, 5),
     'resnet50-b2': (os.path.join(ROOT, 'examples', 'resnet50', 'ResNet-50-deploy.prototxt'), 2, 3),
     'mobilenet-b4': (os.path.join(NETS_DIR, 'mobilenet_v1_deploy.prototxt'), 4, 3),
-    'retinaface-640-b1': (os.path.join(NETS_DIR, 'retinaface_mnet025_deploy.prototxt'), 1, 3),
+    'retinaface-640-b1': (os.path.join(NETS_DIR, 'retinaface_mnet025_deploy.prototxt'), 1, 5),
 }
 
 
