@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Ours against BVLC Caffe on a suite of nets, CPU, training passes:
 
-    python benchmarks/cpu_suite.py --compare-caffe PATH/TO/caffe [--nets lenet,resnet20-b1]
+    python benchmarks/cpu_suite.py --compare-caffe PATH/TO/caffe [--nets lenet-b64,resnet20-b1]
                                    [--pairs P] [--iterations K] [--threads T]
 
 Each net goes through net_time.py's --compare-caffe (the same prototxt for both, data
@@ -20,8 +20,8 @@ import sys
 from net_time import compare_runs, print_by_type
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(os.environ.get('CAFFE_SYNCBN_SHARED', os.path.join(os.path.dirname(ROOT), 'shared')),
-                      'corpus')
+SHARED = os.environ.get('CAFFE_SYNCBN_SHARED', os.path.join(os.path.dirname(ROOT), 'shared'))
+CORPUS = os.path.join(SHARED, 'corpus')
 NETS_DIR = os.path.join(ROOT, 'benchmarks', 'nets')
 
 #: name: (prototxt, batch, iterations per run: about a second of work or more)
