@@ -1,4 +1,6 @@
 """InnerProduct (fully connected) and Embed (a learned lookup table)."""
+import math
+
 import numpy as np
 
 from ..backend.cpu_threads import matmul
@@ -32,7 +34,7 @@ class InnerProductLayer(Layer):
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
-        if bottom[0].count_range(self.axis) != self.inputs:
+        if math.prod(shape[self.axis:]) != self.inputs:
             raise self.error('expected %d inputs per sample (axes %d.. of the bottom), got shape %s'
                              % (self.inputs, self.axis, shape))
         top[0].reshape(shape[:self.axis] + (self.num_output,))

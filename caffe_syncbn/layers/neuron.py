@@ -1,8 +1,10 @@
 """Element-wise neuron layers: one bottom, one top of the same shape, in place allowed."""
 import math
 
+import numpy as np
+
 from .. import caffe_pb2
-from ..backend.cpu_threads import blocks
+from ..backend.cpu_threads import blocks, scratch_array, zeros
 from ..layer import TRAIN, Layer, register
 
 
@@ -52,7 +54,9 @@ class ReLULayer(NeuronLayer):
         x, y = bottom[0].data.reshape(-1), top[0].data.reshape(-1)
 
         def work(a, b):
-            if self.slope == 0:
+            if self.slope == 0 and xp is np:
+                np.maximum(x[a:b], zeros(b - a, x.dtype), out=y[a:b])
+            elif self.slope == 0:
                 xp.maximum(x[a:b], 0, out=y[a:b])
             else:
                 y[a:b] = xp.where(x[a:b] > 0, x[a:b], x[a:b] * self.slope)
@@ -70,7 +74,10 @@ class ReLULayer(NeuronLayer):
         dx = bottom[0].diff.reshape(-1)
 
         def work(a, b):
-            if self.slope == 0:
+            if self.slope == 0 and xp is np:       # the mask in a buffer, not a new array
+                mask = scratch_array('relu', (b - a,), np.bool_)
+                np.multiply(dy[a:b], np.greater(x[a:b], 0, out=mask), out=dx[a:b])
+            elif self.slope == 0:
                 xp.multiply(dy[a:b], x[a:b] > 0, out=dx[a:b])
             else:
                 dx[a:b] = xp.where(x[a:b] > 0, dy[a:b], dy[a:b] * self.slope)
