@@ -67,7 +67,7 @@ def measure_ours(args):
     from caffe_syncbn import TRAIN, Net
     from caffe_syncbn.blob import storage_of
     from caffe_syncbn.cli.timing import timing_net_param
-    param = timing_net_param(args.model, args.batch)
+    param = with_input_size(timing_net_param(args.model, args.batch), args.input_size)
     net = Net(as_training(param) if args.as_training else param, TRAIN,
               memory_plan=args.memory_plan[0])
     print('after building:       peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
@@ -106,6 +106,16 @@ def measure_ours(args):
     print('PEAK_KB %d' % peak_memory_kb())
     print('STEP_S %.6f' % seconds)
     return 0
+
+
+def with_input_size(param, size):
+    """``param`` with the height and width of every 4-D Input set to ``size`` (or as it is)."""
+    for layer in param.layer if size else ():
+        if layer.type == 'Input':
+            for shape in layer.input_param.shape:
+                if len(shape.dim) == 4:
+                    shape.dim[2:] = size
+    return param
 
 
 def _ours(args, prototxt, plan, batch=None, steps=None):
@@ -201,6 +211,8 @@ def main(argv=None):
     parser.add_argument('--pairs', type=int, default=3, help='alternating pairs (default 3)')
     parser.add_argument('--memory-plan', type=plan_list, default=['off'], metavar='PLANS',
                         help="the Net's memory plans, separated by ',', or 'all' (default off)")
+    parser.add_argument('--input-size', type=lambda text: [int(v) for v in text.split(',')],
+                        metavar='H,W', help='the height and width of every 4-D input')
     parser.add_argument('--as-training', action='store_true',
                         help='batch statistics in every batch norm, and a loss where the net '
                              'has none (caffe_reference.as_training)')

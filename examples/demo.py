@@ -6,8 +6,10 @@ differ in exposure, colour cast, object scale and class mix), then trains
 examples/segmentation/fcn_bn.prototxt twice with tools/train_net.py on 4 devices of one
 image each, from the same initial weights, on the same images in the same order, for
 the same iterations: once with --sync-bn, once with per-device BatchNorm (as plain
-Caffe multi-GPU does). Scores both on the held-out images, plots both runs in one PNG.
-Everything lands in out/demo/. examples/segmentation/sweep.py repeats this over seeds.
+Caffe multi-GPU does). Scores both on the held-out images, plots both runs in one PNG,
+and says how many 512x512 training images fit on a device of 8 GiB with the memory plan
+the runs used and without it (examples/segmentation/memory_fit.py). Everything lands in
+out/demo/. examples/segmentation/sweep.py repeats this over seeds.
 """
 import os
 import sys
@@ -17,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'examples', 'segmentation'))
 
 import compare  # noqa: E402
+import memory_fit  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
 OUT = os.path.join(ROOT, 'out', 'demo')
@@ -44,6 +47,9 @@ def main():
           'of %.4f (examples/segmentation/evaluate.py --own-statistics).'
           % per_device['own_statistics_mean_iou'])
     print('One seed is one sample: examples/segmentation/sweep.py runs three of each mode.')
+    print()
+    for line in memory_fit.report():
+        print(line)
     print('The whole demo took %.0f s.' % (time.time() - start))
     print('Plot:      %s' % plot)
     print('Results:   %s' % os.path.join(OUT, 'results.json'))

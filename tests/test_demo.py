@@ -20,6 +20,7 @@ pytest.importorskip('matplotlib')
 sys.path.insert(0, str(ROOT / 'examples' / 'segmentation'))
 import compare  # noqa: E402
 import make_dataset  # noqa: E402
+import memory_fit  # noqa: E402
 import sweep  # noqa: E402
 
 TINY_SOLVER = {'max_iter': 4, 'test_interval': 2, 'test_iter': 1, 'display': 1}
@@ -107,3 +108,9 @@ def test_the_sweep_reports_mean_and_sample_spread():
     lines = sweep.summarize(runs)
     assert '  SyncBN - per-device BN    0.3500 +- 0.0707 (n=2)' in lines
     assert '  per-device BN             0.4000 +- 0.1414 (n=2)' in lines
+
+
+def test_the_memory_plan_fits_more_images_per_device():
+    fits = memory_fit.images_per_device()
+    (plan_mib, with_plan), (off_mib, without) = fits['inplace_abn'], fits['off']
+    assert 0 < plan_mib < 0.8 * off_mib and with_plan > without > 0

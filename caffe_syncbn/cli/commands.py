@@ -107,7 +107,8 @@ def _parser(command):
                help="share: storage shared by liveness, the blobs' of a net that runs "
                     "forward only, the diffs' of one that trains; inplace_abn (default): "
                     'share, and batch norms run the Scale and ReLU after them and keep only '
-                    'their output; off: every blob keeps its own, as in Caffe')
+                    'their output; recompute: inplace_abn, and outputs written again for the '
+                    'backward; off: every blob keeps its own, as in Caffe')
         p.flag('level', type=int, metavar='N', help='the NetState level')
         p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
                help="NetState stages separated by ',' (the flag may repeat)")
