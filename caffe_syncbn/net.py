@@ -32,10 +32,10 @@ class Net(BatchedCalls, WeightSharing):
     phase:   TRAIN or TEST
     level, stages: the NetState used with include/exclude rules
     context: a LayerContext (backend, dtype, communicator) shared by every layer
-    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share' and 'inplace_abn'
-             share storage by liveness (memory_plan.py): the blobs of a TEST net without
-             force_backward, which runs forward only, else the activations' diffs; the
-             inputs, the outputs and the blobs named in ``keep`` keep their own
+    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share', 'inplace_abn' and
+             'recompute' share storage by liveness (memory_plan.py; a TEST net without
+             force_backward runs forward only), and ``net.blobs`` holds the inputs, the
+             outputs and the blobs named in ``keep``
     """
 
     def __init__(self, model, phase=None, weights=None, level=0, stages=(), context=None,
@@ -265,9 +265,9 @@ class Net(BatchedCalls, WeightSharing):
             reads = [layer.backward_reads(bottoms, layer_tops) for layer, bottoms, layer_tops
                      in zip(self.layers, self._bottoms, self._tops)]
             if plan == 'recompute':
-                self._recomputers = {id(top): layer for layer, bottoms, layer_tops in zip(
-                    self.layers, self._bottoms, self._tops) if runs[self.layers.index(layer)]
-                    for top in layer.recomputable(bottoms, layer_tops)}
+                self._recomputers = {id(top): layer for i, (layer, bottoms, layer_tops) in
+                                     enumerate(zip(self.layers, self._bottoms, self._tops))
+                                     if runs[i] for top in layer.recomputable(bottoms, layer_tops)}
             self._plan = train_plan(self._bottoms, tops, reads, runs, self._bottom_need_backward,
                                     kept_data, kept_data + [
                                         self.blobs[name] for name in self.output_blob_loss_weights],

@@ -339,7 +339,6 @@ class BN(_ChannelNorm):
             self.engine.input_gradient(dx3, dy3, scale, self._x_hat, *sums, count=self._count)
 
 
-
 @register('SyncBN')
 class SyncBN(BN):
     """BN with the statistics of the global batch across ``ctx.comm`` (module docstring)."""
