@@ -1,6 +1,5 @@
 """Winograd F(2x2, 3x3) convolution on the host (numpy), for 3x3 kernels of stride 1 and
-dilation 1, any pad, any groups of at least two input channels each (depthwise layers
-have depthwise_cpu).
+dilation 1, any pad and any groups (depthwise layers have depthwise_cpu).
 
 The output is cut into 2x2 tiles, each computed from a 4x4 tile of the zero-padded input
 (the input tiles overlap by 2). With Lavin and Gray's transforms B^T (4x4), G (4x3) and
@@ -55,6 +54,15 @@ MODES = ('auto', 'on', 'off')
 #: the bound on |winograd - exact| / sum |products| in float32 (see the docstring)
 ERROR_BOUND = 2.0 ** -19
 
+#: the rule (benchmarks/winograd.py, docs/benchmarks.md): Winograd where every group has at
+#: least MIN_CHANNELS inputs and outputs (the GEMMs save work in proportion to C * K, the
+#: transforms cost passes in proportion to C + K) and the output is at least
+#: MIN_OUTPUT_SIZE high and wide (the passes run along rows of W / 2 tiles, and short
+#: rows cost more per value; the weights' transforms, whose cost does not shrink with the
+#: image, weigh more)
+MIN_CHANNELS = 64
+MIN_OUTPUT_SIZE = 16
+
 #: about how many bytes of V and M one chunk makes
 CHUNK_BYTES = 4 << 20
 #: ... but at least this many tiles, so that its GEMMs stay wide, as long as that takes no
@@ -65,6 +73,8 @@ MAX_CHUNK_BYTES = 16 << 20
 BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
 G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
 AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
+#: G w G^T of a kernel w is KRON_G @ w.reshape(9): row 4 r + s, column 3 a + b
+KRON_G = np.kron(G, G)
 
 
 def mode():
@@ -81,15 +91,16 @@ def applies(layer):
     cp = layer.param.convolution_param
     return (not layer.transposed and layer.num_spatial == 2 and layer.kernel == (3, 3)
             and layer.stride == (1, 1) and layer.dilation == (1, 1)
-            and layer.channels // layer.group > 1 and cp.engine != cp.CAFFE
-            and mode() != 'off')
+            and cp.engine != cp.CAFFE and mode() != 'off')
 
 
 def pays(layer):
     """Whether Winograd runs this shape of ``layer`` (one ``applies`` accepted)."""
-    if mode() == 'on':
-        return True
-    return True
+    forced = mode()
+    if forced != 'auto':
+        return forced == 'on'
+    return (min(layer.channels, layer.num_output) // layer.group >= MIN_CHANNELS
+            and min(layer.out_spatial) >= MIN_OUTPUT_SIZE)
 
 
 def tiles(layer):
@@ -192,11 +203,11 @@ def _add_back(block, target, row, col):
 
 # ---- the transforms of a chunk ------------------------------------------------------------
 def _weights(layer):
-    """U (16, G, K/G, C/G): G w G^T of every 3x3 kernel, computed in float64."""
+    """U (16, G, K/G, C/G): G w G^T of every 3x3 kernel."""
     w = layer.blobs[0].data
-    u = np.einsum('ra,sb,kcab->rskc', G, G, w.astype(np.float64, copy=False))
+    u = cpu_threads.matmul(KRON_G.astype(w.dtype), w.reshape(-1, 9).T)      # (16, K * C)
     g = layer.group
-    return np.ascontiguousarray(u.reshape(16, g, w.shape[0] // g, w.shape[1]), w.dtype)
+    return u.reshape(16, g, w.shape[0] // g, w.shape[1])
 
 
 def _input_tiles(layer, x, chunk, v):
@@ -316,6 +327,5 @@ def backward(layer, x4, dy3, dx4, weight_grad):
                                        out=_gemm_view(v, g))
             _input_gradient(layer, v, dx4, chunk)
     if du is not None:
-        dw = np.einsum('ra,sb,rskc->kcab', G, G,
-                       du.reshape(4, 4, -1, du.shape[3]).astype(np.float64))
-        weight_grad.reshape(dw.shape)[...] += dw.astype(weight_grad.dtype)
+        cpu_threads.matmul(du.reshape(16, -1).T, KRON_G.astype(du.dtype),
+                           out=weight_grad.reshape(-1, 9), accumulate=True)
