@@ -46,7 +46,7 @@ import numpy as np
 
 from ..backend import cpu_threads
 from ..errors import CaffeError
-from .conv_cpu import add_channel_vector, grouped_gemm, scratch
+from .conv_cpu import scratch
 
 MODE_VARIABLE = 'CAFFE_SYNCBN_WINOGRAD'
 MODES = ('auto', 'on', 'off')
@@ -177,31 +177,41 @@ def _adjoint(target, term, matrix, axis, count):
 
 
 def _fill(block, source, row, col):
-    """``block`` (channels, images, rows, cols) = the cells of ``source`` (channels, images,
-    H, W) from (row, col) on, zero outside it."""
-    rows, cols = block.shape[2:]
-    h, w = source.shape[2:]
+    """``block`` (rows, cols, ...) = the cells of ``source`` (H, W, ...) from (row, col)
+    on, zero outside it."""
+    rows, cols = block.shape[:2]
+    h, w = source.shape[:2]
     r0, r1 = min(rows, max(0, -row)), max(0, min(rows, h - row))
     c0, c1 = min(cols, max(0, -col)), max(0, min(cols, w - col))
-    for index in (np.s_[:, :, :r0], np.s_[:, :, max(r0, r1):], np.s_[:, :, :, :c0],
-                  np.s_[:, :, :, max(c0, c1):]):
+    for index in (np.s_[:r0], np.s_[max(r0, r1):], np.s_[:, :c0], np.s_[:, max(c0, c1):]):
         block[index] = 0
     if r1 > r0 and c1 > c0:
-        block[:, :, r0:r1, c0:c1] = source[:, :, row + r0:row + r1, col + c0:col + c1]
+        block[r0:r1, c0:c1] = source[row + r0:row + r1, col + c0:col + c1]
 
 
-def _add_back(block, target, row, col):
-    """``target`` (channels, images, H, W) += the cells of ``block`` that fall inside it,
-    ``block`` starting at (row, col)."""
-    rows, cols = block.shape[2:]
-    h, w = target.shape[2:]
+def _add_back(block, target, row, col, whole):
+    """``target`` (H, W, ...) += the cells of ``block`` that fall inside it, ``block``
+    starting at (row, col); ``whole``: the block covers the target, which it sets."""
+    rows, cols = block.shape[:2]
+    h, w = target.shape[:2]
     r0, r1 = max(0, -row), min(rows, h - row)
     c0, c1 = max(0, -col), min(cols, w - col)
-    if r1 > r0 and c1 > c0:
-        target[:, :, row + r0:row + r1, col + c0:col + c1] += block[:, :, r0:r1, c0:c1]
+    if whole:
+        target[row + r0:row + r1, col + c0:col + c1] = block[r0:r1, c0:c1]
+    elif r1 > r0 and c1 > c0:
+        target[row + r0:row + r1, col + c0:col + c1] += block[r0:r1, c0:c1]
 
 
-# ---- the transforms of a chunk ------------------------------------------------------------
+def _by_rows(count, row_size, work):
+    """``work(a, b)`` over [0, count) rows of ``row_size`` elements, split over threads."""
+    cpu_threads.split_rows(count, row_size, work)
+
+
+# ---- the transforms of a chunk, channels last ---------------------------------------------
+# A chunk's arrays are laid out (tile rows, tile cols, images, channels), so that every
+# pass over a tile cell's strided view runs along images * channels contiguous values;
+# the GEMMs read them as (tiles, channels) matrices. The passes split tile rows over the
+# threads.
 def _weights(layer):
     """U (16, G, K/G, C/G): G w G^T of every 3x3 kernel."""
     w = layer.blobs[0].data
@@ -210,81 +220,113 @@ def _weights(layer):
     return u.reshape(16, g, w.shape[0] // g, w.shape[1])
 
 
-def _input_tiles(layer, x, chunk, v):
-    """v (4, 4, C, images, tile rows, tile cols) = B^T d B of the chunk's input tiles."""
+def _input_tiles(layer, x4, chunk, v):
+    """v (4, 4, tile rows, tile cols, images, C) = B^T d B of the chunk's input tiles."""
     n0, n1, t0, t1 = chunk
-    c, rows, cols = layer.channels, t1 - t0, v.shape[-1]
-    block = scratch('block', (c, n1 - n0, 2 * rows + 2, 2 * cols + 2), x.dtype)
-    source = x[n0:n1].swapaxes(0, 1)
+    rows, cols = t1 - t0, v.shape[3]
+    block = scratch('block', (2 * rows + 2, 2 * cols + 2, n1 - n0, layer.channels), x4.dtype)
+    source = x4[n0:n1].transpose(2, 3, 0, 1)
+    _by_rows(block.shape[0], block[0].size, lambda a, b: _fill(
+        block[a:b], source, 2 * t0 - layer.pad[0] + a, -layer.pad[1]))
 
-    def work(c0, c1):
-        part = block[c0:c1]
-        _fill(part, source[c0:c1], 2 * t0 - layer.pad[0], -layer.pad[1])
-        half = scratch('winograd rows', (4,) + part.shape[:3] + (cols,), x.dtype)
-        _transform(half, part, BT, -1)              # d B, then B^T (d B)
+    def work(a, b):
+        part = block[2 * a:2 * b + 2]
+        half = scratch('winograd rows', (4, len(part), cols) + block.shape[2:], x4.dtype)
+        _transform(half, part, BT, 1)                 # d B, then B^T (d B)
         for s in range(4):
-            _transform(v[:, s, c0:c1], half[s], BT, 2)
-    cpu_threads.split_rows(c, block[0].size * 4, work)
+            _transform(v[:, s, a:b], half[s], BT, 0)
+    _by_rows(rows, v[0, 0, 0].size * 16, work)
 
 
-def _output_tiles(m, target, k0, k1):
-    """``target`` (K, images, rows, W) = A^T M A of every tile, channels [k0, k1)."""
-    part = m[:, :, k0:k1]
+def _output_tiles(m, target, a, b):
+    """``target`` (output rows, W, images, K) = A^T M A of the tile rows [a, b). Each
+    cell of the tiles is summed in a buffer, then copied into the (transposed) target
+    in one pass."""
+    part = m[:, :, a:b]
     half = scratch('winograd rows', (2, 4) + part.shape[2:], m.dtype)
-    for b in range(2):                          # M A, then A^T (M A)
+    cells = scratch('winograd cells', part.shape[2:], m.dtype)
+    for j in range(2):                                # M A, then A^T (M A)
         for r in range(4):
-            _combine(half[b, r], AT[b], lambda s: part[r, s])
-    for a in range(2):
-        for b in range(2):
-            out = target[k0:k1, :, a::2, b::2]
-            _combine(out, AT[a], lambda r: half[b, r][..., :out.shape[2], :out.shape[3]])
+            _combine(half[j, r], AT[j], lambda s: part[r, s])
+    for i in range(2):
+        for j in range(2):
+            out = target[2 * a + i:2 * b:2, j::2]
+            _combine(cells, AT[i], lambda r: half[j, r])
+            out[...] = cells[:out.shape[0], :out.shape[1]]
 
 
 def _top_tiles(layer, dy4, chunk, dm):
-    """dm (4, 4, K, images, tile rows, tile cols) = A dy A^T of the chunk's top diff."""
+    """dm (4, 4, tile rows, tile cols, images, K) = A dy A^T of the chunk's top diff."""
     n0, n1, t0, t1 = chunk
-    k, rows, cols = layer.num_output, t1 - t0, dm.shape[-1]
-    block = scratch('block', (k, n1 - n0, 2 * rows, 2 * cols), dy4.dtype)
-    source = dy4[n0:n1].swapaxes(0, 1)
+    rows, cols = t1 - t0, dm.shape[3]
+    block = scratch('block', (2 * rows, 2 * cols, n1 - n0, layer.num_output), dy4.dtype)
+    source = dy4[n0:n1].transpose(2, 3, 0, 1)
+    _by_rows(block.shape[0], block[0].size,
+             lambda a, b: _fill(block[a:b], source, 2 * t0 + a, 0))
 
-    def work(k0, k1):
-        part = block[k0:k1]
-        _fill(part, source[k0:k1], 2 * t0, 0)
-        half = scratch('winograd rows', (4,) + part.shape[:3] + (cols,), dy4.dtype)
-        for s in range(4):                      # dy A^T, then A (dy A^T)
-            _combine(half[s], AT[:, s], lambda b: part[..., b::2])
+    def work(a, b):
+        part = block[2 * a:2 * b]
+        half = scratch('winograd rows', (4, len(part), cols) + block.shape[2:], dy4.dtype)
+        for s in range(4):                            # dy A^T, then A (dy A^T)
+            _combine(half[s], AT[:, s], lambda j: part[:, j::2])
         for s in range(4):
             for r in range(4):
-                _combine(dm[r, s, k0:k1], AT[:, r], lambda a: half[s][:, :, a::2])
-    cpu_threads.split_rows(k, block[0].size * 4, work)
+                _combine(dm[r, s, a:b], AT[:, r], lambda i: half[s][i::2])
+    _by_rows(rows, dm[0, 0, 0].size * 16, work)
 
 
 def _input_gradient(layer, dv, dx4, chunk):
-    """dx4 (N, C, H, W) += B dV B^T of every tile of the chunk, where the tiles overlap."""
+    """dx4 (N, C, H, W) += B dV B^T of every tile of the chunk, where the tiles overlap.
+    Each pass writes whole rows of tiles (or of cells), so no two threads write a cell:
+    the columns' overlaps first, then the first two rows of every tile, then the last two
+    added, a pass over all the tiles each."""
     n0, n1, t0, t1 = chunk
-    c, rows, cols = layer.channels, t1 - t0, dv.shape[-1]
-    block = scratch('block', (c, n1 - n0, 2 * rows + 2, 2 * cols + 2), dx4.dtype)
-    target = dx4[n0:n1].swapaxes(0, 1)
+    rows, cols = t1 - t0, dv.shape[3]
+    block = scratch('block', (2 * rows + 2, 2 * cols + 2, n1 - n0, layer.channels), dx4.dtype)
+    half = scratch('winograd columns', (4, rows) + block.shape[1:], dx4.dtype)
+    size = half[0, 0].size * 4
 
-    def work(c0, c1):
-        part = block[c0:c1]
-        half = scratch('winograd rows', (4, c1 - c0, n1 - n0, rows, 2 * cols + 2), dx4.dtype)
+    def columns(a, b):
         for r in range(4):
-            _adjoint(half[r], lambda s: dv[r, s, c0:c1], BT, -1, cols)
-        _adjoint(part, lambda r: half[r], BT, 2, rows)
-        _add_back(part, target[c0:c1], 2 * t0 - layer.pad[0], -layer.pad[1])
-    cpu_threads.split_rows(c, block[0].size * 4, work)
+            _adjoint(half[r, a:b], lambda s: dv[r, s, a:b], BT, 1, cols)
+
+    def first_rows(a, b):
+        for i in range(2):
+            _combine(block[2 * a + i:2 * b:2], BT[:, i], lambda r: half[r, a:b])
+        if b == rows:
+            block[2 * rows:] = 0
+
+    def last_rows(a, b):
+        for i in range(2, 4):
+            _combine(block[2 * a + i:2 * b + i:2], BT[:, i], lambda r: half[r, a:b],
+                     accumulate=True)
+    for work in (columns, first_rows, last_rows):
+        _by_rows(rows, size, work)
+    target = dx4[n0:n1].transpose(2, 3, 0, 1)
+    whole = rows == tiles(layer)[0]
+    _by_rows(block.shape[0], block[0].size, lambda a, b: _add_back(
+        block[a:b], target, 2 * t0 - layer.pad[0] + a, -layer.pad[1], whole))
 
 
 # ---- the layer's passes -------------------------------------------------------------------
 def _buffers(layer, chunk, name, channels):
     n0, n1, t0, t1 = chunk
-    return scratch(name, (4, 4, channels, n1 - n0, t1 - t0, tiles(layer)[1]), layer.dtype)
+    return scratch(name, (4, 4, t1 - t0, tiles(layer)[1], n1 - n0, channels), layer.dtype)
 
 
-def _gemm_view(array, groups):
-    """(16, G, rows, tiles) view of a (4, 4, G * rows, images, tile rows, tile cols) array."""
-    return array.reshape(16, groups, array.shape[2] // groups, -1)
+def _per_group(array, groups):
+    """(16, G, tiles, channels / G) view of a chunk's (4, 4, ..., channels) array."""
+    return array.reshape(16, -1, groups, array.shape[-1] // groups).swapaxes(1, 2)
+
+
+def _accumulate_products(a, b, out):
+    """``out[f, g] += a[f, g] @ b[f, g]``, each product on one thread."""
+    cells = list(np.ndindex(*out.shape[:2]))
+
+    def work(start, stop):
+        for cell in cells[start:stop]:
+            out[cell] += a[cell] @ b[cell]
+    cpu_threads.split(len(cells), work)
 
 
 def forward(layer, x4, y3):
@@ -296,12 +338,11 @@ def forward(layer, x4, y3):
         v = _buffers(layer, chunk, 'columns', layer.channels)
         _input_tiles(layer, x4, chunk, v)
         m = _buffers(layer, chunk, 'per group', layer.num_output)
-        cpu_threads.batched_matmul(u, _gemm_view(v, g), out=_gemm_view(m, g))
-        target = y4[n0:n1, :, 2 * t0:2 * t1].swapaxes(0, 1)
-        cpu_threads.split_rows(layer.num_output, m[0, 0, 0].size * 16,
-                               lambda k0, k1: _output_tiles(m, target, k0, k1))
-    if layer.bias_term:
-        add_channel_vector(y3, layer.blobs[1].data)
+        cpu_threads.batched_matmul(_per_group(v, g), u.swapaxes(2, 3), out=_per_group(m, g))
+        if layer.bias_term:         # A^T M A adds M[1, 1] to each of a tile's four outputs
+            m[1, 1] += layer.blobs[1].data
+        target = y4[n0:n1, :, 2 * t0:2 * t1].transpose(2, 3, 0, 1)
+        _by_rows(t1 - t0, m[0, 0, 0].size * 16, lambda a, b: _output_tiles(m, target, a, b))
 
 
 def backward(layer, x4, dy3, dx4, weight_grad):
@@ -317,14 +358,11 @@ def backward(layer, x4, dy3, dx4, weight_grad):
         v = _buffers(layer, chunk, 'columns', layer.channels)
         if du is not None:
             _input_tiles(layer, x4, chunk, v)
-            grouped_gemm(_gemm_view(dm, g).reshape(16 * g, du.shape[2], -1),
-                         _gemm_view(v, g).reshape(16 * g, du.shape[3], -1).swapaxes(1, 2),
-                         du.reshape(16 * g, du.shape[2], du.shape[3]), accumulate=True)
+            _accumulate_products(_per_group(dm, g).swapaxes(2, 3), _per_group(v, g), du)
         if dx4 is not None:
-            if t0 == 0:
+            if t0 == 0 and t1 < tiles(layer)[0]:      # the first of its bands
                 dx4[n0:n1] = 0
-            cpu_threads.batched_matmul(u.swapaxes(2, 3), _gemm_view(dm, g),
-                                       out=_gemm_view(v, g))
+            cpu_threads.batched_matmul(_per_group(dm, g), u, out=_per_group(v, g))
             _input_gradient(layer, v, dx4, chunk)
     if du is not None:
         cpu_threads.matmul(du.reshape(16, -1).T, KRON_G.astype(du.dtype),
