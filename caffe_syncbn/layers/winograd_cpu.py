@@ -16,23 +16,31 @@ backward is the exact adjoint of the same linear maps: dM = A dy A^T, then dV = 
 summed over the tiles) and dw = G^T dU G.
 
 B^T and A^T hold only 0 and +-1, so the tile transforms are additions and subtractions of
-strided views, one numpy pass per term, split over the threads by channels. The GEMMs
-are split over the threads by frequency and group, each product on one thread, and the
-chunks (below) do not depend on the thread count: the results are the same bit for bit
-on any number of threads.
+strided views of a chunk's arrays, laid out (tile rows, tile cols, images, channels) so
+that each pass runs along images * channels contiguous values; the passes split the tile
+rows over the threads. The GEMMs are split over the threads by frequency and group, each
+product on one thread, and the chunks (below) do not depend on the thread count: the
+results are the same bit for bit on any number of threads.
 
 Memory: the batch runs in chunks of images, or of bands of tile rows of one image, whose
 V and M take about CHUNK_BYTES (at least MIN_TILES tiles, up to MAX_CHUNK_BYTES), held in
 the same per-thread buffers as conv_cpu's columns, so a net that runs both engines keeps
 one set of them. The backward transforms the input again rather than keeping V.
 
-Accuracy: the transforms add at most four terms with coefficients of magnitude 1 or 1/2,
-so in float32 an output differs from the exact convolution by at most ERROR_BOUND times
-the sum over its products of |weight * input| (plus |bias|); the same bound, with
-products |weight * top diff| and |top diff * input|, holds for the two gradients.
-tests/test_winograd.py holds every shape class to it against float64 im2col. F(4x4, 3x3)
-would take 2.25 rather than 4 multiply-adds per output, but its transforms hold
-coefficients up to 8 and lose about 3 more bits in float32; it is not used.
+Accuracy: in float32, each value (a top cell, a bottom diff cell, a weight diff) differs
+from the exact one by at most ERROR_BOUND = 2^-19 (32 units of float32 rounding) times
+S, the largest sum of |products| among its neighbours: for a cell of the top, the sum of
+|weight * input| (and |bias|) over the products that make it, taken over the cells
+within one row and one column of it; for the bottom diff likewise with |weight * top
+diff|; for a weight diff, the sum of |top diff * input| over its products, the largest
+of its kernel's 9 taps. (The neighbours are there because a tile's values come out of
+one transform: where S of a value is 0, as for a tap that only ever meets padding, it
+still carries the rounding of its tile.) tests/test_winograd.py holds every shape class
+to it against float64 im2col, with inputs of mixed sign (errors up to 5 units there, as
+im2col's) and of one sign over 2304 products per output (up to 23 units; im2col's 13):
+one-signed sums of many more products round more in any float32 GEMM. F(4x4, 3x3) would
+take 2.25 rather than 4 multiply-adds per output, but its transforms' coefficients reach
+8 rather than 1 and scale the rounding of the terms they weigh; it is not built.
 
 Which engine runs a layer that qualifies is a measured rule of its shape (``pays``): the
 transforms are memory-bound numpy passes, which only wide enough GEMMs pay for. The
@@ -51,17 +59,16 @@ from .conv_cpu import scratch
 MODE_VARIABLE = 'CAFFE_SYNCBN_WINOGRAD'
 MODES = ('auto', 'on', 'off')
 
-#: the bound on |winograd - exact| / sum |products| in float32 (see the docstring)
+#: the bound on |winograd - exact| / S in float32 (S: see the docstring)
 ERROR_BOUND = 2.0 ** -19
 
 #: the rule (benchmarks/winograd.py, docs/benchmarks.md): Winograd where every group has at
 #: least MIN_CHANNELS inputs and outputs (the GEMMs save work in proportion to C * K, the
-#: transforms cost passes in proportion to C + K) and the output is at least
-#: MIN_OUTPUT_SIZE high and wide (the passes run along rows of W / 2 tiles, and short
-#: rows cost more per value; the weights' transforms, whose cost does not shrink with the
-#: image, weigh more)
-MIN_CHANNELS = 64
-MIN_OUTPUT_SIZE = 16
+#: tile transforms cost passes in proportion to C + K) and the batch has at least
+#: MIN_BATCH_TILES tiles (the weights' transforms, three a step, cost as much whatever
+#: the batch; the GEMMs save in proportion to the tiles)
+MIN_CHANNELS = 32
+MIN_BATCH_TILES = 96
 
 #: about how many bytes of V and M one chunk makes
 CHUNK_BYTES = 4 << 20
@@ -99,8 +106,9 @@ def pays(layer):
     forced = mode()
     if forced != 'auto':
         return forced == 'on'
+    rows, cols = tiles(layer)
     return (min(layer.channels, layer.num_output) // layer.group >= MIN_CHANNELS
-            and min(layer.out_spatial) >= MIN_OUTPUT_SIZE)
+            and layer.batch * rows * cols >= MIN_BATCH_TILES)
 
 
 def tiles(layer):
@@ -202,16 +210,7 @@ def _add_back(block, target, row, col, whole):
         target[row + r0:row + r1, col + c0:col + c1] += block[r0:r1, c0:c1]
 
 
-def _by_rows(count, row_size, work):
-    """``work(a, b)`` over [0, count) rows of ``row_size`` elements, split over threads."""
-    cpu_threads.split_rows(count, row_size, work)
-
-
-# ---- the transforms of a chunk, channels last ---------------------------------------------
-# A chunk's arrays are laid out (tile rows, tile cols, images, channels), so that every
-# pass over a tile cell's strided view runs along images * channels contiguous values;
-# the GEMMs read them as (tiles, channels) matrices. The passes split tile rows over the
-# threads.
+# ---- the transforms of a chunk: (tile rows, tile cols, images, channels) arrays ----------
 def _weights(layer):
     """U (16, G, K/G, C/G): G w G^T of every 3x3 kernel."""
     w = layer.blobs[0].data
@@ -226,7 +225,7 @@ def _input_tiles(layer, x4, chunk, v):
     rows, cols = t1 - t0, v.shape[3]
     block = scratch('block', (2 * rows + 2, 2 * cols + 2, n1 - n0, layer.channels), x4.dtype)
     source = x4[n0:n1].transpose(2, 3, 0, 1)
-    _by_rows(block.shape[0], block[0].size, lambda a, b: _fill(
+    cpu_threads.split_rows(block.shape[0], block[0].size, lambda a, b: _fill(
         block[a:b], source, 2 * t0 - layer.pad[0] + a, -layer.pad[1]))
 
     def work(a, b):
@@ -235,7 +234,7 @@ def _input_tiles(layer, x4, chunk, v):
         _transform(half, part, BT, 1)                 # d B, then B^T (d B)
         for s in range(4):
             _transform(v[:, s, a:b], half[s], BT, 0)
-    _by_rows(rows, v[0, 0, 0].size * 16, work)
+    cpu_threads.split_rows(rows, v[0, 0, 0].size * 16, work)
 
 
 def _output_tiles(m, target, a, b):
@@ -261,8 +260,8 @@ def _top_tiles(layer, dy4, chunk, dm):
     rows, cols = t1 - t0, dm.shape[3]
     block = scratch('block', (2 * rows, 2 * cols, n1 - n0, layer.num_output), dy4.dtype)
     source = dy4[n0:n1].transpose(2, 3, 0, 1)
-    _by_rows(block.shape[0], block[0].size,
-             lambda a, b: _fill(block[a:b], source, 2 * t0 + a, 0))
+    cpu_threads.split_rows(block.shape[0], block[0].size,
+                           lambda a, b: _fill(block[a:b], source, 2 * t0 + a, 0))
 
     def work(a, b):
         part = block[2 * a:2 * b]
@@ -272,7 +271,7 @@ def _top_tiles(layer, dy4, chunk, dm):
         for s in range(4):
             for r in range(4):
                 _combine(dm[r, s, a:b], AT[:, r], lambda i: half[s][i::2])
-    _by_rows(rows, dm[0, 0, 0].size * 16, work)
+    cpu_threads.split_rows(rows, dm[0, 0, 0].size * 16, work)
 
 
 def _input_gradient(layer, dv, dx4, chunk):
@@ -301,10 +300,10 @@ def _input_gradient(layer, dv, dx4, chunk):
             _combine(block[2 * a + i:2 * b + i:2], BT[:, i], lambda r: half[r, a:b],
                      accumulate=True)
     for work in (columns, first_rows, last_rows):
-        _by_rows(rows, size, work)
+        cpu_threads.split_rows(rows, size, work)
     target = dx4[n0:n1].transpose(2, 3, 0, 1)
     whole = rows == tiles(layer)[0]
-    _by_rows(block.shape[0], block[0].size, lambda a, b: _add_back(
+    cpu_threads.split_rows(block.shape[0], block[0].size, lambda a, b: _add_back(
         block[a:b], target, 2 * t0 - layer.pad[0] + a, -layer.pad[1], whole))
 
 
@@ -330,19 +329,27 @@ def _accumulate_products(a, b, out):
 
 
 def forward(layer, x4, y3):
-    """``y3`` (N, K, OH*OW) = the convolution of ``x4`` (N, C, H, W), bias included."""
+    """``y3`` (N, K, OH*OW) = the convolution of ``x4`` (N, C, H, W), bias included.
+    Several chunks run on several threads at once, each in its own buffers (fewer
+    waits for each other than splitting every pass); a chunk alone splits its passes."""
     u, g = _weights(layer), layer.group
     y4 = y3.reshape(y3.shape[:2] + tuple(layer.out_spatial))
-    for chunk in chunks(layer):
-        n0, n1, t0, t1 = chunk
-        v = _buffers(layer, chunk, 'columns', layer.channels)
-        _input_tiles(layer, x4, chunk, v)
-        m = _buffers(layer, chunk, 'per group', layer.num_output)
-        cpu_threads.batched_matmul(_per_group(v, g), u.swapaxes(2, 3), out=_per_group(m, g))
-        if layer.bias_term:         # A^T M A adds M[1, 1] to each of a tile's four outputs
-            m[1, 1] += layer.blobs[1].data
-        target = y4[n0:n1, :, 2 * t0:2 * t1].transpose(2, 3, 0, 1)
-        _by_rows(t1 - t0, m[0, 0, 0].size * 16, lambda a, b: _output_tiles(m, target, a, b))
+    todo = chunks(layer)
+
+    def run(first, last):
+        for chunk in todo[first:last]:
+            n0, n1, t0, t1 = chunk
+            v = _buffers(layer, chunk, 'columns', layer.channels)
+            _input_tiles(layer, x4, chunk, v)
+            m = _buffers(layer, chunk, 'per group', layer.num_output)
+            cpu_threads.batched_matmul(_per_group(v, g), u.swapaxes(2, 3),
+                                       out=_per_group(m, g))
+            if layer.bias_term:     # A^T M A adds M[1, 1] to each of a tile's four outputs
+                m[1, 1] += layer.blobs[1].data
+            target = y4[n0:n1, :, 2 * t0:2 * t1].transpose(2, 3, 0, 1)
+            cpu_threads.split_rows(t1 - t0, m[0, 0, 0].size * 16,
+                                   lambda a, b: _output_tiles(m, target, a, b))
+    cpu_threads.split(len(todo), run, parts=len(todo))
 
 
 def backward(layer, x4, dy3, dx4, weight_grad):
