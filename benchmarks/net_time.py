@@ -3,6 +3,7 @@
 
     python benchmarks/net_time.py PROTOTXT [--batch N] [--iterations K] [--threads T]
     python benchmarks/net_time.py PROTOTXT --batch N --compare-caffe PATH/TO/caffe [--pairs P]
+    python benchmarks/net_time.py PROTOTXT --batch N --compare-winograd [--pairs P]
 
 Data layers become Input layers, every Input's first axis becomes --batch, backward is
 forced (unless --forward-only), weights come from the prototxt's fillers
@@ -17,6 +18,11 @@ forward+backward) and ours, each in a fresh process, in --pairs alternating pair
 It prints every pair, the medians and the ratios ours / Caffe of the forward-backward
 time and of the peak resident memory (ru_maxrss of each process, taken alike), then
 where the time goes by layer type, and the load average before and after.
+
+--compare-winograd times ours twice in each of --pairs alternating pairs of fresh
+processes: with Winograd's 3x3 convolutions where its rule picks them
+(CAFFE_SYNCBN_WINOGRAD=auto) and without (off), and prints the same table and the ratios
+with / without.
 """
 import argparse
 import json
@@ -49,6 +55,7 @@ def time_ours(args):
 
 
 def compare_with_caffe(args):
+    """Ours against `caffe time`, alternating fresh processes."""
     from caffe_reference import (blas_env, caffe_time, run_measured, temporary_folder,
                                  write_timing_prototxt)
     env = blas_env(args.threads)
@@ -90,14 +97,56 @@ def compare_with_caffe(args):
     return 0
 
 
+def compare_winograd(args):
+    """Ours with Winograd where its rule picks it ('ours') against ours without ('caffe'),
+    alternating fresh processes."""
+    from caffe_reference import blas_env, run_measured
+    command = [sys.executable, os.path.abspath(__file__), args.model, '--json',
+               '--iterations', str(args.iterations), '--phase', args.phase]
+    if args.batch:
+        command += ['--batch', str(args.batch)]
+    if args.forward_only:
+        command.append('--forward-only')
+    print('%s, batch %s, %s, %d iterations per run, %d thread(s); load average %.2f %.2f '
+          '%.2f' % (args.model, args.batch or "the prototxt's", args.phase, args.iterations,
+                    args.threads, *os.getloadavg()))
+    print('  pair  with ms  without ms ratio  with MiB without MiB ratio')
+    runs = {'ours': [], 'caffe': []}
+    for pair in range(args.pairs):
+        order = ('auto', 'off') if pair % 2 == 0 else ('off', 'auto')
+        for mode in order:
+            env = blas_env(args.threads)
+            env['CAFFE_SYNCBN_WINOGRAD'] = mode
+            stdout, _, peak = run_measured(command, env)
+            result = json.loads(stdout.strip().splitlines()[-1])
+            result['peak_kb'] = peak
+            runs['ours' if mode == 'auto' else 'caffe'].append(result)
+        print(_row(str(pair), runs['ours'][-1], runs['caffe'][-1]))
+    median = {who: {key: statistics.median(r[key] for r in results)
+                    for key in ('forward_ms', 'backward_ms', 'total_ms', 'peak_kb')}
+              for who, results in runs.items()}
+    print(_row('median', median['ours'], median['caffe']))
+    for part in ('forward', 'backward'):
+        a, b = median['ours'][part + '_ms'], median['caffe'][part + '_ms']
+        print('  %-8s with %.1f ms, without %.1f ms (%.3fx)' % (part, a, b, a / b if b else 0))
+    print_by_type(runs, ('with', 'without'))
+    print('RATIO time %.3f memory %.3f (with / without Winograd, medians of %d pairs); load '
+          'average after %.2f %.2f %.2f' % (
+              median['ours']['total_ms'] / median['caffe']['total_ms'],
+              median['ours']['peak_kb'] / median['caffe']['peak_kb'], args.pairs,
+              *os.getloadavg()))
+    return 0
+
+
 def _row(label, ours, caffe):
     return '%6s %7.1f %9.1f %6.3f %10.1f %10.1f %6.3f' % (
         label, ours['total_ms'], caffe['total_ms'], ours['total_ms'] / caffe['total_ms'],
         ours['peak_kb'] / 1024, caffe['peak_kb'] / 1024, ours['peak_kb'] / caffe['peak_kb'])
 
 
-def print_by_type(runs):
-    """Forward+backward ms per layer type (median over runs), ours against Caffe's."""
+def print_by_type(runs, names=('ours', 'Caffe')):
+    """Forward+backward ms per layer type (median over runs), ours against Caffe's (or
+    the two runs that ``names`` name)."""
     types = runs['ours'][0]['types']
 
     def by_type(result):
@@ -110,7 +159,7 @@ def print_by_type(runs):
     ours = [by_type(r) for r in runs['ours']]
     caffe = [by_type(r) for r in runs['caffe']]
     kinds = sorted(set(ours[0]) | set(caffe[0]), key=lambda k: -ours[0].get(k, 0.0))
-    print('by layer type (forward+backward, median ms):  ours   Caffe   ratio')
+    print('by layer type (forward+backward, median ms): %7s %7s   ratio' % names)
     for kind in kinds:
         a = statistics.median(r.get(kind, 0.0) for r in ours)
         b = statistics.median(r.get(kind, 0.0) for r in caffe)
@@ -129,6 +178,8 @@ def main(argv=None):
                         help='BLAS threads (default: as the environment says; with '
                              '--compare-caffe, 2)')
     parser.add_argument('--compare-caffe', metavar='CAFFE', help='path of the caffe binary')
+    parser.add_argument('--compare-winograd', action='store_true',
+                        help='with Winograd (its rule) against without, in fresh processes')
     parser.add_argument('--pairs', type=int, default=3, help='alternating pairs (default 3)')
     parser.add_argument('--json', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -140,11 +191,18 @@ def main(argv=None):
         if not os.access(args.compare_caffe, os.X_OK):
             parser.error('%s is not an executable caffe binary' % args.compare_caffe)
         args.threads = args.threads or 2
+    elif args.compare_winograd:
+        args.threads = args.threads or 2
     elif args.threads:
         for name in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
             os.environ[name] = str(args.threads)      # before numpy loads its BLAS
     from caffe_syncbn.cli.common import run_main  # imports numpy
-    run_main(lambda: compare_with_caffe(args) if args.compare_caffe else time_ours(args))
+    if args.compare_caffe:
+        run_main(lambda: compare_with_caffe(args))
+    elif args.compare_winograd:
+        run_main(lambda: compare_winograd(args))
+    else:
+        run_main(lambda: time_ours(args))
 
 
 if __name__ == '__main__':
