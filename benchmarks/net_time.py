@@ -19,9 +19,10 @@ It prints every pair, the medians and the ratios ours / Caffe of the forward-bac
 time and of the peak resident memory (ru_maxrss of each process, taken alike), then
 where the time goes by layer type, and the load average before and after.
 
---compare-winograd times ours twice in each of --pairs alternating pairs of fresh
-processes: with Winograd's 3x3 convolutions where its rule picks them
-(CAFFE_SYNCBN_WINOGRAD=auto) and without (off), and prints the same table and the ratios
+--compare-winograd times ours with Winograd's 3x3 convolutions where its rule picks
+them (CAFFE_SYNCBN_WINOGRAD=auto) and without (off): --pairs alternating pairs of
+--iterations passes each on one net in this process, so that both see the same load, and
+the peak memory of one fresh process each; it prints the same table and the ratios
 with / without.
 """
 import argparse
@@ -98,29 +99,41 @@ def compare_with_caffe(args):
 
 
 def compare_winograd(args):
-    """Ours with Winograd where its rule picks it ('ours') against ours without ('caffe'),
-    alternating fresh processes."""
+    """Ours with Winograd where its rule picks it ('ours') against ours without ('caffe'):
+    times in this process, on one net, the two alternating (CAFFE_SYNCBN_WINOGRAD is read
+    at every pass), so that both see the same load; the peak memory of one fresh process
+    each."""
     from caffe_reference import blas_env, run_measured
-    command = [sys.executable, os.path.abspath(__file__), args.model, '--json',
-               '--iterations', str(args.iterations), '--phase', args.phase]
-    if args.batch:
-        command += ['--batch', str(args.batch)]
-    if args.forward_only:
-        command.append('--forward-only')
+    from caffe_syncbn import TEST, TRAIN, Net
+    from caffe_syncbn.cli.timing import time_net, timing_net_param
+    from caffe_syncbn.layers import winograd_cpu
     print('%s, batch %s, %s, %d iterations per run, %d thread(s); load average %.2f %.2f '
           '%.2f' % (args.model, args.batch or "the prototxt's", args.phase, args.iterations,
                     args.threads, *os.getloadavg()))
+    command = [sys.executable, os.path.abspath(__file__), args.model, '--json',
+               '--iterations', '1', '--phase', args.phase]
+    command += ['--batch', str(args.batch)] if args.batch else []
+    command += ['--forward-only'] if args.forward_only else []
+    peaks = {}
+    for mode in ('auto', 'off'):
+        env = blas_env(args.threads)
+        env[winograd_cpu.MODE_VARIABLE] = mode
+        peaks[mode] = run_measured(command, env)[2]
+    net = Net(timing_net_param(args.model, args.batch, force_backward=not args.forward_only),
+              TRAIN if args.phase == 'TRAIN' else TEST)
+    types = {name: layer.type for name, layer in zip(net._layer_names, net.layers)}
     print('  pair  with ms  without ms ratio  with MiB without MiB ratio')
     runs = {'ours': [], 'caffe': []}
     for pair in range(args.pairs):
-        order = ('auto', 'off') if pair % 2 == 0 else ('off', 'auto')
-        for mode in order:
-            env = blas_env(args.threads)
-            env['CAFFE_SYNCBN_WINOGRAD'] = mode
-            stdout, _, peak = run_measured(command, env)
-            result = json.loads(stdout.strip().splitlines()[-1])
-            result['peak_kb'] = peak
-            runs['ours' if mode == 'auto' else 'caffe'].append(result)
+        for mode in ('auto', 'off') if pair % 2 == 0 else ('off', 'auto'):
+            os.environ[winograd_cpu.MODE_VARIABLE] = mode
+            result = time_net(net, args.iterations, backward=not args.forward_only)
+            runs['ours' if mode == 'auto' else 'caffe'].append({
+                'forward_ms': result['forward_total'] * 1e3,
+                'backward_ms': result['backward_total'] * 1e3,
+                'total_ms': result['total'] * 1e3, 'peak_kb': peaks[mode], 'types': types,
+                'layers': {name: (f + b) * 1e3 for (name, f), (_, b) in
+                           zip(result['forward'], result['backward'])}})
         print(_row(str(pair), runs['ours'][-1], runs['caffe'][-1]))
     median = {who: {key: statistics.median(r[key] for r in results)
                     for key in ('forward_ms', 'backward_ms', 'total_ms', 'peak_kb')}
@@ -193,7 +206,7 @@ def main(argv=None):
         args.threads = args.threads or 2
     elif args.compare_winograd:
         args.threads = args.threads or 2
-    elif args.threads:
+    if args.threads and not args.compare_caffe:
         for name in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
             os.environ[name] = str(args.threads)      # before numpy loads its BLAS
     from caffe_syncbn.cli.common import run_main  # imports numpy

@@ -188,3 +188,43 @@ def test_the_variable_turns_it_off_and_on(monkeypatch):
     monkeypatch.setenv(winograd_cpu.MODE_VARIABLE, 'sometimes')
     with pytest.raises(CaffeError, match='CAFFE_SYNCBN_WINOGRAD=sometimes'):
         build_layer(text, [_randn(1, 8, 8, 8)])
+
+
+@pytest.mark.parametrize('body, shape, picks', [
+    ('num_output: 32 pad: 1', (1, 32, 16, 16), False),        # 64 tiles
+    ('num_output: 32 pad: 1', (2, 32, 16, 16), True),         # 128 tiles
+    ('num_output: 64 pad: 1', (4, 16, 16, 16), False),        # 16 input channels
+    ('num_output: 16 pad: 1', (4, 64, 16, 16), False),        # 16 outputs
+    ('num_output: 64 pad: 1 group: 2', (1, 64, 24, 24), True),   # 32 a group, 144 tiles
+    ('num_output: 64 pad: 1 group: 4', (1, 64, 24, 24), False),  # 16 a group
+])
+def test_the_rule_goes_by_channels_per_group_and_tiles_in_the_batch(body, shape, picks,
+                                                                     monkeypatch):
+    monkeypatch.delenv(winograd_cpu.MODE_VARIABLE, raising=False)
+    layer, _, _ = build_layer(_conv_text(body), [_randn(*shape)])
+    assert layer.winograd
+    assert (layer.host_engine() is winograd_cpu) == picks
+
+
+def test_the_rule_follows_the_batch_of_each_reshape(monkeypatch):
+    """The engine is chosen at each pass from the shape of that pass; forward and
+    backward of one shape agree with im2col either way."""
+    monkeypatch.delenv(winograd_cpu.MODE_VARIABLE, raising=False)
+    layer, bottom, top = build_layer(_conv_text('num_output: 32 pad: 1'),
+                                     [_randn(1, 32, 16, 16)])
+    assert layer.host_engine() is conv_cpu
+    bottom[0].reshape((2, 32, 16, 16))
+    bottom[0].data[...] = _randn(2, 32, 16, 16)
+    layer.reshape(bottom, top)
+    assert layer.host_engine() is winograd_cpu
+    layer.forward(bottom, top)
+    top[0].diff[...] = _randn(*top[0].shape, seed=1)
+    layer.backward(top, [True], bottom)
+    got = [top[0].data.copy(), bottom[0].diff.copy(), layer.blobs[0].diff.copy()]
+    layer.host = False
+    for blob in layer.blobs:
+        blob.diff[...] = 0
+    layer.forward(bottom, top)
+    layer.backward(top, [True], bottom)
+    for g, w in zip(got, [top[0].data, bottom[0].diff, layer.blobs[0].diff]):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
