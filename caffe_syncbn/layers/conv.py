@@ -1,6 +1,8 @@
 """Convolution, Deconvolution and Im2col layers (N-D, grouped, dilated).
 
-A convolution is im2col + GEMM. On numpy, Convolution runs chunk by chunk in conv_cpu.py.
+A convolution is im2col + GEMM. On numpy, Convolution runs chunk by chunk in conv_cpu.py,
+depthwise ones in depthwise_cpu.py, and 3x3 stride-1 ones whose shape pays for it with
+Winograd's F(2x2, 3x3) in winograd_cpu.py (``engine: CAFFE`` keeps im2col).
 Elsewhere (CuPy), and for Deconvolution, columns are laid out ``(N, G, C/G * K, P)``
 (image, group, channel-and-kernel-offset, output position) and the weights
 ``(G, O/G, C/G * K)``; 1x1 stride-1 unpadded kernels use the image itself as its columns.
