@@ -17,10 +17,12 @@ summed over the tiles) and dw = G^T dU G.
 
 B^T and A^T hold only 0 and +-1, so the tile transforms are additions and subtractions of
 strided views of a chunk's arrays, laid out (tile rows, tile cols, images, channels) so
-that each pass runs along images * channels contiguous values; the passes split the tile
-rows over the threads. The GEMMs are split over the threads by frequency and group, each
-product on one thread, and the chunks (below) do not depend on the thread count: the
-results are the same bit for bit on any number of threads.
+that each pass runs along images * channels contiguous values. The forward runs its
+chunks on several threads at once, each in its own buffers. The backward sums the weight
+gradient over the chunks in their order, one chunk after the other: its passes split
+the tile rows over the threads, its GEMMs the frequencies and groups, each product on one
+thread. The chunks (below) do not depend on the thread count, so the results are the
+same bit for bit on any number of threads.
 
 Memory: the batch runs in chunks of images, or of bands of tile rows of one image, whose
 V and M take about CHUNK_BYTES (at least MIN_TILES tiles, up to MAX_CHUNK_BYTES), held in
@@ -132,19 +134,17 @@ def chunks(layer):
 
 # ---- passes over strided views ------------------------------------------------------------
 def _combine(out, coefficients, term, accumulate=False):
-    """``out`` (+)= sum_i coefficients[i] * term(i), for coefficients 0 and +-1."""
+    """``out`` (+)= sum_i coefficients[i] * term(i), for coefficients 0 and +-1; a sum
+    of two terms is written in one pass."""
     terms = [(k, i) for i, k in enumerate(coefficients) if k]
     if not accumulate:
         (k, i), terms = terms[0], terms[1:]
-        if terms:
+        if terms and k > 0:
             (k1, i1), terms = terms[0], terms[1:]
-            if k > 0:
-                (np.add if k1 > 0 else np.subtract)(term(i), term(i1), out=out)
-            elif k1 > 0:
-                np.subtract(term(i1), term(i), out=out)
-            else:
-                np.add(term(i), term(i1), out=out)
-                np.negative(out, out=out)
+            (np.add if k1 > 0 else np.subtract)(term(i), term(i1), out=out)
+        elif terms and terms[0][0] > 0:
+            (_, i1), terms = terms[0], terms[1:]
+            np.subtract(term(i1), term(i), out=out)
         elif k > 0:
             np.copyto(out, term(i))
         else:
