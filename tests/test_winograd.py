@@ -191,12 +191,12 @@ def test_the_variable_turns_it_off_and_on(monkeypatch):
 
 
 @pytest.mark.parametrize('body, shape, picks', [
-    ('num_output: 32 pad: 1', (1, 32, 16, 16), False),        # 64 tiles
-    ('num_output: 32 pad: 1', (2, 32, 16, 16), True),         # 128 tiles
-    ('num_output: 64 pad: 1', (4, 16, 16, 16), False),        # 16 input channels
-    ('num_output: 16 pad: 1', (4, 64, 16, 16), False),        # 16 outputs
-    ('num_output: 64 pad: 1 group: 2', (1, 64, 24, 24), True),   # 32 a group, 144 tiles
-    ('num_output: 64 pad: 1 group: 4', (1, 64, 24, 24), False),  # 16 a group
+    ('num_output: 64 pad: 1', (1, 64, 20, 24), False),             # 120 tiles
+    ('num_output: 64 pad: 1', (2, 64, 16, 16), True),              # 128 tiles
+    ('num_output: 64 pad: 1', (4, 32, 16, 16), False),             # 32 input channels
+    ('num_output: 32 pad: 1', (4, 64, 16, 16), False),             # 32 outputs
+    ('num_output: 128 pad: 1 group: 2', (1, 128, 24, 24), True),   # 64 a group, 144 tiles
+    ('num_output: 128 pad: 1 group: 4', (1, 128, 24, 24), False),  # 32 a group
 ])
 def test_the_rule_goes_by_channels_per_group_and_tiles_in_the_batch(body, shape, picks,
                                                                      monkeypatch):
@@ -210,11 +210,11 @@ def test_the_rule_follows_the_batch_of_each_reshape(monkeypatch):
     """The engine is chosen at each pass from the shape of that pass; forward and
     backward of one shape agree with im2col either way."""
     monkeypatch.delenv(winograd_cpu.MODE_VARIABLE, raising=False)
-    layer, bottom, top = build_layer(_conv_text('num_output: 32 pad: 1'),
-                                     [_randn(1, 32, 16, 16)])
+    layer, bottom, top = build_layer(_conv_text('num_output: 64 pad: 1'),
+                                     [_randn(1, 64, 16, 16)])
     assert layer.host_engine() is conv_cpu
-    bottom[0].reshape((2, 32, 16, 16))
-    bottom[0].data[...] = _randn(2, 32, 16, 16)
+    bottom[0].reshape((2, 64, 16, 16))
+    bottom[0].data[...] = _randn(2, 64, 16, 16)
     layer.reshape(bottom, top)
     assert layer.host_engine() is winograd_cpu
     layer.forward(bottom, top)
