@@ -52,9 +52,9 @@ def shapes_of(name):
             found[key] = found.get(key, 0) + 1
         return found
     net = Net(timing_net_param(path, batch), TRAIN)
-    for layer, bottoms in zip(net.layers, net._bottoms):
+    for name, layer in zip(net._layer_names, net.layers):      # pycaffe's names
         if layer.type == 'Convolution' and getattr(layer, 'winograd', False):
-            n, c, h, w = bottoms[0].shape
+            n, c, h, w = net.blobs[net.bottom_names[name][0]].shape
             cp = layer.param.convolution_param
             key = (n, c, h, w, layer.num_output, layer.pad[0], layer.group, cp.bias_term)
             found[key] = found.get(key, 0) + 1
