@@ -46,4 +46,4 @@ kernel-asan: $(STAMP)
 kernel-tsan: $(STAMP)
 	CAFFE_SYNCBN_EMU_SANITIZE=thread LD_PRELOAD=$$(g++ -print-file-name=libtsan.so) \
 	$(PY) -m pytest -q -p no:cacheprovider --capture=sys -n 2 tests/test_cuda_strict_syncbn.py \
-	tests/test_cuda_strict_layers.py tests/test_cuda_strict_fused.py
+	tests/test_cuda_strict_layers.py tests/test_cuda_strict_fused.py tests/test_cuda_strict_detection.py

@@ -57,15 +57,41 @@ def run_measured(command, env, timeout=1800):
     return proc.stdout, proc.stderr, int(found.group(1))
 
 
-def write_timing_prototxt(model, batch, folder):
-    """The prototxt both programs time (see timing.timing_net_param); its path."""
+def write_timing_prototxt(model, batch, folder, training=False):
+    """The prototxt both programs time (see timing.timing_net_param), ``as_training`` if
+    asked; its path."""
     from google.protobuf import text_format
 
     from caffe_syncbn.cli.timing import timing_net_param
+    param = timing_net_param(model, batch)
     path = os.path.join(folder, 'timed.prototxt')
     with open(path, 'w') as f:
-        f.write(text_format.MessageToString(timing_net_param(model, batch)))
+        f.write(text_format.MessageToString(as_training(param) if training else param))
     return path
+
+
+def as_training(param):
+    """A deploy or evaluation net as its users train it: batch statistics in every batch
+    norm (BatchNorm without use_global_stats, BN and SyncBN not frozen) and, where it has
+    no loss, a SoftmaxWithLoss against a label input of zeros, on the last layer's top (on
+    its bottom when that layer is a Softmax)."""
+    from caffe_syncbn import TRAIN, Net
+    for layer in param.layer:
+        if layer.type == 'BatchNorm':
+            layer.batch_norm_param.ClearField('use_global_stats')
+        elif layer.type in ('BN', 'SyncBN'):
+            layer.bn_param.frozen = False
+    if any(layer.type.endswith('Loss') for layer in param.layer):
+        return param
+    last = param.layer[-1]
+    scores = last.bottom[0] if last.type == 'Softmax' else last.top[0]
+    if last.type == 'Softmax':
+        del param.layer[-1]
+    shape = Net(param, TRAIN).blobs[scores].shape        # built once, for the scores' shape
+    label = param.layer.add(name='label', type='Input', top=['label'])
+    label.input_param.shape.add(dim=(shape[0],) + ((1,) + shape[2:] if len(shape) > 2 else ()))
+    param.layer.add(name='loss', type='SoftmaxWithLoss', bottom=[scores, 'label'], top=['loss'])
+    return param
 
 
 _CAFFE_TOTALS = {'forward_ms': r'Average Forward pass: ([\d.]+) ms',

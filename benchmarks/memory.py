@@ -1,24 +1,34 @@
 #!/usr/bin/env python3
-"""Peak memory of TRAIN steps of a net (forward + backward), and where it goes.
+"""Peak memory of TRAIN steps of a net (forward + backward), and where it goes, per memory plan.
 
-    python benchmarks/memory.py PROTOTXT [--batch N] [--steps 2]
-    python benchmarks/memory.py PROTOTXT --batch N --compare-caffe PATH/TO/caffe [--pairs 3]
+    python benchmarks/memory.py PROTOTXT [--batch N] [--steps 2] [--memory-plan PLAN]
+    python benchmarks/memory.py PROTOTXT --batch N --memory-plan all [--compare-caffe CAFFE]
+    python benchmarks/memory.py PROTOTXT --memory-plan all --max-batch-in 8G
 
 The net is built as net_time.py builds it (timing.timing_net_param: Input layers of
---batch, backward forced, weights from the fillers) in this fresh process, which prints
-its peak resident memory (VmHWM) after the imports, after building the net, and after
-each step; then what the blobs hold (data and diff of activations and of params) and the
-arrays that layers keep from the forward for the backward, largest first.
+--batch, backward forced, weights from the fillers). With one plan and nothing to
+compare, this process prints its peak resident memory (VmHWM) after the imports, after
+building the net, and after each step; then what the blobs hold (data and diff of
+activations and of params) and the arrays that layers keep from the forward for the
+backward, largest first.
 
---compare-caffe runs this script and `caffe time -iterations 1` (a warm-up step and one
-timed step: 2 steps) on the same prototxt, each in its own process, --pairs times,
-alternating, and prints the peak resident memory of both (ru_maxrss, taken alike) and
-the ratio ours / Caffe of the medians.
+With several plans (--memory-plan off,share or all) or --compare-caffe, each plan runs
+this script in its own process, and Caffe runs `caffe time -iterations 1` (a warm-up step
+and one timed step: 2 steps) on the same prototxt, --pairs times in rotating order. It
+prints, per plan, the median peak resident memory (ru_maxrss, taken alike for all), its
+ratio to 'off' and to Caffe, and the median time of a step (the last of --steps) as a
+ratio to 'off', measured in the same runs.
+
+--max-batch-in BUDGET (e.g. 8G, 512M) finds, per plan, the largest batch whose peak
+resident memory over one step stays within BUDGET: doubling, then bisection, each probe
+a process of its own.
 """
 import argparse
 import os
+import re
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
@@ -52,20 +62,28 @@ def kept_arrays(layer, xp, blob_memory):
 def measure_ours(args):
     from caffe_syncbn.cli.timing import peak_memory_kb
     print('after imports:        peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
+    from caffe_reference import as_training
+
     from caffe_syncbn import TRAIN, Net
     from caffe_syncbn.blob import storage_of
     from caffe_syncbn.cli.timing import timing_net_param
-    net = Net(timing_net_param(args.model, args.batch), TRAIN)
+    param = timing_net_param(args.model, args.batch)
+    net = Net(as_training(param) if args.as_training else param, TRAIN,
+              memory_plan=args.memory_plan[0])
     print('after building:       peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
     for step in range(args.steps):
+        start = time.perf_counter()
         net.forward_prefilled()
         if step == args.steps - 1:
+            plan = net._plan
             blob_memory = {id(storage_of(array)) for b in list(net.blobs.values())
                            + net.learnable_params for array in _stored(b)}
+            blob_memory |= {id(buffer) for buffer in (plan.buffers if plan else [])}
             caches = [(layer_name, attr, size) for layer_name, layer in
                       zip(net._layer_names, net.layers)
                       for attr, size in kept_arrays(layer, net.context.xp, blob_memory).items()]
         net.backward_from()
+        seconds = time.perf_counter() - start
         print('after step %d:         peak %7.1f MiB' % (step + 1, peak_memory_kb() / 1024.0))
     params = {id(b): b for b in net.learnable_params}
     activations = {id(b): b for b in net.blobs.values()}
@@ -77,44 +95,97 @@ def measure_ours(args):
 
     print('params:      data %7.1f MiB, diff %7.1f MiB'
           % (held(params, 'data'), held(params, 'diff')))
-    print('activations: data %7.1f MiB, diff %7.1f MiB' % (held(activations, 'data'),
-                                                           held(activations, 'diff')))
+    print('activations: data %7.1f MiB, diff %7.1f MiB%s' % (
+        held(activations, 'data'), held(activations, 'diff'),
+        ' (the kept blobs), and %.1f MiB in %d buffers the plan shares' % (
+            sum(b.nbytes for b in plan.buffers) / MIB, len(plan.buffers)) if plan else ''))
     total = sum(size for _, _, size in caches)
     print('kept by layers from forward to backward: %.1f MiB' % (total / MIB))
     for layer_name, attr, size in sorted(caches, key=lambda c: -c[2])[:args.top]:
         print('  %-28s %-18s %7.2f MiB' % (layer_name, attr, size / MIB))
     print('PEAK_KB %d' % peak_memory_kb())
+    print('STEP_S %.6f' % seconds)
     return 0
 
 
-def compare_with_caffe(args):
-    import re
+def _ours(args, prototxt, plan, batch=None, steps=None):
+    """The command that measures one plan in a process of its own."""
+    command = [sys.executable, os.path.abspath(__file__), prototxt, '--memory-plan', plan,
+               '--steps', str(steps or args.steps)]      # the prototxt is made for training
+    return command + (['--batch', str(batch)] if batch else [])
 
+
+def compare_plans(args):
     from caffe_reference import (blas_env, caffe_time, run_measured, temporary_folder,
                                  write_timing_prototxt)
     env = blas_env(args.threads)
-    peaks = {'ours': [], 'caffe': []}
+    runs = {plan: [] for plan in args.memory_plan}
+    if args.compare_caffe:
+        runs['caffe'] = []
     load = os.getloadavg()
     with temporary_folder() as folder:
-        prototxt = write_timing_prototxt(args.model, args.batch, folder)
-        ours = [sys.executable, os.path.abspath(__file__), prototxt, '--steps', '2']
+        prototxt = write_timing_prototxt(args.model, args.batch, folder, args.as_training)
         for pair in range(args.pairs):
-            for who in (('ours', 'caffe') if pair % 2 == 0 else ('caffe', 'ours')):
-                if who == 'ours':
-                    stdout, _, peak = run_measured(ours, env)
-                    own = int(re.search(r'^PEAK_KB (\d+)', stdout, re.M).group(1))
-                    if pair == 0:
-                        print(stdout[:stdout.index('PEAK_KB')].rstrip())
-                        print('(ru_maxrss %.1f MiB, VmHWM %.1f MiB)' % (peak / 1024, own / 1024))
-                else:
-                    peak = caffe_time(args.compare_caffe, prototxt, 1, env)['peak_kb']
-                peaks[who].append(peak)
-    ours, caffe = (statistics.median(peaks[w]) / 1024.0 for w in ('ours', 'caffe'))
-    print('peak resident memory, 2 TRAIN steps, %d BLAS thread(s), median of %d: ours %.1f MiB, '
-          'Caffe %.1f MiB' % (args.threads, args.pairs, ours, caffe))
-    print('RATIO memory %.3f (ours / Caffe); load average %.2f %.2f %.2f'
-          % (ours / caffe, *load))
+            order = list(runs)
+            for who in order[pair % len(order):] + order[:pair % len(order)]:
+                if who == 'caffe':
+                    runs[who].append((caffe_time(args.compare_caffe, prototxt, 1, env)['peak_kb'],
+                                      None))
+                    continue
+                stdout, _, peak = run_measured(_ours(args, prototxt, who), env)
+                runs[who].append((peak, float(re.search(r'^STEP_S (\S+)', stdout, re.M).group(1))))
+    peak = {who: statistics.median(p for p, _ in r) / 1024.0 for who, r in runs.items()}
+    step = {who: statistics.median(t for _, t in r) for who, r in runs.items() if who != 'caffe'}
+    print('TRAIN steps of %s, batch %s, %d BLAS thread(s), medians of %d; load average '
+          '%.2f %.2f %.2f' % (os.path.basename(args.model), args.batch or "the prototxt's",
+                              args.threads, args.pairs, *load))
+    print('%-12s %12s %9s %9s %12s' % ('plan', 'peak MiB', '/ off', '/ Caffe', 'step / off'))
+    for who in runs:
+        print('%-12s %12.1f %9s %9s %12s' % (
+            who, peak[who], '%.3f' % (peak[who] / peak['off']) if 'off' in peak else '-',
+            '%.3f' % (peak[who] / peak['caffe']) if 'caffe' in peak else '-',
+            '%.3f' % (step[who] / step['off']) if who in step and 'off' in step else '-'))
     return 0
+
+
+def max_batches(args):
+    from caffe_reference import blas_env, run_measured, temporary_folder, write_timing_prototxt
+    env = blas_env(args.threads)
+    with temporary_folder() as folder:
+        prototxt = write_timing_prototxt(args.model, None, folder, args.as_training)
+        for plan in args.memory_plan:
+            def fits(batch):
+                _, _, peak = run_measured(_ours(args, prototxt, plan, batch, steps=1), env)
+                print('  %s, batch %d: peak %.1f MiB' % (plan, batch, peak / 1024.0), flush=True)
+                return peak * 1024 <= args.max_batch_in
+            good, bad = 0, 1
+            while fits(bad):
+                good, bad = bad, bad * 2
+            while bad - good > 1:
+                middle = (good + bad) // 2
+                good, bad = (middle, bad) if fits(middle) else (good, middle)
+            print('%s: largest batch within %.1f GiB: %d' % (plan, args.max_batch_in / 2 ** 30, good),
+                  flush=True)
+    return 0
+
+
+def byte_count(text):
+    units = {'K': 2 ** 10, 'M': 2 ** 20, 'G': 2 ** 30}
+    try:
+        return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1:].upper() in units \
+            else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError('%r is not a size such as 8G or 512M' % text) from None
+
+
+def plan_list(text):
+    from caffe_syncbn.memory_plan import MEMORY_PLANS
+    plans = list(MEMORY_PLANS) if text == 'all' else text.split(',')
+    unknown = [plan for plan in plans if plan not in MEMORY_PLANS]
+    if unknown:
+        raise argparse.ArgumentTypeError('unknown memory plan %r (known: %s, all)'
+                                         % (unknown[0], ', '.join(MEMORY_PLANS)))
+    return plans
 
 
 def main(argv=None):
@@ -128,13 +199,25 @@ def main(argv=None):
                         help='BLAS threads with --compare-caffe (default 2)')
     parser.add_argument('--compare-caffe', metavar='CAFFE', help='path of the caffe binary')
     parser.add_argument('--pairs', type=int, default=3, help='alternating pairs (default 3)')
+    parser.add_argument('--memory-plan', type=plan_list, default=['off'], metavar='PLANS',
+                        help="the Net's memory plans, separated by ',', or 'all' (default off)")
+    parser.add_argument('--as-training', action='store_true',
+                        help='batch statistics in every batch norm, and a loss where the net '
+                             'has none (caffe_reference.as_training)')
+    parser.add_argument('--max-batch-in', type=byte_count, metavar='BUDGET',
+                        help='the largest batch per plan whose peak stays within BUDGET (8G)')
     args = parser.parse_args(argv)
     if args.steps < 1 or args.pairs < 1:
         parser.error('--steps and --pairs must be at least 1')
     if args.compare_caffe and not os.access(args.compare_caffe, os.X_OK):
         parser.error('%s is not an executable caffe binary' % args.compare_caffe)
     from caffe_syncbn.cli.common import run_main
-    run_main(lambda: compare_with_caffe(args) if args.compare_caffe else measure_ours(args))
+    if args.max_batch_in:
+        run_main(lambda: max_batches(args))
+    elif args.compare_caffe or len(args.memory_plan) > 1:
+        run_main(lambda: compare_plans(args))
+    else:
+        run_main(lambda: measure_ours(args))
 
 
 if __name__ == '__main__':

@@ -56,37 +56,8 @@ def time_ours(args):
 
 
 def compare_with_caffe(args):
-    """Ours against `caffe time`, alternating fresh processes."""
-    from caffe_reference import (blas_env, caffe_time, run_measured, temporary_folder,
-                                 write_timing_prototxt)
-    env = blas_env(args.threads)
-    load_before = os.getloadavg()
-    runs = {'ours': [], 'caffe': []}
-    with temporary_folder() as folder:
-        prototxt = write_timing_prototxt(args.model, args.batch, folder)
-        ours_command = [sys.executable, os.path.abspath(__file__), prototxt, '--json',
-                        '--iterations', str(args.iterations)]
-        print('%s, batch %s, TRAIN forward+backward, %d iterations per run, %d BLAS '
-              'thread(s) each; load average %.2f %.2f %.2f'
-              % (args.model, args.batch or "the prototxt's", args.iterations, args.threads,
-                 *load_before))
-        print('  pair ours ms  Caffe ms  ratio   ours MiB  Caffe MiB  ratio')
-        for pair in range(args.pairs):
-            order = ('ours', 'caffe') if pair % 2 == 0 else ('caffe', 'ours')
-            for who in order:
-                if who == 'ours':
-                    stdout, _, peak = run_measured(ours_command, env)
-                    result = json.loads(stdout.strip().splitlines()[-1])
-                    result['peak_kb'] = peak
-                else:
-                    result = caffe_time(args.compare_caffe, prototxt, args.iterations, env)
-                runs[who].append(result)
-            print(_row(str(pair), runs['ours'][-1], runs['caffe'][-1]))
-    median = {who: {key: statistics.median(r[key] for r in results)
-                    for key in ('forward_ms', 'backward_ms', 'total_ms', 'peak_kb')}
-              for who, results in runs.items()}
-    ours, caffe = median['ours'], median['caffe']
-    print(_row('median', ours, caffe))
+    runs, ours, caffe = compare_runs(args.compare_caffe, args.model, args.batch,
+                                     args.iterations, args.pairs, args.threads)
     for part in ('forward', 'backward'):
         a, b = ours[part + '_ms'], caffe[part + '_ms']
         print('  %-8s ours %.1f ms, Caffe %.1f ms (%.3fx)' % (part, a, b, a / b))
@@ -96,6 +67,41 @@ def compare_with_caffe(args):
                                     ours['peak_kb'] / caffe['peak_kb'], args.pairs,
                                     *os.getloadavg()))
     return 0
+
+
+def compare_runs(caffe_binary, model, batch, iterations, pairs, threads):
+    """Time ``model`` with `caffe time` and with ours in ``pairs`` alternating pairs of
+    fresh processes, printing each pair and the medians; return (the runs {'ours': [...],
+    'caffe': [...]}, our medians, Caffe's medians), the medians of forward_ms,
+    backward_ms, total_ms and peak_kb."""
+    from caffe_reference import (blas_env, caffe_time, run_measured, temporary_folder,
+                                 write_timing_prototxt)
+    env = blas_env(threads)
+    runs = {'ours': [], 'caffe': []}
+    with temporary_folder() as folder:
+        prototxt = write_timing_prototxt(model, batch, folder)
+        ours_command = [sys.executable, os.path.abspath(__file__), prototxt, '--json',
+                        '--iterations', str(iterations)]
+        print('%s, batch %s, TRAIN forward+backward, %d iterations per run, %d BLAS '
+              'thread(s) each; load average %.2f %.2f %.2f'
+              % (model, batch or "the prototxt's", iterations, threads, *os.getloadavg()))
+        print('  pair ours ms  Caffe ms  ratio   ours MiB  Caffe MiB  ratio')
+        for pair in range(pairs):
+            order = ('ours', 'caffe') if pair % 2 == 0 else ('caffe', 'ours')
+            for who in order:
+                if who == 'ours':
+                    stdout, _, peak = run_measured(ours_command, env)
+                    result = json.loads(stdout.strip().splitlines()[-1])
+                    result['peak_kb'] = peak
+                else:
+                    result = caffe_time(caffe_binary, prototxt, iterations, env)
+                runs[who].append(result)
+            print(_row(str(pair), runs['ours'][-1], runs['caffe'][-1]))
+    median = {who: {key: statistics.median(r[key] for r in results)
+                    for key in ('forward_ms', 'backward_ms', 'total_ms', 'peak_kb')}
+              for who, results in runs.items()}
+    print(_row('median', median['ours'], median['caffe']))
+    return runs, median['ours'], median['caffe']
 
 
 def compare_winograd(args):

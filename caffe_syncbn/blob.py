@@ -171,6 +171,14 @@ class Blob:
             self._diff = None
         self.data = array
 
+    def reshaped_view(self, shape):
+        """A Blob that views this one's data and diff under another shape (a param shared
+        by count, PERMISSIVE)."""
+        view = Blob.__new__(Blob)
+        view.xp, view.dtype = self.xp, self.dtype
+        view.data, view.diff = self.data.reshape(shape), self.diff.reshape(shape)
+        return view
+
     def share_data(self, other):
         """Caffe's ShareData: this blob's data is the same memory as other's."""
         self.data = other.data

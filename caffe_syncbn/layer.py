@@ -124,6 +124,10 @@ class Layer:
     #: True for a layer that writes its tops once and whose later forwards rely on them
     #: (DummyData's constant fillers): a memory plan gives its tops storage of their own
     tops_persist = False
+    #: set by the Net on a layer that absorbed others (``absorb``): whether the chain's
+    #: output stays as the chain wrote it until the chain's backward (no later layer
+    #: writes that blob in place)
+    output_survives = False
 
     def __init__(self, param, ctx=None):
         self.param = param
@@ -166,6 +170,32 @@ class Layer:
 
     def backward(self, top, propagate_down, bottom):
         pass
+
+    def absorb(self, layer, top):
+        """Offered by a Net whose memory plan is 'inplace_abn': ``layer`` follows this one
+        (or the last layer it absorbed) in a chain: its only bottom is the chain's output,
+        which no other layer reads and the user did not ask to keep, and ``top`` is its
+        only top. Return True to take its forward and backward into this layer's: the Net
+        then runs neither; this layer writes ``top``, reads its diff, and accumulates
+        ``layer``'s param diffs as ``layer`` would."""
+        return False
+
+    def backward_reads(self, bottom, top):
+        """The blobs whose data this layer's backward reads: a memory plan may give the
+        others' storage to later blobs once the forward is past them. Every bottom and
+        top, unless the layer knows better."""
+        return list(bottom) + list(top)
+
+    def recomputable(self, bottom, top):
+        """The tops this layer can write again in its backward from what it keeps, not
+        from its bottoms (which may be gone by then): a memory plan 'recompute' frees them
+        after the forward and calls ``recompute`` before the first backward that reads
+        them. None, unless the layer can."""
+        return []
+
+    def recompute(self, top):
+        """Write ``top``'s data again, as the last forward wrote it."""
+        raise NotImplementedError
 
     def fixed_param_mults(self, index):
         """(lr_mult, decay_mult) this layer imposes on blob ``index`` whatever the prototxt

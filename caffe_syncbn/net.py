@@ -14,8 +14,9 @@ from .backend import mode_array_module
 from .blob import Blob, format_bytes, memory_limit, storage_of
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
-from .memory_plan import MEMORY_PLANS, ForwardPlan, KeptBlobs
+from .memory_plan import MEMORY_PLANS, KeptBlobs, absorb_chains, forward_plan, train_plan
 from .net_batches import BatchedCalls
+from .net_sharing import WeightSharing
 from .netparam.graph import filter_net, insert_splits, net_state
 from .netparam.upgrade import load_net_param
 from .weights.copy import copy_weights
@@ -24,16 +25,17 @@ from .weights.save import net_to_proto, write_caffemodel, write_hdf5
 log = logging.getLogger('caffe_syncbn')
 
 
-class Net(BatchedCalls):
+class Net(BatchedCalls, WeightSharing):
     """A Caffe net. ``Net(model, phase, weights=None)`` or pycaffe's old ``Net(model, weights, phase)``.
 
     model:   prototxt path or NetParameter
     phase:   TRAIN or TEST
     level, stages: the NetState used with include/exclude rules
     context: a LayerContext (backend, dtype, communicator) shared by every layer
-    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share' makes a net that
-             runs forward only, whose blobs share storage by liveness (memory_plan.py):
-             it keeps the inputs, the outputs and the blobs named in ``keep``
+    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share' and 'inplace_abn'
+             share storage by liveness (memory_plan.py): the blobs of a TEST net without
+             force_backward, which runs forward only, else the activations' diffs; the
+             inputs, the outputs and the blobs named in ``keep`` keep their own
     """
 
     def __init__(self, model, phase=None, weights=None, level=0, stages=(), context=None,
@@ -59,8 +61,11 @@ class Net(BatchedCalls):
         else:
             with naming(os.fspath(model)):
                 self._build()
-        if memory_plan == 'share':
-            self._plan_memory(list(keep))
+        self._chains = [[] for _ in self.layers]     # per layer: the layers it absorbed
+        self._recomputers = {}                      # id(top) -> the layer that writes it again
+        if memory_plan != 'off':
+            self._plan_memory(list(keep), memory_plan)
+        self._absorbed = {k for chain in self._chains for k in chain}
         if weights:
             self.copy_from(weights)
 
@@ -189,7 +194,7 @@ class Net(BatchedCalls):
                 elif value != values[index]:
                     raise layer_error(lp, "shared param '%s' has %s %g but its owner has %g"
                                       % (spec.name, field, value, values[index]))
-            layer.blobs[j] = owner if owner.shape == blob.shape else _reshaped_view(owner, blob.shape)
+            layer.blobs[j] = owner if owner.shape == blob.shape else owner.reshaped_view(blob.shape)
             return lr_mult != 0
         if spec.name:
             owners[spec.name] = blob
@@ -232,18 +237,41 @@ class Net(BatchedCalls):
             layer.backward_runs = need
         self._bottom_need_backward = bottom_need_backward
 
-    def _plan_memory(self, keep):
+    def _plan_memory(self, keep, plan):
         unknown = [name for name in keep if name not in self.blobs]
         if unknown:
             raise CaffeError("keep: net '%s' has no blob %s" % (self.name, quote(unknown[0])))
-        self._layer_need_backward = [False] * len(self.layers)
-        for layer in self.layers:              # nothing need be kept for a backward
-            layer.backward_runs = False
         kept = set(self.inputs) | set(self.outputs) | set(keep)
+        forward_only = self.phase == TEST and not self.net_param.force_backward
+        if forward_only:
+            self._layer_need_backward = [False] * len(self.layers)
+            for layer in self.layers:          # nothing need be kept for a backward
+                layer.backward_runs = False
+        if plan in ('inplace_abn', 'recompute'):
+            self._chains = absorb_chains(self.layers, self._bottoms, self._tops, self._loss_weights,
+                                         None if forward_only else (self._layer_need_backward,
+                                                                    self._bottom_need_backward),
+                                         [self.blobs[name] for name in kept])
         persistent = [top for layer, tops in zip(self.layers, self._tops) if layer.tops_persist
                       for top in tops]
-        self._plan = ForwardPlan(self._bottoms, self._tops,
-                                 [self.blobs[name] for name in kept] + persistent)
+        kept_data = [self.blobs[name] for name in kept] + persistent
+        # a chain's head writes its output in the forward and reads its diff in the backward
+        tops = [t + [self._tops[k][0] for k in chain] for t, chain in zip(self._tops, self._chains)]
+        if forward_only:
+            self._plan = forward_plan(self._bottoms, tops, kept_data)
+        else:
+            absorbed = {k for chain in self._chains for k in chain}
+            runs = [need and i not in absorbed for i, need in enumerate(self._layer_need_backward)]
+            reads = [layer.backward_reads(bottoms, layer_tops) for layer, bottoms, layer_tops
+                     in zip(self.layers, self._bottoms, self._tops)]
+            if plan == 'recompute':
+                self._recomputers = {id(top): layer for layer, bottoms, layer_tops in zip(
+                    self.layers, self._bottoms, self._tops) if runs[self.layers.index(layer)]
+                    for top in layer.recomputable(bottoms, layer_tops)}
+            self._plan = train_plan(self._bottoms, tops, reads, runs, self._bottom_need_backward,
+                                    kept_data, kept_data + [
+                                        self.blobs[name] for name in self.output_blob_loss_weights],
+                                    [b for t in tops for b in t if id(b) in self._recomputers])
         self._apply_plan()
         self.blobs = KeptBlobs([(name, blob) for name, blob in self.blobs.items() if name in kept],
                                [name for name in self.blobs if name not in kept])
@@ -256,8 +284,8 @@ class Net(BatchedCalls):
         planned = self._plan.apply(self.context.xp)
         self.reshape()                         # the aliases take views of the new storage
         self._planned_inputs = self._input_shapes()
-        log.debug("Net '%s': %d planned blob groups share %s", self.name,
-                  len(self._plan.groups), format_bytes(planned))
+        log.debug("Net '%s': %d planned groups share %s", self.name, len(self._plan.groups),
+                  format_bytes(planned))
 
     def _write_loss_weights(self):
         """Caffe keeps each loss weight in its top's diff, where backward starts from."""
@@ -277,13 +305,18 @@ class Net(BatchedCalls):
     def forward_prefilled(self, start=0, end=None):
         """Run layers start..end (inclusive) on the blobs as they are; return the loss."""
         end = len(self.layers) - 1 if end is None else end
-        if self._plan is not None and (self._input_shapes() != self._planned_inputs
-                                       or not self._plan.holds()):
-            self._apply_plan()                 # new shapes since the last plan
+        if self._plan is not None:
+            self._plan.enter_forward()
+            if self._input_shapes() != self._planned_inputs or not self._plan.holds():
+                self._apply_plan()             # new shapes since the last plan
         loss = 0.0
         for i in range(start, end + 1):
+            if i in self._absorbed:
+                continue                       # its head ran it
             layer, bottoms, tops = self.layers[i], self._bottoms[i], self._tops[i]
             layer.reshape(bottoms, tops)
+            for k in self._chains[i]:
+                self.layers[k].reshape(self._bottoms[k], self._tops[k])
             layer.forward(bottoms, tops)
             for blob, w in zip(tops, self._loss_weights[i]):
                 if w:
@@ -295,10 +328,18 @@ class Net(BatchedCalls):
         """Run backward for layers start down to end (inclusive); ``after_layer(i)`` is called
         once layer i is through (run or skipped), e.g. to start reducing its gradients."""
         start = len(self.layers) - 1 if start is None else start
-        if self._plan is not None:
+        if self._plan is not None and self._plan.forward_only:
             raise CaffeError("net '%s' runs forward only: its memory plan shares the blobs a "
                              "backward would read; build it with memory_plan='off'" % self.name)
+        refills = self._plan.refills if self._plan is not None else {}
         for i in range(start, end - 1, -1):
+            if i in self._absorbed:
+                continue        # its head's backward runs it, and then covers its params
+            for group in refills.get(i, ()):
+                self._plan.enter_backward(group)     # written again, for its first reader
+                for blob in group.members:
+                    if id(blob) in self._recomputers:
+                        self._recomputers[id(blob)].recompute(blob)
             if self._layer_need_backward[i]:
                 self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
             if after_layer is not None:
@@ -330,22 +371,6 @@ class Net(BatchedCalls):
         names = self.inputs if end is None else self.bottom_names[self._layer_names[end_i]]
         return {name: self.blobs[name].diff for name in list(names) + list(diffs or [])}
 
-    def share_with(self, other):
-        """Caffe's ShareTrainedLayersWith: every layer here named as one of ``other``'s uses
-        that layer's param data (not diffs), which must match in number and shape."""
-        for name, source in zip(other._layer_names, other.layers):
-            target = self.layer_by_name.get(name)
-            if target is None:
-                continue
-            if len(target.blobs) != len(source.blobs):
-                raise CaffeError("share_with: layer '%s' has %d param blobs here but %d in net '%s'"
-                                 % (name, len(target.blobs), len(source.blobs), other.name))
-            for j, (mine, theirs) in enumerate(zip(target.blobs, source.blobs)):
-                if mine.shape != theirs.shape:
-                    raise CaffeError("share_with: layer '%s' param %d has shape %s here but %s in "
-                                     "net '%s'" % (name, j, mine.shape, theirs.shape, other.name))
-                mine.share_data(theirs)
-
     def forward_backward(self, after_layer=None):
         loss = self.forward_prefilled()
         self.backward_from(after_layer=after_layer)
@@ -358,18 +383,6 @@ class Net(BatchedCalls):
     def clear_param_diffs(self):
         for blob in self.learnable_params:
             blob.diff[...] = 0
-
-    def share_weights_with(self, other):
-        """Make this net's params the same Blobs as ``other``'s, by layer name (test nets)."""
-        for name, layer in zip(self._layer_names, self.layers):
-            source = other.layer_by_name.get(name)
-            if source is None or not layer.blobs:
-                continue
-            for j, blob in enumerate(layer.blobs):
-                if j < len(source.blobs) and source.blobs[j].shape == blob.shape:
-                    layer.blobs[j] = source.blobs[j]
-        self.params = collections.OrderedDict(
-            (name, layer.blobs) for name, layer in zip(self._layer_names, self.layers) if layer.blobs)
 
     # ---- weights ------------------------------------------------------------------------
     def copy_from(self, weights, complete=False):
@@ -416,14 +429,6 @@ class Net(BatchedCalls):
     def __repr__(self):
         return "Net('%s', %s, %d layers)" % (self.name, 'TRAIN' if self.phase == TRAIN else 'TEST',
                                               len(self.layers))
-
-
-def _reshaped_view(owner, shape):
-    """A Blob that views ``owner``'s data and diff under another shape (PERMISSIVE sharing)."""
-    view = Blob.__new__(Blob)
-    view.xp, view.dtype = owner.xp, owner.dtype
-    view.data, view.diff = owner.data.reshape(shape), owner.diff.reshape(shape)
-    return view
 
 
 __all__ = ['Net', 'TRAIN', 'TEST', 'load_net_param']

@@ -1,9 +1,12 @@
 """benchmarks/net_time.py and memory.py run as a user runs them. BVLC Caffe is not in CI:
 --compare-caffe is checked against a stand-in that prints `caffe time`'s lines."""
+import pathlib
 import re
 import stat
 import subprocess
 import sys
+
+import numpy as np
 
 from conftest import CORPUS, ROOT, require
 
@@ -78,3 +81,47 @@ def test_gemm_share_counts_every_multiply_add_of_a_step():
     assert abs(float(counted.group(3)) * 1e9 / (3 * 64 * per_image) - 1) < 1e-3, out
     assert 0 < int(counted.group(2)) <= 100
     assert re.search(r'^peak, \d+x\d+x\d+ alone +[\d.]+ G multiply-adds/s', out, re.M), out
+
+
+def test_cpu_suite_prints_one_table_of_ratios(tmp_path):
+    caffe = tmp_path / 'caffe'
+    caffe.write_text(FAKE_CAFFE)
+    caffe.chmod(caffe.stat().st_mode | stat.S_IEXEC)
+    out = run('cpu_suite.py', '--compare-caffe', caffe, '--nets', 'resnet20-b1', '--pairs', 1,
+              '--iterations', 1)
+    # the stand-in's 2.5 + 5 ms: the three ratios follow from our medians printed beside them
+    row = re.search(r'^\| resnet20-b1 \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| '
+                    r'([\d.]+) ms \| 7\.5 ms \| [\d.]+ to [\d.]+ \|$', out, re.M)
+    assert row, out
+    assert abs(float(row.group(5)) / 7.5 / float(row.group(3)) - 1) < 0.02, out
+    assert re.search(r'^by layer type', out, re.M) and 'load average (1 minute)' in out, out
+
+
+def test_cpu_suite_nets_build_and_retinaface_runs_small():
+    """Every net of the suite builds as the timed net; the RetinaFace prototxt is what its
+    generator writes and runs a forward and backward at 64 x 64 (strides 8 to 32: the
+    Deconvolution's 2x upsampling meets the lateral's 4 x 4 and 8 x 8 exactly)."""
+    sys.path.insert(0, str(ROOT / 'benchmarks'))
+    import cpu_suite
+    from caffe_syncbn import TRAIN, Net
+    from caffe_syncbn.cli.timing import timing_net_param
+    for model, batch, _ in cpu_suite.NETS.values():
+        require(pathlib.Path(model))
+        timing_net_param(model, batch)
+    nets = ROOT / 'benchmarks' / 'nets'
+    written = subprocess.run([sys.executable, str(nets / 'make_retinaface.py')],
+                             capture_output=True, text=True, check=True).stdout
+    assert written == (nets / 'retinaface_mnet025_deploy.prototxt').read_text()
+    param = timing_net_param(str(nets / 'retinaface_mnet025_deploy.prototxt'), 1)
+    param.layer[0].input_param.shape[0].dim[2:] = [64, 64]
+    net = Net(param, TRAIN)
+    for layer in net.layers:           # global statistics of mean 0, variance 1
+        if layer.type == 'BatchNorm':
+            layer.blobs[1].data[...] = layer.blobs[2].data[...] = 1
+    net.blobs['data'].data[...] = np.random.RandomState(0).randn(*net.blobs['data'].shape)
+    net.forward_backward()
+    assert net.blobs['face_rpn_landmark_pred_stride8'].shape == (1, 20, 8, 8)
+    assert net.blobs['face_rpn_cls_prob_stride32'].shape == (1, 4, 2, 2)
+    prob = net.blobs['face_rpn_cls_prob_stride32'].data.reshape(1, 2, 2, 2, 2)
+    assert np.allclose(prob.sum(axis=1), 1, atol=1e-5)
+    assert np.isfinite(net.blobs['data'].diff).all()

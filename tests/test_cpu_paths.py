@@ -60,7 +60,7 @@ def test_nested_splits_finish(threads):
 
 
 @pytest.mark.parametrize('m, k, n', [(1, 1, 1), (3, 5, 2), (64, 300, 200), (300, 40, 2000),
-                                     (2000, 4, 300)])
+                                     (2000, 4, 300), (300, 1, 200), (5, 1, 3000)])
 def test_matmul_and_accumulate(threads, monkeypatch, m, k, n):
     monkeypatch.setattr(cpu_threads, 'PARALLEL_GEMM_MIN_FLOPS', 1)
     monkeypatch.setattr(cpu_threads, 'ACCUMULATE_CHUNK_BYTES', 4096)
@@ -207,6 +207,21 @@ def test_host_max_pooling_matches_the_array_path(body, shape, ties, threads, mon
     np.testing.assert_array_equal(y, y_ref)
     np.testing.assert_array_equal(mask, mask_ref)
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-14, atol=1e-14)   # overlaps add in order
+
+
+@pytest.mark.parametrize('shape', [(1, 64, 8, 8), (3, 5, 7, 9), (2, 3, 1, 6)])
+def test_global_average_pooling_adds_in_the_order_of_the_window_sums(shape):
+    """The whole-input window's few calls give the bits of the separable window sums,
+    in float32, where a different order of additions would show."""
+    from caffe_syncbn.layers.pooling import Pool2d
+    pool = Pool2d('AVE', shape[2:], shape[2:], (1, 1), (0, 0), True, ValueError)
+    assert pool.whole
+    x = (_randn(*shape) * 10).astype(np.float32)
+    dy = _randn(shape[0], shape[1], 1, 1, seed=3).astype(np.float32)
+    y, dx = pool.forward(x, 0, None), pool.backward(dy, 0).copy()
+    pool.whole = False
+    np.testing.assert_array_equal(y, pool.forward(x, 0, None))
+    np.testing.assert_array_equal(dx, pool.backward(dy, 0))
 
 
 # ---------------------------------------------------------------- batch norm, LRN

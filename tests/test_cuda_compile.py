@@ -70,7 +70,8 @@ def _wanted_kernels():
 
 
 def test_there_are_kernels_and_every_wrapper_names_an_existing_file():
-    assert {'syncbn', 'reduce', 'im2col', 'pooling', 'softmax_loss', 'interp', 'lrn'} <= set(STEMS)
+    assert {'syncbn', 'reduce', 'im2col', 'pooling', 'softmax_loss', 'interp', 'lrn',
+            'detection'} <= set(STEMS)
     assert set(_wanted_kernels()) <= set(STEMS)
 
 

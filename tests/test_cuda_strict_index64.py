@@ -1,6 +1,6 @@
 """Index arithmetic past 2^31 and 2^32 elements, for the kernels whose sizes are 64-bit (SyncBN,
-the same-device reduce, LRN, SoftmaxWithLoss, the fused kernels) or whose item counts and in-
-plane offsets are 64-bit products (pooling, im2col, Interp). The arrays are sparse mappings
+the same-device reduce, LRN, SoftmaxWithLoss, the fused kernels, the Jaccard matrix) or whose
+item counts and in-plane offsets are 64-bit products (pooling, im2col, Interp, box decoding). The arrays are sparse mappings
 (MAP_NORESERVE: untouched pages read as the shared zero page and cost no memory); the test
 writes a few values near the end, runs only the last blocks of the full-size grid (the
 emulation's `blocks=`) and checks their outputs, and that the cells 2^32 elements before them,
@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 from cuda_emulation import kernel
+from test_cuda_strict_detection import TOL as DETECTION_TOL
+from test_cuda_strict_detection import (CENTER_SIZE, box_set, random_priors, reference_decode,
+                                        reference_jaccard)
 from test_cuda_strict_syncbn import SUFFIX, assert_close
 
 MAP_NORESERVE = 0x4000  # <sys/mman.h> on Linux; Python's mmap module does not name it
@@ -328,3 +331,45 @@ def test_fused_bn_relu_backward_reduce():
     slot = (2 * splits + b) * 2
     assert_close(partial[slot:slot + 2], [g.sum(), (g * xhat).sum()], 1e-5, 'sums',
                  scale=np.abs(gs).sum() * 4 + 1)
+
+
+def test_decode_boxes_past_2_31_boxes():
+    """num * P * L and P + p past 2^31: the last two blocks' boxes, from sparse arrays."""
+    num, count = 2, 2 ** 30 + 1
+    total = num * count
+    grid = -(-total // 256)
+    loc = sparse((num, count, 1, 4), np.float16)
+    prior = sparse((2, count, 4), np.float16)
+    boxes = sparse((num, count, 1, 4), np.float32)
+    first = (grid - 2) * 256                     # the last blocks' boxes: image 1, last priors
+    rs = np.random.RandomState(40)
+    loc.reshape(-1, 4)[first:] = rs.standard_normal((total - first, 4))
+    tail = first - count
+    prior[:, tail:] = random_priors(rs, count - tail)
+    kernel('detection', 'decode_boxes_f16')((grid,), (256,), (
+        loc, prior, np.int32(num), np.int32(count), np.int32(1), np.int32(CENTER_SIZE),
+        np.int32(0), boxes), blocks=last_blocks(grid))
+    want = reference_decode(loc[1:, tail:].astype(np.float64),
+                            prior[:, tail:].astype(np.float64), CENTER_SIZE, 0)
+    assert_close(boxes[1:, tail:], want, DETECTION_TOL[np.float16] * 4, 'boxes')
+    assert not boxes.reshape(-1, 4)[first - WRAP // 4:total - WRAP // 4].any()
+
+
+def test_jaccard_past_2_32_pairs():
+    """na * nb past 2^32 pairs: the last two blocks' overlaps, into a sparse matrix."""
+    na, nb = 2 ** 16 + 1, 2 ** 16
+    total = na * nb
+    grid = -(-total // 256)
+    rs = np.random.RandomState(41)
+    a = np.tile(box_set(rs, 1), (na, 1))        # every row overlaps every column somewhat
+    b = random_priors(rs, nb)[0] * 0.2 + 0.1
+    iou = sparse((na, nb), np.float32)
+    kernel('detection', 'jaccard_f32')((grid,), (256,), (a.astype(np.float32), np.int64(na),
+                                              b.astype(np.float32), np.int64(nb), iou),
+                             blocks=last_blocks(grid))
+    first = (grid - 2) * 256
+    want = reference_jaccard(a[-1:].astype(np.float32).astype(np.float64),
+                             b[first % nb:].astype(np.float32).astype(np.float64))
+    assert (want > 0).all()
+    assert_close(iou[-1, first % nb:], want[0], DETECTION_TOL[np.float32] * 4, 'iou')
+    assert not iou.reshape(-1)[first - WRAP:total - WRAP].any()

@@ -32,17 +32,19 @@ ROOT = Path(__file__).resolve().parents[1]
 CUDA = ROOT / 'cuda'
 STRICT = ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_layers.py',
           'tests/test_cuda_strict_fused.py', 'tests/test_cuda_strict_index64.py',
-          'tests/test_cuda_strict_emulation.py']
+          'tests/test_cuda_strict_emulation.py', 'tests/test_cuda_strict_detection.py']
 #: the tests that launch each file's kernels (common.cuh: all of them)
 TESTS = {
     'syncbn.cu': ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_index64.py'],
     'fused.cu': ['tests/test_cuda_strict_fused.py', 'tests/test_cuda_strict_index64.py'],
+    'detection.cu': ['tests/test_cuda_strict_detection.py', 'tests/test_cuda_strict_index64.py'],
     'common.cuh': STRICT,
 }
 _LAYER_TESTS = ['tests/test_cuda_strict_layers.py', 'tests/test_cuda_strict_index64.py']
 #: -k expressions that pick a layer file's tests
 SELECT = {'pooling.cu': 'pooling', 'lrn.cu': 'lrn', 'interp.cu': 'interp or pooling_and_im2col',
-          'reduce.cu': 'reduce', 'softmax_loss.cu': 'softmax', 'im2col.cu': 'im2col'}
+          'reduce.cu': 'reduce', 'softmax_loss.cu': 'softmax', 'im2col.cu': 'im2col',
+          'detection.cu': 'decode_boxes or jaccard'}
 
 #: the sanitizers that can see what a survivor of each operator breaks: a race inside a block
 #: (ThreadSanitizer), an access out of bounds (AddressSanitizer). The ThreadSanitizer run
@@ -62,6 +64,19 @@ _PLANE = ("an offset inside one plane: pooling.cu's contract is H*W and OH*OW < 
 #: (file, operator, original line stripped, occurrence in that line) -> why no test can kill it
 EQUIVALENT = {
     ('fused.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
+    ('detection.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
+    ('detection.cu', 'bound_off_by_one', 'return w < A(0) || h < A(0) ? A(0) : w * h;', 0):
+        'at w = 0 the size w*h is 0 all the same',
+    ('detection.cu', 'bound_off_by_one', 'return w < A(0) || h < A(0) ? A(0) : w * h;', 1):
+        'at h = 0 the size w*h is 0 all the same',
+    ('detection.cu', 'bound_off_by_one',
+     'const A w = (u2 < v2 ? u2 : v2) - (u0 > v0 ? u0 : v0);', 0): _AT_EQUALITY,
+    ('detection.cu', 'bound_off_by_one',
+     'const A w = (u2 < v2 ? u2 : v2) - (u0 > v0 ? u0 : v0);', 1): _AT_EQUALITY,
+    ('detection.cu', 'bound_off_by_one',
+     'const A h = (u3 < v3 ? u3 : v3) - (u1 > v1 ? u1 : v1);', 0): _AT_EQUALITY,
+    ('detection.cu', 'bound_off_by_one',
+     'const A h = (u3 < v3 ? u3 : v3) - (u1 > v1 ? u1 : v1);', 1): _AT_EQUALITY,
     ('interp.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
     ('lrn.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
     ('pooling.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,

@@ -12,6 +12,7 @@ The number of threads is what the BLAS was configured with when first asked
 (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, else the cores), or CAFFE_SYNCBN_THREADS.
 From then on numpy's BLAS is kept at one thread per call.
 """
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -27,10 +28,21 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 BLOCK_BYTES = 1 << 19
 #: a GEMM that accumulates into its output computes it this many bytes at a time
 ACCUMULATE_CHUNK_BYTES = 2 << 20
+#: below this inner dimension an accumulating GEMM (a fully connected layer's weight
+#: gradient at a small batch) is bound by the traffic of its output, not by arithmetic:
+#: it goes by blocks of whole rows, each of ACCUMULATE_CACHED_BYTES, which stay in a
+#: core's L2 cache until they are added (AlexNet's fc6 at batch 4: 41 ms against 17 ms
+#: with 2 MiB column blocks)
+MEMORY_BOUND_INNER = 16
+ACCUMULATE_CACHED_BYTES = 1 << 19
 
-_state = {'threads': None, 'pool': None, 'blas': None}
+_state = {'threads': None, 'pool': None, 'blas': None, 'blas_single': False}
 _lock = threading.Lock()
 _running_part = threading.local()      # a thread running a part of a split splits no further
+#: each thread's buffers by use, kept between calls: a fresh one of a megabyte or more is
+#: mapped anew by malloc and faults in its pages on every call
+_scratch = threading.local()
+_zeros = {}
 
 
 def _blas_controller():
@@ -63,15 +75,20 @@ def set_threads(count):
 
 
 def _start(count, blas):
-    _state['blas'] = blas
+    _state['blas'], _state['blas_single'] = blas, False
     _state['pool'] = ThreadPoolExecutor(count - 1, 'caffe_syncbn') if count > 1 else None
     _state['threads'] = count
 
 
 def _single_threaded_blas():
+    """Set numpy's BLAS to one thread, once: asking it (a few microseconds) on every GEMM
+    of a small net adds up."""
+    if _state['blas_single']:
+        return
     blas = _state['blas']
     if blas is not None and blas.get_num_threads() != 1:
         blas.set_num_threads(1)
+    _state['blas_single'] = True
 
 
 def split(count, work, min_part=1, parts=None):
@@ -114,10 +131,10 @@ def split_rows(rows, row_size, work):
 def blocks(xp, rows, row_size, work, itemsize=4):
     """Run ``work(r0, r1)`` over ``rows`` rows of ``row_size`` elements: on numpy in blocks
     of about BLOCK_BYTES split over threads, elsewhere (CuPy) once over all rows."""
-    if xp is not np:
+    per_block = max(1, BLOCK_BYTES // max(1, row_size * itemsize))
+    if xp is not np or rows <= per_block:     # one block is too little to split
         work(0, rows)
         return
-    per_block = max(1, BLOCK_BYTES // max(1, row_size * itemsize))
 
     def part(start, stop):
         for first in range(start, stop, per_block):
@@ -144,28 +161,69 @@ def matmul(a, b, out=None, accumulate=False):
         out = np.empty((m, n), np.result_type(a, b))
     parts = threads() if m * n * a.shape[1] >= PARALLEL_GEMM_MIN_FLOPS else 1
     if accumulate:        # in chunks that fit a cache, added to ``out``, along its longer side
-        by_rows = m >= n
-        span = max(1, ACCUMULATE_CHUNK_BYTES // (out.itemsize * (n if by_rows else m)))
+        memory_bound = a.shape[1] < MEMORY_BOUND_INNER
+        by_rows = memory_bound or m >= n
+        chunk = ACCUMULATE_CACHED_BYTES if memory_bound else ACCUMULATE_CHUNK_BYTES
+        span = max(1, chunk // (out.itemsize * (n if by_rows else m)))
 
         def work(start, stop):
-            scratch = np.empty(((min(span, stop - start), n) if by_rows else
-                                (m, min(span, stop - start))), out.dtype)
+            scratch = scratch_array('gemm', ((min(span, stop - start), n) if by_rows else
+                                             (m, min(span, stop - start))), out.dtype)
             for first in range(start, stop, span):
                 last = min(stop, first + span)
                 if by_rows:
                     part = scratch[:last - first]
-                    np.matmul(a[first:last], b, out=part)
+                    _gemm(a[first:last], b, part)
                     out[first:last] += part
                 else:
                     part = scratch[:, :last - first]
-                    np.matmul(a, b[:, first:last], out=part)
+                    _gemm(a, b[:, first:last], part)
                     out[:, first:last] += part
         split(m if by_rows else n, work, parts=parts)
+    elif parts == 1:
+        _gemm(a, b, out)
     elif m >= n:
-        split(m, lambda s, e: np.matmul(a[s:e], b, out=out[s:e]), parts=parts)
+        split(m, lambda s, e: _gemm(a[s:e], b, out[s:e]), parts=parts)
     else:
-        split(n, lambda s, e: np.matmul(a, b[:, s:e], out=out[:, s:e]), parts=parts)
+        split(n, lambda s, e: _gemm(a, b[:, s:e], out[:, s:e]), parts=parts)
     return out
+
+
+def _gemm(a, b, out):
+    """``out = a @ b``. An inner dimension of 1 (an outer product: the weight gradient
+    of a fully connected layer at batch 1) is a broadcast product: numpy's matmul takes
+    ten times longer for it than for an inner dimension of 2. Each output is the one
+    product either way."""
+    if a.shape[1] == 1:
+        np.multiply(a, b, out=out)
+    else:
+        np.matmul(a, b, out=out)
+
+
+def scratch_array(use, shape, dtype):
+    """A C-ordered array of ``shape`` in this thread's buffer for ``use`` (a name), which
+    grows as needed and is overwritten by the next call for the same use: for the parts
+    of blocks (BLOCK_BYTES) and of GEMMs (ACCUMULATE_CHUNK_BYTES)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buffers = _scratch.__dict__.setdefault('buffers', {})
+    buffer = buffers.get(use)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = buffers[use] = np.empty(nbytes, np.uint8)
+    return buffer[:nbytes].view(dtype).reshape(shape)
+
+
+def zeros(count, dtype):
+    """``count`` zeros of ``dtype``, shared and read-only: an operand for elementwise
+    passes, which numpy runs two to three times faster against an array than against
+    a scalar (np.maximum(x, zeros) for ReLU)."""
+    dtype = np.dtype(dtype)
+    found = _zeros.get(dtype)
+    if found is None or found.size < count:
+        found = np.zeros(max(count, BLOCK_BYTES // dtype.itemsize), dtype)
+        found.flags.writeable = False
+        _zeros[dtype] = found
+    return found[:count]
 
 
 def batched_matmul(a, b, out=None):
@@ -177,15 +235,16 @@ def batched_matmul(a, b, out=None):
             return a @ b
         out[...] = a @ b
         return out
-    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    lead = a.shape[:-2] if a.shape[:-2] == b.shape[:-2] else \
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if out is None:
         out = np.empty(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+    if math.prod(lead) == 1:          # one product (a convolution of one group): no views
+        matmul(a[(0,) * (a.ndim - 2)], b[(0,) * (b.ndim - 2)], out=out[(0,) * len(lead)])
+        return out
     a = np.broadcast_to(a, lead + a.shape[-2:])
     b = np.broadcast_to(b, lead + b.shape[-2:])
     cells = list(np.ndindex(*lead))
-    if len(cells) == 1:
-        matmul(a[cells[0]], b[cells[0]], out=out[cells[0]])
-        return out
     threads()
     _single_threaded_blas()
 

@@ -26,6 +26,7 @@ from ..comm.mpi import ending_job_on_error, job_link
 from ..errors import CaffeError
 from ..formats.regular import require_regular
 from ..glog import setup_logging
+from ..memory_plan import MEMORY_PLANS
 from ..netparam.solver_param import load_solver_param
 from ..netparam.upgrade import load_net_param
 from ..netparam.upgrade_file import upgrade_file
@@ -98,13 +99,15 @@ def _parser(command):
     if command == 'test':
         p.flag('weights', required=True, metavar='FILES', help="the caffemodels to score, "
                                                                "separated by ','")
-        p.flag('memory_plan', choices=('share', 'off'), default='share',
-               help='share: blobs share storage by liveness, as a net that runs forward '
-                    'only may (default); off: every blob keeps its own, as in Caffe')
     if command == 'time':
         p.flag('batch', type=positive_int('rows'), metavar='N',
                help="the batch size (default: the prototxt's)")
     if command in ('train', 'test', 'time'):
+        p.flag('memory_plan', choices=MEMORY_PLANS, default='inplace_abn',
+               help="share: storage shared by liveness, the blobs' of a net that runs "
+                    "forward only, the diffs' of one that trains; inplace_abn (default): "
+                    'share, and batch norms run the Scale and ReLU after them and keep only '
+                    'their output; off: every blob keeps its own, as in Caffe')
         p.flag('level', type=int, metavar='N', help='the NetState level')
         p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
                help="NetState stages separated by ',' (the flag may repeat)")
@@ -201,7 +204,7 @@ def _train(args):
     solver = get_solver(args.solver, devices=devices, sync_bn=args.sync_bn, level=args.level,
                         stages=args.stage, weights=weights if args.weights or args.snapshot
                         else None, mode='async' if args.async_updates else 'sync',
-                        max_staleness=args.max_staleness)
+                        max_staleness=args.max_staleness, memory_plan=args.memory_plan)
     solver.nan_effect = args.nan_effect
     requests = None
     try:
@@ -279,7 +282,8 @@ def time_command(args):
     _require_files([('-model', args.model)])
     devices = select_device(args)
     net = _build_on(devices, lambda: build_timing_net(args.model, args.batch, args.phase,
-                                                      args.level or 0, args.stage))
+                                                      args.level or 0, args.stage,
+                                                      args.memory_plan))
     log.info('Performing Forward')
     log.info('Initial loss: %g', net.forward_prefilled())
     log.info('Performing Backward')

@@ -62,8 +62,8 @@ def run_main(main):
         sys.exit(130)
 
 
-def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=()):
+def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=(), memory_plan='off'):
     """A Net for timing (timing.timing_net_param: Input layers of batch ``batch``, backward
     forced), as the benchmarks time it."""
     return Net(timing_net_param(model, batch), TRAIN if phase == 'TRAIN' else TEST, level=level,
-               stages=stages)
+               stages=stages, memory_plan=memory_plan)

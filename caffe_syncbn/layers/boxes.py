@@ -1,12 +1,16 @@
 """Box arithmetic of the SSD layers, on host numpy arrays of (xmin, ymin, xmax, ymax) rows.
 
-Nothing here is a layer. The rules are the SSD fork's, traps included (they are
+Nothing here is a layer. ``decode_all`` and ``overlap_matrix`` are the host engine of the
+passes over every prior; detection_gpu.py is the CUDA one, with the same signatures (arrays of
+the layer's array module in, of that module out: here, host arrays in their own dtype). The rules are the SSD fork's, traps included (they are
 listed in docs/detection.md): sizes of inverted boxes are 0, overlaps touch-at-an-edge
 are 0, the greedy NMS can shrink its threshold (eta), and the average precision of a
 class is computed in float32 from float32 recall values compared with float64
 thresholds, exactly as the fork's solver does.
 """
 import numpy as np
+
+from ..backend import to_numpy
 
 CORNER, CENTER_SIZE, CORNER_SIZE = 1, 2, 3       # PriorBoxParameter.CodeType
 AP_VERSIONS = ('11point', 'MaxIntegral', 'Integral')
@@ -28,6 +32,30 @@ def overlaps(box, boxes):
     intersection = np.where(inside, width * height, 0.0)
     union = box_sizes(box) + box_sizes(boxes) - intersection
     return np.where(inside, intersection / np.where(inside, union, 1.0), 0.0)
+
+
+def overlap_matrix(boxes, others):
+    """Jaccard overlaps (len(boxes), len(others)) of two sets of corner boxes; 0 where
+    the intersection has no positive width and height."""
+    boxes, others = to_numpy(boxes), to_numpy(others)
+    width = (np.minimum(boxes[:, None, 2], others[None, :, 2])
+             - np.maximum(boxes[:, None, 0], others[None, :, 0]))
+    height = (np.minimum(boxes[:, None, 3], others[None, :, 3])
+              - np.maximum(boxes[:, None, 1], others[None, :, 1]))
+    inside = (width > 0) & (height > 0)
+    intersection = np.where(inside, width * height, 0)
+    union = box_sizes(boxes)[:, None] + box_sizes(others)[None, :] - intersection
+    return np.where(inside, intersection / np.where(inside, union, 1), 0)
+
+
+def decode_all(loc, prior_data, code_type, variance_encoded_in_target):
+    """Boxes (num, P, L, 4) that offsets ``loc`` (num, P, L, 4) predict from ``prior_data``
+    (2, P, 4): PriorBox's boxes and variances (L: 1 when the classes share locations)."""
+    loc, prior_data = to_numpy(loc), to_numpy(prior_data)
+    per_box = [np.broadcast_to(part[None, :, None], loc.shape).reshape(-1, 4)
+               for part in prior_data]
+    return decode_boxes(per_box[0], per_box[1], loc.reshape(-1, 4), code_type,
+                        variance_encoded_in_target).reshape(loc.shape)
 
 
 def decode_boxes(priors, variances, offsets, code_type, variance_encoded_in_target):

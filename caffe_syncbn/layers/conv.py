@@ -239,6 +239,9 @@ class ConvolutionLayer(_ConvolutionBase):
             grouped_matmul(weight, col, out=self._grouped(t.data, positions))
             self._add_bias(t.data.reshape(self.batch, self.num_output, positions))
 
+    def backward_reads(self, bottom, top):
+        return list(bottom)         # the weight gradient reads the input
+
     def backward(self, top, propagate_down, bottom):
         weight = self.grouped_weight()
         positions = int(np.prod(self.out_spatial))

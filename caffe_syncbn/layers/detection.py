@@ -1,8 +1,10 @@
 """The SSD fork's detection layers: PriorBox, DetectionOutput and DetectionEvaluate.
 
 They have no backward. DetectionOutput and DetectionEvaluate sort, suppress and match
-boxes on the host (a few thousand boxes per image); with CuPy their bottoms are copied
-to the host and the top back to the device.
+boxes on the host (a few hundred candidates per image, one after another); the passes over
+every prior or pair of boxes before that (decoding, overlaps) run on the engine chosen in
+setup: detection_gpu's kernels when the context runs CUDA kernels, else boxes.py's array
+code. Both compute in float64, so the detections do not depend on the engine.
 """
 import math
 
@@ -10,7 +12,9 @@ import numpy as np
 
 from ..backend import to_numpy
 from ..layer import Layer, register
-from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, decode_boxes, greedy_nms, overlaps
+from . import boxes as host_boxes
+from . import detection_gpu
+from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, greedy_nms
 
 _CODE_TYPES = {CORNER: 'CORNER', CENTER_SIZE: 'CENTER_SIZE', CORNER_SIZE: 'CORNER_SIZE'}
 
@@ -163,6 +167,8 @@ class DetectionOutputLayer(Layer):
         self.confidence_threshold = p.confidence_threshold \
             if p.HasField('confidence_threshold') else -np.inf
         self.top_k = nms.top_k if nms.HasField('top_k') else -1
+        # the engine of the decoding, chosen once (NMS stays on the host: it is sequential)
+        self.engine = detection_gpu if self.cuda_kernels else host_boxes
 
     def reshape(self, bottom, top):
         loc, conf, priors = bottom[:3]
@@ -188,17 +194,17 @@ class DetectionOutputLayer(Layer):
     def forward(self, bottom, top):
         p = self.param.detection_output_param
         num = bottom[0].num
-        loc = to_numpy(bottom[0].data).astype(np.float64).reshape(
-            num, self.num_priors, self.loc_classes, 4)
+        loc = bottom[0].data.astype(np.float64).reshape(num, self.num_priors,
+                                                         self.loc_classes, 4)
+        priors = bottom[2].data.astype(np.float64).reshape(2, self.num_priors, 4)
+        boxes = to_numpy(self.engine.decode_all(loc, priors, p.code_type,
+                                                p.variance_encoded_in_target))
         conf = to_numpy(bottom[1].data).astype(np.float64).reshape(
             num, self.num_priors, self.num_classes)
-        priors = to_numpy(bottom[2].data).astype(np.float64).reshape(2, self.num_priors, 4)
         rows = []
         for item in range(num):
-            boxes = [decode_boxes(priors[0], priors[1], loc[item, :, c], p.code_type,
-                                  p.variance_encoded_in_target)
-                     for c in range(self.loc_classes)]
-            rows += self._detections(item, boxes, conf[item])
+            rows += self._detections(item, [boxes[item, :, c] for c in range(self.loc_classes)],
+                                     conf[item])
         if rows:
             result = np.array(rows, np.float64)
         else:
@@ -259,6 +265,8 @@ class DetectionEvaluateLayer(Layer):
         if p.name_size_file:
             raise self.error('name_size_file (evaluation in pixels of the original images) '
                              'is not supported: boxes are compared in normalized coordinates')
+        # the engine of the overlaps, chosen once (the matching in score order stays on the host)
+        self.engine = detection_gpu if self.cuda_kernels else host_boxes
 
     def reshape(self, bottom, top):
         detections, truth = bottom
@@ -277,6 +285,10 @@ class DetectionEvaluateLayer(Layer):
         truth = to_numpy(bottom[1].data).astype(np.float64)[0, 0]
         ends = np.flatnonzero(truth[:, 0].astype(np.int64) == -1)
         truth = truth[:ends[0]] if ends.size else truth
+        # every detection against every ground-truth box, in one pass of the engine
+        iou = to_numpy(self.engine.overlap_matrix(
+            bottom[0].data[0, 0, :, 3:7].astype(np.float64),
+            bottom[1].data[0, 0, :len(truth), 3:7].astype(np.float64)))
         # rows [image, -1, ...] are DetectionOutput's "nothing found" markers
         for rows, what in ((detections, 'detection'), (truth, 'ground-truth')):
             labels = rows[rows[:, 0].astype(np.int64) != -1, 1].astype(np.int64)
@@ -299,19 +311,19 @@ class DetectionEvaluateLayer(Layer):
         labels = detections[:, 1].astype(np.int64)
         for image in sorted(set(images[(images != -1) & (labels != -1)].tolist())):
             for label in sorted(set(labels[(images == image) & (labels != -1)].tolist())):
-                found = detections[(images == image) & (labels == label)]
-                gt_rows = (truth[:, 0].astype(np.int64) == image) & \
-                    (truth[:, 1].astype(np.int64) == label)
-                if not gt_rows.any():
+                found = np.flatnonzero((images == image) & (labels == label))
+                gt_rows = np.flatnonzero((truth[:, 0].astype(np.int64) == image)
+                                         & (truth[:, 1].astype(np.int64) == label))
+                if not gt_rows.size:
                     for det in found:
-                        out[row] = [image, label, det[2], 0, 1]
+                        out[row] = [image, label, detections[det, 2], 0, 1]
                         row += 1
                     continue
-                gt_boxes, gt_difficult = truth[gt_rows, 3:7], difficult[gt_rows]
-                matched = np.zeros(len(gt_boxes), bool)
-                for det in found[np.argsort(-found[:, 2], kind='stable')]:
-                    out[row, :3] = [image, label, det[2]]
-                    ious = overlaps(det[3:7], gt_boxes)
+                gt_difficult = difficult[gt_rows]
+                matched = np.zeros(len(gt_rows), bool)
+                for det in found[np.argsort(-detections[found, 2], kind='stable')]:
+                    out[row, :3] = [image, label, detections[det, 2]]
+                    ious = iou[det, gt_rows]
                     best = int(np.argmax(ious))
                     if ious[best] < p.overlap_threshold:
                         out[row, 3:] = [0, 1]

@@ -1,4 +1,6 @@
 """InnerProduct (fully connected) and Embed (a learned lookup table)."""
+import math
+
 import numpy as np
 
 from ..backend.cpu_threads import matmul
@@ -32,7 +34,7 @@ class InnerProductLayer(Layer):
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
-        if bottom[0].count_range(self.axis) != self.inputs:
+        if math.prod(shape[self.axis:]) != self.inputs:
             raise self.error('expected %d inputs per sample (axes %d.. of the bottom), got shape %s'
                              % (self.inputs, self.axis, shape))
         top[0].reshape(shape[:self.axis] + (self.num_output,))
@@ -50,6 +52,9 @@ class InnerProductLayer(Layer):
         matmul(x, self._weight_nk().T, out=y)
         if self.bias_term:
             y += self.blobs[1].data
+
+    def backward_reads(self, bottom, top):
+        return list(bottom)         # the weight gradient reads the input
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff.reshape(-1, self.num_output)

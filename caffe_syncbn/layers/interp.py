@@ -127,6 +127,9 @@ class InterpLayer(Layer):
         blocks(self.xp, planes.shape[0], out[0].size if len(out) else 1, work,
                out.dtype.itemsize)
 
+    def backward_reads(self, bottom, top):
+        return []                   # linear in its input
+
     def backward(self, top, propagate_down, bottom):
         if self.kernels is not None and not self.copy_only:
             self.kernels.backward(self, top, propagate_down, bottom)

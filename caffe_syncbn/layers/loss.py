@@ -166,6 +166,9 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
         log_p = xp.log(xp.maximum(p_true, FLT_MIN))
         self.set_loss(top, -xp.sum(xp.where(self.valid, log_p, 0)), self.normalizer_value)
 
+    def backward_reads(self, bottom, top):
+        return list(bottom[1:]) + list(top)    # the labels, the loss weight; prob is kept
+
     def backward(self, top, propagate_down, bottom):
         if self.kernels is not None:
             self.kernels.backward(self, top, propagate_down, bottom)

@@ -28,9 +28,12 @@ import numpy as np
 from .. import caffe_pb2
 from ..backend import to_numpy
 from ..layer import Layer, register
+from . import boxes as host_boxes
+from . import detection_gpu
 from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, decode_boxes
-from .multibox_match import (UNMATCHED, encode_boxes, loc_gradients, loc_losses,
-                             logistic_losses, match_boxes, select_examples, softmax_losses)
+from .multibox_match import (UNMATCHED, crosses_boundary, encode_boxes, loc_gradients,
+                             loc_losses, logistic_losses, match_boxes, select_examples,
+                             softmax_losses)
 
 MBL = caffe_pb2.MultiBoxLossParameter
 LOSS = caffe_pb2.LossParameter
@@ -80,6 +83,8 @@ class MultiBoxLossLayer(Layer):
             self.normalization = loss_param.normalization
         flags = list(self.param.propagate_down) or list(DEFAULT_PROPAGATE)
         self.adds_loc, self.adds_conf = bool(flags[0]), bool(flags[1])
+        # the engine of the decoding and overlaps over every prior, chosen once
+        self.engine = detection_gpu if self.cuda_kernels else host_boxes
 
     def reshape(self, bottom, top):
         self.num = bottom[0].shape[0]
@@ -133,35 +138,36 @@ class MultiBoxLossLayer(Layer):
         return [(np.array(b, rows.dtype).reshape(-1, 4), np.array(l, np.int64))
                 for b, l in zip(boxes, labels)]
 
-    def match_image(self, gt_boxes, gt_labels, loc):
+    def match_image(self, image, gt_boxes, gt_labels):
         """{label: (match, best overlap)} of one image; empty when it has no ground truth."""
         p = self.p
         if len(gt_boxes) == 0:
             return {}
-        per_prediction = p.match_type == MBL.PER_PREDICTION
-        args = (per_prediction, p.overlap_threshold, p.ignore_cross_boundary_bbox)
         if p.use_prior_for_matching:
-            match, overlap = match_boxes(gt_boxes, self.priors, *args)
+            match, overlap = self.match(self.prior_boxes, gt_boxes)
             if p.share_location:
                 return {-1: (match, overlap)}
             return {c: (np.where((match >= 0) & (gt_labels[np.maximum(match, 0)] == c),
                                  match, UNMATCHED), overlap)
                     for c in range(self.num_classes) if c != self.background}
         if p.share_location:
-            return {-1: match_boxes(gt_boxes, self.decode(loc[:, 0]), *args)}
+            return {-1: self.match(self.decoded[image, :, 0], gt_boxes)}
         matches = {}
         for c in range(self.num_classes):
             if c == self.background:
                 continue
             of_class = np.flatnonzero(gt_labels == c)
-            match, overlap = match_boxes(gt_boxes[of_class], self.decode(loc[:, c]), *args)
+            match, overlap = self.match(self.decoded[image, :, c], gt_boxes[of_class])
             match[match >= 0] = of_class[match[match >= 0]]
             matches[c] = (match, overlap)
         return matches
 
-    def decode(self, offsets):
-        return decode_boxes(self.priors, self.variances, offsets, self.p.code_type,
-                            self.p.encode_variance_in_target)
+    def match(self, boxes, gt_boxes):
+        """match_boxes of ``boxes`` (P, 4), arrays of the engine, against host ``gt_boxes``."""
+        p = self.p
+        ignored = crosses_boundary(to_numpy(boxes)) if p.ignore_cross_boundary_bbox else None
+        return match_boxes(to_numpy(self.engine.overlap_matrix(boxes, gt_boxes)), ignored,
+                           p.match_type == MBL.PER_PREDICTION, p.overlap_threshold)
 
     def loc_terms(self, loc, priors_index, gt):
         """(prediction rows, target rows, gradient factor) of matched priors' offsets."""
@@ -243,10 +249,15 @@ class MultiBoxLossLayer(Layer):
         p = self.p
         loc = to_numpy(bottom[0].data).reshape(self.num, self.num_priors, self.loc_classes, 4)
         conf = to_numpy(bottom[1].data).reshape(self.num, self.num_priors, self.num_classes)
-        prior_data = to_numpy(bottom[2].data).reshape(2, self.num_priors, 4)
-        self.priors, self.variances = prior_data[0], prior_data[1]
+        prior_data = bottom[2].data.reshape(2, self.num_priors, 4)
+        self.priors, self.variances = to_numpy(prior_data)
+        self.prior_boxes = prior_data[0]
+        if not p.use_prior_for_matching:
+            self.decoded = self.engine.decode_all(
+                bottom[0].data.reshape(loc.shape), prior_data, p.code_type,
+                p.encode_variance_in_target)
         gts = self.ground_truth(to_numpy(bottom[3].data))
-        matches = [self.match_image(boxes, labels, loc[image])
+        matches = [self.match_image(image, boxes, labels)
                    for image, (boxes, labels) in enumerate(gts)]
         negatives = (self.mine(conf, loc, gts, matches) if self.mining != MBL.NONE
                      else None)

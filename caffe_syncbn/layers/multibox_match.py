@@ -8,7 +8,7 @@ shares locations keeps it under label -1.
 """
 import numpy as np
 
-from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, box_sizes
+from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE
 
 UNMATCHED, IGNORED = -1, -2
 #: overlaps at or below this are no overlap at all for the matching
@@ -16,26 +16,14 @@ MIN_OVERLAP = 1e-6
 FLT_MIN = float(np.finfo(np.float32).tiny)   # the softmax loss clamps log() here
 
 
-def overlap_matrix(boxes, others):
-    """Jaccard overlaps (len(boxes), len(others)) of two sets of corner boxes; 0 where
-    the intersection has no positive width and height."""
-    width = (np.minimum(boxes[:, None, 2], others[None, :, 2])
-             - np.maximum(boxes[:, None, 0], others[None, :, 0]))
-    height = (np.minimum(boxes[:, None, 3], others[None, :, 3])
-              - np.maximum(boxes[:, None, 1], others[None, :, 1]))
-    inside = (width > 0) & (height > 0)
-    intersection = np.where(inside, width * height, 0)
-    union = box_sizes(boxes)[:, None] + box_sizes(others)[None, :] - intersection
-    return np.where(inside, intersection / np.where(inside, union, 1), 0)
-
-
 def crosses_boundary(boxes):
     return np.any((boxes < 0) | (boxes > 1), axis=1)
 
 
-def match_boxes(gt_boxes, pred_boxes, per_prediction, overlap_threshold,
-                ignore_cross_boundary):
-    """(match, best overlap) of each prediction box against ``gt_boxes``.
+def match_boxes(iou, ignored, per_prediction, overlap_threshold):
+    """(match, best overlap) of each prediction box, from ``iou`` (predictions, ground
+    truths), the engine's overlap_matrix; ``ignored`` (a mask over the predictions, or None)
+    leaves predictions out of the matching.
 
     Bipartite first: the most overlapping (prediction, ground truth) pair among the
     unmatched ones is matched, until every ground truth has a prediction or none
@@ -43,21 +31,22 @@ def match_boxes(gt_boxes, pred_boxes, per_prediction, overlap_threshold,
     With ``per_prediction`` every prediction still unmatched then takes its most
     overlapping ground truth if that overlap reaches ``overlap_threshold``. The best
     overlap of a prediction counts every ground truth, matched or not.
+
+    The loop stays on the host on every engine: each pick removes a row and a column that
+    the next pick must not take, so the picks are sequential (at most one per ground truth).
     """
-    count = len(pred_boxes)
+    count = len(iou)
     match = np.full(count, UNMATCHED, np.int64)
-    best_overlap = np.zeros(count, pred_boxes.dtype)
-    if len(gt_boxes) == 0:
+    best_overlap = np.zeros(count, iou.dtype)
+    if iou.shape[1] == 0:
         return match, best_overlap
-    iou = overlap_matrix(pred_boxes, gt_boxes)
     iou = np.where(iou > MIN_OVERLAP, iou, 0)
-    if ignore_cross_boundary:
-        ignored = crosses_boundary(pred_boxes)
+    if ignored is not None:
         match[ignored] = IGNORED
         iou[ignored] = 0
     best_overlap[:] = iou.max(axis=1)
     candidates = np.where(iou > 0, iou, -1)
-    for _ in range(len(gt_boxes)):
+    for _ in range(iou.shape[1]):
         pred, gt = np.unravel_index(np.argmax(candidates), candidates.shape)
         if candidates[pred, gt] < 0:
             break

@@ -1,8 +1,10 @@
 """Element-wise neuron layers: one bottom, one top of the same shape, in place allowed."""
 import math
 
+import numpy as np
+
 from .. import caffe_pb2
-from ..backend.cpu_threads import blocks
+from ..backend.cpu_threads import blocks, scratch_array, zeros
 from ..layer import TRAIN, Layer, register
 
 
@@ -52,11 +54,16 @@ class ReLULayer(NeuronLayer):
         x, y = bottom[0].data.reshape(-1), top[0].data.reshape(-1)
 
         def work(a, b):
-            if self.slope == 0:
+            if self.slope == 0 and xp is np:
+                np.maximum(x[a:b], zeros(b - a, x.dtype), out=y[a:b])
+            elif self.slope == 0:
                 xp.maximum(x[a:b], 0, out=y[a:b])
             else:
                 y[a:b] = xp.where(x[a:b] > 0, x[a:b], x[a:b] * self.slope)
         blocks(xp, x.size, 1, work)
+
+    def backward_reads(self, bottom, top):
+        return list(bottom)         # in place, the output, whose sign is the input's
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -67,7 +74,10 @@ class ReLULayer(NeuronLayer):
         dx = bottom[0].diff.reshape(-1)
 
         def work(a, b):
-            if self.slope == 0:
+            if self.slope == 0 and xp is np:       # the mask in a buffer, not a new array
+                mask = scratch_array('relu', (b - a,), np.bool_)
+                np.multiply(dy[a:b], np.greater(x[a:b], 0, out=mask), out=dx[a:b])
+            elif self.slope == 0:
                 xp.multiply(dy[a:b], x[a:b] > 0, out=dx[a:b])
             else:
                 dx[a:b] = xp.where(x[a:b] > 0, dy[a:b], dy[a:b] * self.slope)
@@ -315,6 +325,9 @@ class DropoutLayer(NeuronLayer):
             raise self.error('dropout_ratio must be in [0, 1), got %g' % self.ratio)
         self.scale = 1.0 / (1.0 - self.ratio)
         self.scale_train = getattr(p, 'scale_train', True)
+
+    def backward_reads(self, bottom, top):
+        return []                   # the mask is kept
 
     def activate(self, x):
         if self.phase == TRAIN:

@@ -52,12 +52,17 @@ import numpy as np
 
 from ..layer import TEST, Layer, register
 from . import norm_cpu, norm_gpu, norm_math
+from .norm_chain import Chain
 from .norm_math import STAT, channel_view, inverse_std, moments
 
 
 class _ChannelNorm(Layer):
     """What the three layers share: shapes, the engine, the per-channel statistics as
-    float64, and the x_hat the backward reads."""
+    float64, the x_hat the backward reads, and the Scale and ReLU they may absorb
+    (norm_chain.py)."""
+
+    #: what this layer absorbed (Layer.absorb), or None
+    chain = None
 
     def setup_channels(self, bottom, top):
         self.check_bottoms(bottom, exact=1)
@@ -104,18 +109,89 @@ class _ChannelNorm(Layer):
     def share(self, packed):
         """Sum per-channel sums over the replicas (SyncBN); alone, nothing to do."""
 
+    def absorb(self, layer, top):
+        chain = self.chain or self.new_chain()
+        if not chain.offer(layer, self.channels):
+            return False
+        chain.top = top
+        self.chain = chain
+        return True
+
+    def new_chain(self):
+        return Chain()
+
+    def recomputable(self, bottom, top):
+        # in place with the batch formula (after a ReLU of slope 0, if any), x_hat is kept:
+        # the output is its affine map, written again for the first backward that reads it
+        output = self.chain.top if self.chain is not None else top[0]
+        keeps = output is bottom[0] and self.uses_batch_formula() and \
+            (self.chain is None or self.chain.negative_slope == 0)
+        return [output] if keeps else []
+
+    def recompute(self, top):
+        if self.chain is not None:
+            slope, bias, activation = self.chain.gamma(), self.chain.beta(), 0.0
+        else:
+            (slope, bias), activation = self.affine(), None
+        self.engine.output_from_x_hat(self._x_hat, channel_view(top.data), slope, bias,
+                                      activation)
+
+    def backward_reads(self, bottom, top):
+        # x_hat comes from a kept copy, from the input (apart) or from the chain's output,
+        # whose sign the ReLU's gradient reads too
+        output = self.chain.top if self.chain is not None else top[0]
+        reads = [bottom[0]] if output is not bottom[0] else []
+        return reads + ([output] if self.chain is not None else [])
+
     def normalize(self, bottom, top, mean, keep_x_hat, slope=None, bias=None):
-        """y into the top; keeps what the backward reads x_hat from, if it reads it."""
+        """y into the top (the chain's, which applies its affine part and ReLU); keeps what
+        the backward reads x_hat from, if it reads it."""
+        chain, activation = self.chain, None
+        if chain is not None:
+            top, activation = [chain.top], chain.negative_slope
+            slope, bias = chain.gamma(), chain.beta()
+            keep_x_hat = self.uses_batch_formula() or chain.wants_gamma_gradient()
         x3, y3 = channel_view(bottom[0].data), channel_view(top[0].data)
         keep_x_hat = keep_x_hat and self.backward_runs
         buffer = None
         in_place = top[0] is bottom[0] or top[0].data is bottom[0].data
+        # in place, the chain finds x_hat from its output if it can; apart, from its input
+        self._recovered = keep_x_hat and in_place and chain is not None and \
+            chain.recovers(self.name, self.output_survives, self.uses_batch_formula(),
+                           slope, bias)
+        keep_x_hat = keep_x_hat and not self._recovered
         if keep_x_hat and in_place:           # the input is gone once y is written
             buffer = self._x_hat_buffer
             if buffer is None or buffer.shape != x3.shape or buffer.dtype != x3.dtype:
                 buffer = self._x_hat_buffer = self.xp.empty_like(x3)
         self._x_hat = self.engine.normalize(x3, y3, mean, self._inv_std, slope, bias,
-                                            keep_x_hat, buffer)
+                                            keep_x_hat, buffer, activation)
+
+    def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
+        """The sums dx takes with the batch-statistics formula, or None for dx = dy * scale."""
+        return (sum_dy, sum_dy_x_hat) if self.uses_batch_formula() else None
+
+    def chain_backward(self, propagate_down, bottom):
+        """The chain's backward, from its top's diff: through the ReLU, the affine part's
+        param diffs, then the batch norm's, with x_hat found from the output or kept."""
+        chain = self.chain
+        y3, dy3 = channel_view(chain.top.data), channel_view(chain.top.diff)
+        gamma, beta = chain.gamma(), chain.beta()
+        x_hat = self._x_hat
+        if self._recovered:
+            x_hat = self.engine.x_hat_from_output(y3, gamma, beta, chain.negative_slope)
+        g3 = self.engine.activation_gradient(y3, dy3, chain.negative_slope, x_hat)
+        sum_g, sum_g_x_hat = self.engine.gradient_sums(g3, x_hat)
+        chain.add_param_gradients(sum_g, sum_g_x_hat)
+        if not propagate_down[0]:
+            return
+        scale = self._inv_std if gamma is None else gamma * self._inv_std
+        dx3 = channel_view(bottom[0].diff)
+        sums = self.batch_gradient_sums(sum_g, sum_g_x_hat)
+        if sums is None:
+            self.engine.input_gradient(dx3, g3, scale, x_hat)
+        else:
+            self.engine.input_gradient(dx3, g3, scale, x_hat, *sums, count=self._count)
 
 
 @register('BatchNorm')
@@ -141,6 +217,12 @@ class BatchNorm(_ChannelNorm):
     def fixed_param_mults(self, index):
         return (0.0, None) if index < 3 else None
 
+    def uses_batch_formula(self):
+        return not self.use_global_stats
+
+    def affine(self):
+        return None, None
+
     def forward(self, bottom, top):
         xp = self.xp
         if self.use_global_stats:
@@ -158,6 +240,8 @@ class BatchNorm(_ChannelNorm):
         self.normalize(bottom, top, mean, not self.use_global_stats)
 
     def backward(self, top, propagate_down, bottom):
+        if self.chain is not None:
+            return self.chain_backward(propagate_down, bottom)
         if not propagate_down[0]:
             return
         dy3, dx3 = channel_view(top[0].diff), channel_view(bottom[0].diff)
@@ -194,6 +278,17 @@ class BN(_ChannelNorm):
     def fixed_param_mults(self, index):
         return (0.0, 0.0) if index >= 2 or self.affine_frozen else None
 
+    def uses_batch_formula(self):
+        """The forks' BN applies the batch-statistics formula in TEST too (with the running
+        x_hat); frozen, dx = dy * slope / std."""
+        return not self.affine_frozen
+
+    def new_chain(self):
+        return Chain(affine_owner=self, beta_index=self.BIAS)
+
+    def affine(self):
+        return self.stat(self.SLOPE), self.stat(self.BIAS)
+
     def batch_moments(self, x3):
         """(count, mean, biased var) of this forward's batch, about its own mean."""
         return self.local_moments(x3)
@@ -214,13 +309,14 @@ class BN(_ChannelNorm):
             self.set_stat(self.VAR, keep * self.stat(self.VAR)
                           + (1 - keep) * self.running_variance(var, self._count))
         self._inv_std = inverse_std(var, self.eps)
-        self.normalize(bottom, top, mean, self.backward_reads_x_hat(),
-                       self.stat(self.SLOPE), self.stat(self.BIAS))
+        self.normalize(bottom, top, mean, self.backward_reads_x_hat(), *self.affine())
 
     def backward_reads_x_hat(self):
         return not self.affine_frozen
 
     def backward(self, top, propagate_down, bottom):
+        if self.chain is not None:
+            return self.chain_backward(propagate_down, bottom)
         dy3, dx3 = channel_view(top[0].diff), channel_view(bottom[0].diff)
         scale = self.stat(self.SLOPE) * self._inv_std
         if self.affine_frozen:
@@ -242,10 +338,6 @@ class BN(_ChannelNorm):
         else:
             self.engine.input_gradient(dx3, dy3, scale, self._x_hat, *sums, count=self._count)
 
-    def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
-        """The sums dx takes with the batch-statistics formula, or None for dx = dy * scale.
-        The forks apply that formula in TEST too (with the running x_hat)."""
-        return sum_dy, sum_dy_x_hat
 
 
 @register('SyncBN')
@@ -264,6 +356,9 @@ class SyncBN(BN):
 
     def running_variance(self, var, count):
         return var * (count / self.xp.maximum(count - 1, 1))
+
+    def uses_batch_formula(self):
+        return not self.use_running_stats
 
     def backward_reads_x_hat(self):
         return not self.use_running_stats or self.wants_param_gradient(self.SLOPE)

@@ -56,8 +56,30 @@ class Normalization:
         return out
 
 
+class FromOutput:
+    """x_hat = (p - beta) / gamma from a chain's output y (norm_chain.py): p = y where
+    y > 0, y / s elsewhere (s: the ReLU's negative slope; None: no ReLU; 0: p = y, whose
+    x_hat only meets a zero gradient where y <= 0)."""
+
+    def __init__(self, y3, gamma, beta, activation):
+        images, dtype = y3.shape[0], work_dtype(y3.dtype)
+        self.activation = dtype.type(activation) if activation else None
+        self.beta = None if gamma is None else _tiled(beta, images, dtype)
+        self.inv_gamma = None if gamma is None else _tiled(1.0 / gamma, images, dtype)
+
+    def into(self, y, out, r0, r1):
+        out[...] = y
+        if self.activation is not None:
+            np.divide(out, self.activation, out=out, where=out <= 0)
+        if self.beta is not None:
+            out -= self.beta[r0:r1]
+            out *= self.inv_gamma[r0:r1]
+        return out
+
+
 class XHat:
-    """Where the backward finds x_hat: a kept copy, or the input and its normalization."""
+    """Where the backward finds x_hat: a kept copy, or an array (the input, or a chain's
+    output) and what makes x_hat of it, block by block."""
 
     def __init__(self, kept=None, x3=None, normalization=None):
         self.kept, self.x3, self.normalization = kept, x3, normalization
@@ -99,16 +121,17 @@ def local_sums(x3, reference=None):
     return pack(np, count, *rebase_sums(count, s1, s2, shift, reference)), reference
 
 
-def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None):
+def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None,
+              activation=None):
     normalization = Normalization(x3, mean, inv_std, work_dtype(x3.dtype))
     kept = x_hat_out if keep else None
-    _normalize_rows(x3, y3, normalization, slope, bias, kept)
+    _normalize_rows(x3, y3, normalization, slope, bias, kept, activation)
     if not keep:
         return None
     return XHat(kept, None if kept is not None else x3, normalization)
 
 
-def _normalize_rows(x3, y3, normalization, slope, bias, kept):
+def _normalize_rows(x3, y3, normalization, slope, bias, kept, activation):
     x, y = _rows(x3), _rows(y3)
     images = x3.shape[0]
     dtype = y3.dtype
@@ -124,7 +147,52 @@ def _normalize_rows(x3, y3, normalization, slope, bias, kept):
         if slope is not None:
             out *= slope[r0:r1]
             out += bias[r0:r1]
+        if activation is not None:
+            _relu(out, activation)
     _blocks(x3, work)
+
+
+def output_from_x_hat(x_hat, y3, slope, bias, activation):
+    y = _rows(y3)
+    images, dtype = y3.shape[0], y3.dtype
+    slope = None if slope is None else _tiled(slope, images, dtype)
+    bias = None if bias is None else _tiled(bias, images, dtype)
+
+    def work(r0, r1):
+        out = y[r0:r1]
+        out[...] = x_hat.block(r0, r1)
+        if slope is not None:
+            out *= slope[r0:r1]
+            out += bias[r0:r1]
+        if activation is not None:
+            _relu(out, activation)
+    _blocks(y3, work)
+
+
+def _relu(out, negative_slope):
+    if negative_slope == 0:
+        np.maximum(out, 0, out=out)
+    else:
+        np.multiply(out, out.dtype.type(negative_slope), out=out, where=out <= 0)
+
+
+def x_hat_from_output(y3, gamma, beta, activation):
+    return XHat(None, y3, FromOutput(y3, gamma, beta, activation))
+
+
+def activation_gradient(y3, dy3, activation, x_hat):
+    if activation is None:
+        return dy3
+    y, dy = _rows(y3), _rows(dy3)
+
+    def work(r0, r1):
+        if activation == 0:
+            np.multiply(dy[r0:r1], y[r0:r1] > 0, out=dy[r0:r1])
+        else:
+            np.multiply(dy[r0:r1], dy.dtype.type(activation), out=dy[r0:r1],
+                        where=y[r0:r1] <= 0)
+    _blocks(dy3, work)
+    return dy3
 
 
 def gradient_sums(dy3, x_hat):

@@ -1,5 +1,7 @@
-"""Batch normalization's CUDA engine: the kernels of cuda/syncbn.cu behind the four
-functions every engine has (see norm_math.py).
+"""Batch normalization's CUDA engine: the kernels of cuda/syncbn.cu behind the functions
+every engine has (see norm_math.py), and those of cuda/fused.cu for the chains of
+norm_chain.py: a ReLU in the same pass as the normalization, and a backward that finds
+x_hat and the ReLU's gradient from the output as it goes.
 
 Each per-channel reduction is two launches (partial sums per block, then per channel),
 each elementwise pass one launch, and nothing is read back to the host: the global count
@@ -16,8 +18,8 @@ from .norm_math import STAT
 MAX_CHANNELS = 65535          # the grid's y extent
 
 
-def _kernel(base, dtype):
-    return cuda_kernels.typed_kernel('syncbn', base, dtype)
+def _kernel(base, dtype, family='syncbn'):
+    return cuda_kernels.typed_kernel(family, base, dtype)
 
 
 def _splits(x3):
@@ -77,6 +79,15 @@ class XHat:
         self.source, self.params, self.is_x_hat = source, params, is_x_hat
 
 
+class FromOutput:
+    """A chain's output y, its gamma and beta (in y's dtype) and its ReLU's negative slope
+    (1: no ReLU, which the fused kernels then pass through): they find x_hat and the
+    gradient through the ReLU from y themselves."""
+
+    def __init__(self, y3, gamma, beta, negative_slope):
+        self.y3, self.gamma, self.beta, self.negative_slope = y3, gamma, beta, negative_slope
+
+
 # ---- the engine --------------------------------------------------------------------------------
 def local_sums(x3, reference=None):
     """One pass about each channel's first value (as free of cancellation as the batch
@@ -85,20 +96,61 @@ def local_sums(x3, reference=None):
     return packed, pivot if reference is None else reference
 
 
-def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None):
+def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None,
+              activation=None):
     xp = get_array_module(x3)
     x3 = contiguous(xp, x3)
     if slope is None:
         slope, bias = xp.ones(mean.size, STAT), xp.zeros(mean.size, STAT)
     params = _params(xp, x3.dtype, mean, inv_std, slope.astype(STAT) * inv_std, bias)
     x_hat_out = x_hat_out if keep else None
-    if x3.size:
+    c, hw = i64(x3.shape[1]), i64(x3.shape[2])
+    if x3.size and activation is not None and x_hat_out is None:
+        _kernel('fused_bn_relu_forward', x3.dtype, 'fused')(
+            grid_1d(x3.size), (BLOCK,), (x3, params, c, hw, i64(x3.size), f64(activation), y3))
+    elif x3.size:
         _kernel('syncbn_normalize', x3.dtype)(
             grid_1d(x3.size // vector_width(x3.dtype) or 1), (BLOCK,),
-            (x3, y3, x_hat_out, params, i64(x3.shape[1]), i64(x3.shape[2]), i64(x3.size)))
+            (x3, y3, x_hat_out, params, c, hw, i64(x3.size)))
+        if activation is not None:        # x_hat kept: the ReLU over y, in place
+            ones = xp.ones(x3.shape[1], _accumulator(x3.dtype))
+            _kernel('fused_affine_relu', x3.dtype, 'fused')(
+                grid_1d(x3.size), (BLOCK,), (y3, ones, 0 * ones, c, hw, i64(x3.size), i32(1),
+                                             f64(activation), y3))
     if not keep:
         return None
     return XHat(x_hat_out if x_hat_out is not None else x3, params, int(x_hat_out is not None))
+
+
+def output_from_x_hat(x_hat, y3, slope, bias, activation):
+    xp = get_array_module(y3)
+    c, acc = y3.shape[1], _accumulator(y3.dtype)
+    a = xp.ones(c, acc) if slope is None else slope.astype(acc)
+    b = xp.zeros(c, acc) if bias is None else bias.astype(acc)
+    if y3.size:
+        _kernel('fused_affine_relu', y3.dtype, 'fused')(
+            grid_1d(y3.size), (BLOCK,), (x_hat.source, a, b, i64(c), i64(y3.shape[2]),
+                                         i64(y3.size), i32(activation is not None),
+                                         f64(activation or 0), y3))
+
+
+def x_hat_from_output(y3, gamma, beta, activation):
+    xp = get_array_module(y3)
+    c = y3.shape[1]
+    gamma = xp.ones(c, y3.dtype) if gamma is None else gamma.astype(y3.dtype)
+    beta = xp.zeros(c, y3.dtype) if beta is None else beta.astype(y3.dtype)
+    return FromOutput(contiguous(xp, y3), gamma, beta, 1.0 if activation is None else activation)
+
+
+def activation_gradient(y3, dy3, activation, x_hat):
+    if activation is None or isinstance(x_hat, FromOutput):    # its kernels take it in
+        return dy3
+    xp = get_array_module(dy3)
+    y3, dy3 = contiguous(xp, y3), contiguous(xp, dy3)
+    if dy3.size:
+        _kernel('fused_eltwise_sum_relu_backward', dy3.dtype, 'fused')(
+            grid_1d(dy3.size), (BLOCK,), (y3, dy3, f64(1), i64(dy3.size), f64(activation), dy3))
+    return dy3
 
 
 def gradient_sums(dy3, x_hat):
@@ -108,7 +160,16 @@ def gradient_sums(dy3, x_hat):
     dy3 = contiguous(xp, dy3)
     n, c, hw = dy3.shape
     sums = xp.zeros(2 * c, STAT)
-    if n * hw:
+    if n * hw and isinstance(x_hat, FromOutput):
+        splits = _splits(dy3)
+        partial = xp.empty(c * splits * 2, STAT)
+        _kernel('fused_bn_relu_backward_reduce', dy3.dtype, 'fused')(
+            (splits, c), (BLOCK,), (x_hat.y3, dy3, x_hat.gamma, x_hat.beta,
+                                    f64(x_hat.negative_slope), i32(n), i32(c), i64(hw),
+                                    i32(splits), partial))
+        _kernel('syncbn_grad_finish', dy3.dtype)(
+            grid_channels(c), (BLOCK,), (partial, i32(splits), i32(c), sums, None, None))
+    elif n * hw:
         splits = _splits(dy3)
         partial = xp.empty(c * splits * 2, STAT)
         _kernel('syncbn_backward_reduce', dy3.dtype)(
@@ -123,6 +184,19 @@ def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, 
     xp = get_array_module(dy3)
     dy3 = contiguous(xp, dy3)
     c = dy3.shape[1]
+    if isinstance(x_hat, FromOutput):
+        params = xp.zeros(5 * c, _accumulator(dy3.dtype))
+        params[3 * c:4 * c] = scale            # gamma * inv_std, the factor of g in dx
+        if sum_dy is None:                     # dx = scale * g: no batch terms
+            sums, count = xp.zeros(2 * c, STAT), xp.ones(1, STAT)
+        else:
+            sums = xp.concatenate([sum_dy, sum_dy_x_hat]).astype(STAT)
+        if dy3.size:
+            _kernel('fused_bn_relu_backward_dx', dy3.dtype, 'fused')(
+                grid_1d(dy3.size), (BLOCK,),
+                (x_hat.y3, dy3, x_hat.gamma, x_hat.beta, f64(x_hat.negative_slope), params, sums,
+                 count, i64(c), i64(dy3.shape[2]), i64(dy3.size), dx3))
+        return
     if x_hat is None:
         source, is_x_hat, params = dy3, 0, xp.zeros(5 * c, _accumulator(dy3.dtype))
     else:

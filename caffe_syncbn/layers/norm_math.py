@@ -11,14 +11,26 @@ update); an engine holds the passes over the data, with one signature in all thr
         [count, sum(x - K) (C), sum((x - K)^2) (C)] about K = shift, which is
         ``reference`` when given (C values the blob dtype holds exactly), else a shift of
         the engine's choosing that keeps the sums free of cancellation
-    normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None)
-        y = x_hat (* slope + bias) into y3, which may be x3; with ``keep``, returns what the
+    normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None,
+              activation=None)
+        y = x_hat (* slope + bias), then through a ReLU of negative slope ``activation``
+        unless it is None, into y3, which may be x3; with ``keep``, returns what the
         backward reads x_hat from (written into ``x_hat_out`` when given: the layer runs in
         place and x3 is gone; else made again from x3)
     gradient_sums(dy3, x_hat) -> (sum(dy), sum(dy * x_hat) or None when x_hat is None)
     input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, count=None)
         dx into dx3 (which may be dy3): scale * dy, or through batch statistics over
         ``count`` values scale * (dy - sum(dy)/m - x_hat * sum(dy*x_hat)/m)
+
+and two for the chains of norm_chain.py, whose output y = relu(gamma * x_hat + beta):
+
+    x_hat_from_output(y3, gamma, beta, activation) -> what the backward reads x_hat from,
+        found from y (gamma, beta None: no affine part; ``activation`` 0 only where the
+        gradient through the ReLU, 0 where y <= 0, is all that meets x_hat)
+    activation_gradient(y3, dy3, activation, x_hat) -> the gradient g through the ReLU,
+        the dy the other functions then take with that x_hat (written over dy3)
+    output_from_x_hat(x_hat, y3, slope, bias, activation): y into y3 again from a kept
+        x_hat (normalize's ``keep`` into ``x_hat_out``), as normalize computed it
 
 This module is the engine for any array module (numpy in float16, CuPy without the
 kernels); norm_cpu.py is the host engine and norm_gpu.py the CUDA one.
@@ -102,14 +114,44 @@ def x_hat_of(x3, mean, inv_std):
     return x_hat
 
 
-def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None):
+def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_out=None,
+              activation=None):
     x_hat = x_hat_of(x3, mean, inv_std)
-    if slope is None:
-        y3[...] = x_hat
-    else:
-        y3[...] = x_hat * per_channel(slope.astype(x_hat.dtype)) + \
-            per_channel(bias.astype(x_hat.dtype))
+    output_from_x_hat(x_hat, y3, slope, bias, activation)
     return x_hat if keep else None
+
+
+def output_from_x_hat(x_hat, y3, slope, bias, activation):
+    y = x_hat if slope is None else \
+        x_hat * per_channel(slope.astype(x_hat.dtype)) + per_channel(bias.astype(x_hat.dtype))
+    y3[...] = y if activation is None else relu(y, activation)
+
+
+def relu(v, negative_slope):
+    xp = get_array_module(v)
+    return xp.where(v > 0, v, v * v.dtype.type(negative_slope))
+
+
+def x_hat_from_output(y3, gamma, beta, activation):
+    xp = get_array_module(y3)
+    dtype = work_dtype(y3.dtype)
+    p = y3.astype(dtype)
+    if activation:                  # slope 0: p = y, whose gradient is 0 where y <= 0
+        p = xp.where(p > 0, p, p / dtype.type(activation))
+    if gamma is not None:
+        p = (p - per_channel(beta.astype(dtype))) / per_channel(gamma.astype(dtype))
+    return p
+
+
+def activation_gradient(y3, dy3, activation, x_hat):
+    if activation is not None:
+        dy3[...] = relu_gradient(y3, dy3, activation)
+    return dy3
+
+
+def relu_gradient(y, dy, negative_slope):
+    xp = get_array_module(dy)
+    return xp.where(y > 0, dy, dy * dy.dtype.type(negative_slope))
 
 
 def gradient_sums(dy3, x_hat):

@@ -95,6 +95,8 @@ class Pool2d:
         self.padded_hw = tuple(p + max(size, (o - 1) * s + k - p) for size, k, s, p, o in
                                zip(in_hw, kernel, stride, pad, self.out_hw))
         self.overlapping = any(s < k for s, k in zip(stride, kernel))
+        #: one window that is the whole input (global pooling)
+        self.whole = self.out_hw == (1, 1) and tuple(kernel) == tuple(in_hw) and not any(pad)
         self._index = None
         self._offsets = None          # of the maxima, on the host path (pooling_cpu)
         self._divisor = None
@@ -112,6 +114,15 @@ class Pool2d:
         (kh, kw), (sh, sw), (oh, ow) = self.kernel, self.stride, self.out_hw
         rows = _window_sum(self._padded(x, 0), 3, kw, sw, ow)
         return _window_sum(rows, 2, kh, sh, oh)
+
+    def _whole_sums(self, x):
+        """``_window_sums`` of one window over the whole input in a few calls, in the same
+        order: along W, then along H, each a running sum. (A reduction over an array's
+        first axis adds its rows one after the other; over its last axis, numpy adds
+        pairwise.)"""
+        n, c, h, w = x.shape
+        rows = x.reshape(-1, w).T.copy().sum(axis=0)
+        return rows.reshape(-1, h).T.copy().sum(axis=0).reshape(n, c, 1, 1)
 
     def _ave_divisor(self, xp, dtype):
         """Window areas clipped to the padded image [-pad, size + pad), as Caffe counts them."""
@@ -148,7 +159,8 @@ class Pool2d:
     def _forward(self, x, phase, rng):
         xp = get_array_module(x)
         if self.method == 'AVE':
-            return self._window_sums(x) / self._ave_divisor(xp, x.dtype)
+            sums = self._whole_sums(x) if self.whole else self._window_sums(x)
+            return sums / self._ave_divisor(xp, x.dtype)
         if self.method == 'MAX':
             return self._max_forward(x)
         if phase != TRAIN:     # Caffe's TEST-phase stochastic pooling: a weighted average
@@ -209,6 +221,8 @@ class Pool2d:
         if self.method == 'AVE':
             (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.pad
             g = dy / self._ave_divisor(xp, dy.dtype)
+            if self.whole:            # every cell gets its window's gradient once
+                return xp.broadcast_to(g, (n, c) + self.in_hw)
             rows = _spread(g, 2, kh, sh, self.padded_hw[0])
             padded = _spread(rows, 3, kw, sw, self.padded_hw[1])
             return padded[:, :, ph:ph + self.in_hw[0], pw:pw + self.in_hw[1]]
@@ -287,6 +301,9 @@ class PoolingLayer(Layer):
             self.pool.forward(bottom[0].data, self.phase, self.ctx.rng, out=top[0].data)
         if len(top) > 1:
             top[1].data[...] = self.pool.mask()
+
+    def backward_reads(self, bottom, top):
+        return []                   # MAX keeps its mask; AVE and STOCHASTIC's TEST are linear
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:

@@ -4,6 +4,7 @@ import numpy as np
 from .. import caffe_pb2
 from ..backend.cpu_threads import blocks
 from ..layer import Layer, register
+from . import eltwise_gpu
 from .shape import canonical_axis
 
 
@@ -114,9 +115,13 @@ class ReductionLayer(Layer):
 
 @register('Eltwise')
 class EltwiseLayer(Layer):
-    """PROD, SUM (with optional coefficients) or MAX of bottoms of one shape."""
+    """PROD, SUM (with optional coefficients) or MAX of bottoms of one shape. A SUM may
+    absorb the ReLU after it (Layer.absorb): one pass forward, and the backward takes the
+    ReLU's gradient from the output's sign."""
 
     OPS = caffe_pb2.EltwiseParameter
+    #: the top of the ReLU this SUM absorbed, and its negative slope
+    relu_top = relu_slope = None
 
     def setup(self, bottom, top):
         p = self.param.eltwise_param
@@ -137,11 +142,23 @@ class EltwiseLayer(Layer):
         if top[0] is not bottom[0]:
             top[0].reshape(bottom[0].shape)
 
+    def absorb(self, layer, top):
+        if self.op != self.OPS.SUM or self.relu_top is not None or layer.type != 'ReLU' \
+                or layer.param.relu_param.negative_slope < 0:
+            return False
+        self.relu_top, self.relu_slope = top, float(layer.param.relu_param.negative_slope)
+        return True
+
     def forward(self, bottom, top):
         xp = self.xp
         data = [b.data for b in bottom]
+        if self.op == self.OPS.SUM and self.relu_top is not None and self.cuda_kernels \
+                and len(bottom) == 2:
+            eltwise_gpu.sum_relu(xp, bottom[0].data, self.coeff[0], bottom[1].data,
+                                 self.coeff[1], self.relu_slope, self.relu_top.data)
+            return
         if self.op == self.OPS.SUM:
-            self._sum_forward(bottom, top)
+            self._sum_forward(bottom, [self.relu_top] if self.relu_top is not None else top)
             return
         if self.op == self.OPS.PROD:
             result = data[0] * data[1]
@@ -176,24 +193,42 @@ class EltwiseLayer(Layer):
                 block += x1[a:b] * c1 if c1 != 1 else x1[a:b]
             for c, x in flat[2:]:
                 block += x[a:b] * c if c != 1 else x[a:b]
+            if self.relu_slope == 0:
+                xp.maximum(block, 0, out=block)
+            elif self.relu_slope is not None:
+                block[...] = xp.where(block > 0, block, block * self.relu_slope)
         blocks(xp, out.size, 1, work)
 
     def _sum_backward(self, top, propagate_down, bottom):
-        """bottom diff = coeff * top diff, block by block; the one that is the top's own
-        diff (in place) is written last in each block."""
+        """bottom diff = coeff * top diff (through the absorbed ReLU), block by block; the
+        one that is the top's own diff (in place) is written last in each block."""
         xp = self.xp
-        dy = top[0].diff.reshape(-1)
-        targets = sorted(((c, b.diff.reshape(-1), b.diff is top[0].diff)
+        out = self.relu_top if self.relu_top is not None else top[0]
+        dy, y = out.diff.reshape(-1), out.data.reshape(-1)
+        targets = sorted(((c, b.diff.reshape(-1), b.diff is out.diff)
                           for c, b, down in zip(self.coeff, bottom, propagate_down) if down),
                          key=lambda target: target[2])
+        if self.relu_top is not None and self.cuda_kernels:
+            for c, dx, _ in targets:
+                eltwise_gpu.sum_relu_backward(xp, y, dy, c, self.relu_slope, dx)
+            return
 
         def work(a, b):
+            g = dy[a:b]
+            if self.relu_slope is not None:
+                g = g * (y[a:b] > 0) if self.relu_slope == 0 else \
+                    xp.where(y[a:b] > 0, g, g * self.relu_slope)
             for c, dx, in_place in targets:
                 if c != 1:
-                    xp.multiply(dy[a:b], c, out=dx[a:b])
-                elif not in_place:
-                    dx[a:b] = dy[a:b]
+                    xp.multiply(g, c, out=dx[a:b])
+                elif not in_place or self.relu_slope is not None:
+                    dx[a:b] = g
         blocks(xp, dy.size, 1, work)
+
+    def backward_reads(self, bottom, top):
+        if self.op == self.OPS.SUM:
+            return [self.relu_top] if self.relu_top is not None else []   # the ReLU's sign
+        return super().backward_reads(bottom, top)
 
     def backward(self, top, propagate_down, bottom):
         if self.op == self.OPS.SUM:

@@ -67,10 +67,15 @@ class ScaleLayer(Layer):
     def reshape(self, bottom, top):
         x = bottom[0]
         scale = self._scale_blob(bottom)
-        self.dims = broadcast_dims(self, x, scale.shape, self.param.scale_param.axis)
-        if self.bias_index is not None and self.blobs[self.bias_index].shape != scale.shape:
-            raise self.error('bias shape %s differs from scale shape %s'
-                             % (self.blobs[self.bias_index].shape, scale.shape))
+        # the net reshapes before every forward: the checks run when a shape changes
+        shapes = (x.shape, scale.shape,
+                  self.blobs[self.bias_index].shape if self.bias_index is not None else None)
+        if shapes != getattr(self, '_checked_shapes', None):
+            self.dims = broadcast_dims(self, x, scale.shape, self.param.scale_param.axis)
+            if self.bias_index is not None and shapes[2] != scale.shape:
+                raise self.error('bias shape %s differs from scale shape %s'
+                                 % (shapes[2], scale.shape))
+            self._checked_shapes = shapes
         if top[0] is not x:
             top[0].reshape(x.shape)
 
@@ -99,7 +104,10 @@ class ScaleLayer(Layer):
     def _per_row(self, operand):
         """The operand (dim values) repeated for each of the ``outer`` slices, as a column."""
         outer = self.dims[0]
-        return self.xp.tile(operand.reshape(-1).astype(self.dtype), outer).reshape(-1, 1)
+        column = operand.reshape(-1, 1)
+        if column.dtype != self.dtype:
+            column = column.astype(self.dtype)
+        return column if outer == 1 else self.xp.tile(column, (outer, 1))
 
     def _saved_buffer(self, x):
         """The array the input is copied into, kept from one forward to the next."""
@@ -107,6 +115,9 @@ class ScaleLayer(Layer):
         if buffer is None or buffer.shape != x.shape or buffer.dtype != x.dtype:
             buffer = self._input_copy = self.xp.empty_like(x)
         return buffer
+
+    def backward_reads(self, bottom, top):
+        return list(bottom)         # the input (or its copy, in place) and the operand
 
     def backward(self, top, propagate_down, bottom):
         xp = self.xp

@@ -17,8 +17,14 @@ def canonical_axis(layer, blob, axis):
 
 def share_view(top, source, shape):
     """Make ``top.data`` a view of ``source`` with ``shape`` (Caffe's ShareData);
-    ``top.diff`` stays the top's own array. Nothing of the top's size is allocated."""
-    top.view(source.reshape(shape))
+    ``top.diff`` stays the top's own array. Nothing of the top's size is allocated.
+    A view of the shape the top has already passed Blob.view's checks: the net reshapes
+    every layer before every forward, and those checks cost more than a small layer."""
+    view = source.reshape(shape)
+    if view.shape == top.data.shape:
+        top.data = view
+    else:
+        top.view(view)
 
 
 @register('Split')
@@ -36,6 +42,9 @@ class SplitLayer(Layer):
     def forward(self, bottom, top):
         for t in top:
             t.data = bottom[0].data
+
+    def backward_reads(self, bottom, top):
+        return []
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -84,6 +93,9 @@ class ConcatLayer(Layer):
             size = b.shape[self.axis]
             top[0].data[(slice(None),) * self.axis + (slice(start, start + size),)] = b.data
             start += size
+
+    def backward_reads(self, bottom, top):
+        return []
 
     def backward(self, top, propagate_down, bottom):
         start = 0
@@ -150,7 +162,9 @@ class _ViewLayer(Layer):
         self.check_tops(top, exact=1)
         if top[0] is bottom[0]:
             raise self.error('cannot run in place (the top is its bottom)')
-        self.shape = tuple(self.top_shape(bottom[0]))
+        if bottom[0].shape != getattr(self, '_shape_of_bottom', None):    # checked once a shape
+            self.shape = tuple(self.top_shape(bottom[0]))
+            self._shape_of_bottom = bottom[0].shape
         share_view(top[0], bottom[0].data, self.shape)
 
     def forward(self, bottom, top):

@@ -22,17 +22,22 @@ class SoftmaxLayer(_SameShapeLayer):
             raise self.error('the softmax axis %d of the bottom, shape %s, has size 0'
                              % (self.axis, bottom[0].shape))
 
+    # both passes write their result's array in place (no temporaries of its size): at
+    # small sizes the passes cost what their numpy calls cost
+
     def forward(self, bottom, top):
         xp = self.xp
-        x = bottom[0].data
-        e = xp.exp(x - x.max(axis=self.axis, keepdims=True))
-        top[0].data[...] = e / e.sum(axis=self.axis, keepdims=True)
+        x, y = bottom[0].data, top[0].data
+        xp.subtract(x, x.max(axis=self.axis, keepdims=True), out=y)
+        xp.exp(y, out=y)
+        y /= y.sum(axis=self.axis, keepdims=True)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            y, dy = top[0].data, top[0].diff
-            dx = y * (dy - (dy * y).sum(axis=self.axis, keepdims=True))
-            bottom[0].diff[...] = dx
+            xp = self.xp
+            y, dy, dx = top[0].data, top[0].diff, bottom[0].diff
+            xp.subtract(dy, (dy * y).sum(axis=self.axis, keepdims=True), out=dx)
+            dx *= y
 
 
 @register('MVN')

@@ -74,7 +74,7 @@ class DataParallelSolver(Solver):
 
     def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None,
                  level=None, stages=(), weights=None, mode='sync', max_staleness=None,
-                 link='auto'):
+                 link='auto', memory_plan='off'):
         if mode not in MODES:
             raise CaffeError('mode %r: expected one of %s' % (mode, ', '.join(MODES)))
         if mode == 'async' and sync_bn:
@@ -102,7 +102,8 @@ class DataParallelSolver(Solver):
         self._seed = seed
         self._user_train_param = None
         self._testing = False
-        super().__init__(solver, dtype=dtype, xp=_backend(devices[0][0]), strategy=strategy)
+        super().__init__(solver, dtype=dtype, xp=_backend(devices[0][0]), strategy=strategy,
+                         memory_plan=memory_plan)
         self.strategy.start()
 
     # ---- what the component holds ------------------------------------------------------------
@@ -152,7 +153,7 @@ class DataParallelSolver(Solver):
         seed = self._seed if self._seed is not None else (self.param.random_seed
                                                            if self.param.random_seed >= 0 else 1701)
         replication = self.replication
-        root = replication.build(net_param, phase, seed, self.xp, self.dtype)
+        root = replication.build(net_param, phase, seed, self.xp, self.dtype, self.memory_plan)
         log_built(root, 'train', replication.total, start)
         readers = replication.data_layers()
         log_batches(readers, replication.input_layers, replication, self.param.iter_size)
@@ -163,7 +164,7 @@ class DataParallelSolver(Solver):
         """A net of its own on replica 0's device (test nets, the asynchronous holder)."""
         context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
         return self.pool.run_on(0, lambda: Net(net_param, phase, level=net_param.state.level,
-                                               context=context))
+                                               context=context, memory_plan=self.memory_plan))
 
     def load_weights(self, net):
         """The solver's ``weights``, or those given to get_solver instead (as ``caffe train

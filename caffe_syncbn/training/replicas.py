@@ -85,7 +85,7 @@ class Replicas:
     def __len__(self):
         return len(self.devices)
 
-    def build(self, net_param, phase, seed, xp, dtype):
+    def build(self, net_param, phase, seed, xp, dtype, memory_plan='off'):
         """The replica nets, built one after another: the fillers share one seeded RNG, and
         replica 0 must draw the same weights whatever the number of devices (the others
         get its weights anyway). Each replica's own RNG (Dropout, ...) follows its global
@@ -94,7 +94,8 @@ class Replicas:
             rng = np.random.RandomState((seed + 7919 * (self.first + rank)) & 0xFFFFFFFF)
             context = LayerContext(phase=phase, xp=xp, dtype=dtype, comm=self.comms[rank],
                                    rng=rng, feeder=functools.partial(self._layer_feed, rank))
-            return Net(net_param, phase, level=net_param.state.level, context=context)
+            return Net(net_param, phase, level=net_param.state.level, context=context,
+                       memory_plan=memory_plan)
         self.nets = [self.pool.run_on(rank, functools.partial(build_one, rank))
                      for rank in range(len(self))]
         root = self.nets[0]

@@ -23,10 +23,11 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..backend import get_array_module, to_numpy
-from ..errors import CaffeError, naming
+from ..errors import CaffeError, naming, quote
 from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
 from ..layer import LayerContext
+from ..memory_plan import MEMORY_PLANS
 from ..net import Net
 from ..netparam.solver_param import (copy_message, load_solver_param, test_net_params,
                                      train_net_param, upgrade_solver_param)
@@ -46,12 +47,18 @@ class Solver:
     from the param's ``type``. ``net``/``test_nets`` are built from the param unless given.
     ``dtype`` and ``xp`` choose the float type and backend of the nets it builds;
     ``strategy`` where the passes and updates run (see the module docstring; ``OneNet``
-    unless given).
+    unless given); ``memory_plan`` the Net's memory plan for the nets it builds ('off',
+    as pycaffe's, keeps every diff).
     """
 
     rule_class = None
 
-    def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None):
+    def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None,
+                 memory_plan='off'):
+        if memory_plan not in MEMORY_PLANS:
+            raise CaffeError('memory_plan %s: expected one of %s'
+                             % (quote(memory_plan), ', '.join(MEMORY_PLANS)))
+        self.memory_plan = memory_plan
         self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
             self.param = upgrade_solver_param(copy_message(solver))
@@ -116,7 +123,8 @@ class Solver:
         context = None
         if self.xp is not None:
             context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
-        return Net(net_param, phase, level=net_param.state.level, context=context, dtype=self.dtype)
+        return Net(net_param, phase, level=net_param.state.level, context=context, dtype=self.dtype,
+                   memory_plan=self.memory_plan)
 
     def make_snapshot_layout(self):
         return NetLayout(self.net)

@@ -41,7 +41,7 @@ def get_solver_class(type_name):
 
 
 def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
-               weights=None, mode='sync', max_staleness=None):
+               weights=None, mode='sync', max_staleness=None, memory_plan='off'):
     """The solver a solver prototxt (or SolverParameter) asks for, running on ``devices``:
     'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0' (replicas sharing a GPU).
     ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN. ``level`` and
@@ -49,10 +49,12 @@ def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, s
     the solver's own ``weights``, as caffe train's -level, -stage and -weights do. ``mode``
     'async' makes asynchronous updates, with replicas at most ``max_staleness`` updates
     ahead of the slowest (None: no bound). Under mpiexec or srun, every process's devices
-    join one run.
+    join one run. ``memory_plan`` is the nets' (Net's ``memory_plan``): 'off' keeps every
+    blob's diff, as pycaffe's solver does; 'share' shares the activations' diffs.
 
     ``devices=None``: pycaffe's single-device solver of the file's type (``add_callback``
-    works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype`` only."""
+    works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype`` and
+    ``memory_plan`` only."""
     if isinstance(solver, caffe_pb2.SolverParameter):
         solver = param = upgrade_solver_param(copy_message(solver))
     else:
@@ -62,10 +64,10 @@ def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, s
                 or max_staleness is not None:
             raise CaffeError('get_solver: sync_bn, level, stages, weights, mode and '
                              'max_staleness need devices (devices=None: a single-device solver)')
-        return get_solver_class(param.type)(solver, dtype=dtype)
+        return get_solver_class(param.type)(solver, dtype=dtype, memory_plan=memory_plan)
     return DataParallelSolver(solver, devices=devices, sync_bn=sync_bn, dtype=dtype, level=level,
                               stages=stages, weights=weights, mode=mode,
-                              max_staleness=max_staleness)
+                              max_staleness=max_staleness, memory_plan=memory_plan)
 
 
 def get_solver_from_string(text, devices=None, **kwargs):

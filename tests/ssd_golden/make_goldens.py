@@ -25,6 +25,7 @@ import numpy as np
 
 os.environ.setdefault('GLOG_minloglevel', '2')
 import caffe  # noqa: E402  (the fork's pycaffe)
+import mobilenet_ssd  # noqa: E402  (this folder's, the script's own directory)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 caffe.set_mode_cpu()
@@ -558,11 +559,36 @@ def solver_case():
     save('solver_tiny_ssd', None, out)
 
 
+MOBILENET_WEIGHT_SEED, MOBILENET_IMAGE_SEED = 0, 1
+MOBILENET_BLOBS = ('conv16_2', 'conv17_2', 'mbox_loc', 'detection_out')
+
+
+def mobilenet_ssd_case():
+    """The full-size MobileNet-SSD of mobilenet_ssd.py on two images, its weights drawn from
+    a seed: only the seeds and a few blobs are stored (the weights would be 23 MB)."""
+    with tempfile.NamedTemporaryFile('w', suffix='.prototxt', delete=False) as f:
+        f.write(mobilenet_ssd.prototxt())
+    net = caffe.Net(f.name, caffe.TEST)
+    os.unlink(f.name)
+    for name, arrays in mobilenet_ssd.weights(MOBILENET_WEIGHT_SEED).items():
+        for blob, array in zip(net.params[name], arrays):
+            assert blob.data.shape == array.shape, (name, blob.data.shape, array.shape)
+            blob.data[...] = array
+    images = mobilenet_ssd.images(MOBILENET_IMAGE_SEED)
+    net.blobs['data'].reshape(*images.shape)
+    net.reshape()
+    net.forward(data=images)
+    out = {'data/' + name: net.blobs[name].data.copy() for name in MOBILENET_BLOBS}
+    out['weight_seed'] = np.array(MOBILENET_WEIGHT_SEED)
+    out['image_seed'] = np.array(MOBILENET_IMAGE_SEED)
+    save('mobilenet_ssd', None, out)
+
+
 GROUPS = {'permute': permute_cases, 'normalize': normalize_cases,
           'prior_box': prior_box_cases, 'detection_output': detection_output_cases,
           'detection_evaluate': detection_evaluate_cases, 'map': map_cases, 'net': net_case,
           'multibox_loss': multibox_loss_cases, 'annotated_data': annotated_data_cases,
-          'solver': solver_case}
+          'solver': solver_case, 'mobilenet_ssd': mobilenet_ssd_case}
 
 
 if __name__ == '__main__':

@@ -1,0 +1,149 @@
+"""memory_plan='share' in a net that runs backward: blobs and diffs share storage by liveness
+(a blob's data until the last backward that reads it), their buffers filled with NaN bytes
+first, and every gradient stays bitwise what the net with every blob kept gives: on every
+golden net, ResNet-50, and 10 solver iterations under SyncBN on 2 devices."""
+import numpy as np
+import pytest
+
+import caffe_syncbn as caffe
+from caffe_syncbn import memory_plan
+from caffe_syncbn.backend import to_numpy
+from caffe_syncbn.cli.timing import timing_net_param
+from caffe_syncbn.layer import LayerContext
+from caffe_syncbn.training.solvers import get_solver
+from conftest import GOLDEN, ROOT, require
+from net_helpers import build
+from test_data_parallel import batches, solver_param
+from test_memory_plan import golden_nets, inputs_of, random_param, weights_of
+
+
+@pytest.fixture(autouse=True)
+def nan_buffers(monkeypatch):
+    monkeypatch.setattr(memory_plan, 'new_buffer',
+                        lambda xp, nbytes: xp.full(nbytes, 0xFF, np.uint8))
+
+
+def twin_nets(model, weights=None, keep=()):
+    """The same TRAIN net with every diff kept and with diffs shared, the same weights and
+    the same random draws (Dropout)."""
+    nets = [caffe.Net(model, caffe.TRAIN, weights=weights, memory_plan=plan, keep=keep,
+                      context=LayerContext(rng=np.random.RandomState(3)))
+            for plan in ('off', 'share')]
+    rs = np.random.RandomState(0)
+    for mine, theirs in zip(*(net.layers for net in nets)):
+        for a, b in zip(mine.blobs, theirs.blobs):
+            if weights is None:
+                a.data[...] = random_param(rs, a.shape)
+            b.data[...] = a.data
+    return nets
+
+
+def same_gradients(nets, inputs, seed=2):
+    """Forward, output diffs of one random draw, backward: equal losses, input and param
+    diffs."""
+    losses = []
+    for net in nets:
+        for name, value in inputs.items():
+            net.blobs[name].reshape(value.shape)
+            net.blobs[name].data[...] = value
+        losses.append(net.forward_prefilled())
+        rs = np.random.RandomState(seed)
+        for name in net.outputs:
+            if name not in net.output_blob_loss_weights:
+                net.blobs[name].diff[...] = rs.standard_normal(net.blobs[name].shape)
+        net.backward_from()
+    kept, shared = nets
+    assert losses[0] == losses[1] or np.isnan(losses).all()
+    for name in kept.inputs:
+        np.testing.assert_array_equal(shared.blobs[name].diff, kept.blobs[name].diff, name)
+    for j, (a, b) in enumerate(zip(kept.learnable_params, shared.learnable_params)):
+        np.testing.assert_array_equal(b.diff, a.diff, 'param %d' % j)
+
+
+@pytest.mark.parametrize('name', golden_nets())
+def test_every_golden_net_gives_the_same_gradients(name, monkeypatch):
+    require(GOLDEN / (name + '.prototxt'))
+    monkeypatch.chdir(GOLDEN)
+    try:
+        nets = twin_nets(str(GOLDEN / (name + '.prototxt')), weights_of(name))
+    except caffe.CaffeError as exc:
+        pytest.skip('no TRAIN net to build: %s' % exc)
+    recorded = np.load(GOLDEN / (name + '.npz'))
+    inputs = {k.split('/', 1)[1]: recorded[k] for k in recorded.files if k.startswith('input/')}
+    same_gradients(nets, inputs or inputs_of(nets[0]))
+
+
+def test_resnet50_diffs_share_a_few_buffers():
+    param = timing_net_param(ROOT / 'examples' / 'resnet50' / 'ResNet-50-deploy.prototxt', batch=1)
+    nets = twin_nets(param)
+    same_gradients(nets, inputs_of(nets[0]))
+    kept, shared = nets
+    every_blob = sum(blob.data.nbytes + blob.diff.nbytes for blob in kept.blobs.values())
+    buffers = shared._plan.buffers
+    assert sum(b.nbytes for b in buffers) < every_blob / 2.5
+    # a new input shape plans again
+    same_gradients(nets, {name: np.concatenate([x, x[::-1]])
+                          for name, x in inputs_of(kept, 2).items()})
+    assert shared._plan.holds() and sum(b.nbytes for b in shared._plan.buffers) == \
+        2 * sum(b.nbytes for b in buffers)
+
+
+BRANCHES = '''name: "branches"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 4 dim: 3 dim: 6 dim: 6 } shape { dim: 4 } } }
+layer { name: "conv" type: "Convolution" bottom: "x" top: "a"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }
+layer { name: "relu" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "left" type: "Convolution" bottom: "a" top: "left"
+        convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "right" type: "Convolution" bottom: "a" top: "right" propagate_down: false
+        convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "sum" type: "Eltwise" bottom: "left" bottom: "right" top: "sum" }
+layer { name: "pool" type: "Pooling" bottom: "sum" top: "pool"
+        pooling_param { pool: AVE global_pooling: true } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "pool" bottom: "label" top: "loss" }
+'''
+
+
+def test_kept_and_unwritten_diffs_have_storage_of_their_own():
+    """A blob named in ``keep`` keeps its true diff; a diff its consumer does not write
+    (propagate_down: false) is no other blob's; the loss top keeps its loss weight."""
+    nets = [build(BRANCHES, memory_plan=plan, keep=keep)
+            for plan, keep in (('off', ()), ('share', ['left']))]
+    rs = np.random.RandomState(0)
+    inputs = {'x': rs.standard_normal((4, 3, 6, 6)), 'label': np.array([0, 3, 1, 2.0])}
+    for mine, theirs in zip(*(net.layers for net in nets)):
+        for a, b in zip(mine.blobs, theirs.blobs):
+            a.data[...] = random_param(rs, a.shape)
+            b.data[...] = a.data
+    same_gradients(nets, inputs)
+    kept, shared = nets
+    by_name = {name: blob for names, blobs in zip(shared.top_names.values(), shared._tops)
+               for name, blob in zip(names, blobs)}
+    planned_diffs = {id(group.owner) for group in shared._plan.groups if group.is_diff}
+    for name in ('left', 'x', 'loss', 'a_relu_0_split_1'):
+        assert id(by_name[name]) not in planned_diffs, name
+    np.testing.assert_array_equal(shared.blobs['left'].diff, kept.blobs['left'].diff)
+    assert float(shared.blobs['loss'].diff) == 1.0
+    assert id(by_name['sum']) in planned_diffs
+
+
+def train(plan, devices='cpu:2', steps=10):
+    solver = get_solver(solver_param('SyncBN'), devices=devices, sync_bn=True, memory_plan=plan)
+    feed = iter(batches(steps))
+    solver.set_data_source(lambda: next(feed))
+    solver.step(steps)
+    params = [to_numpy(b.data).copy() for b in solver.net.learnable_params]
+    stats = [to_numpy(b.data).copy() for layer in solver.net.layers for b in layer.blobs]
+    solver.close()
+    return params + stats
+
+
+def test_ten_solver_iterations_under_syncbn_on_two_devices_are_bitwise_those_of_off():
+    for a, b in zip(train('off'), train('share')):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_get_solver_names_the_memory_plans():
+    with pytest.raises(caffe.CaffeError, match=r"^memory_plan 'all': expected one of off, share"):
+        get_solver(solver_param('SyncBN'), devices='cpu:1', memory_plan='all')
