@@ -96,16 +96,26 @@ def _excess(body, shape, positive=False):
             for i, (g, w, m) in enumerate(zip(got, want, magnitude))]
 
 
-# (CHUNK_BYTES, MIN_TILES): bands of one tile row, single images, the whole batch
-CHUNKINGS = [(1, 1), (60000, 1), (10 ** 9, 1)]
+CHUNKINGS = ['bands of 1 tile row', 'bands of 2 tile rows', 'single images', 'whole batch']
 
 
-@pytest.mark.parametrize('chunking', CHUNKINGS, ids=lambda c: 'bytes %d' % c[0])
+def _chunks(chunking):
+    """A ``winograd_cpu.chunks`` that cuts every batch as ``chunking`` says."""
+    def chunks(layer):
+        rows, n = winograd_cpu.tiles(layer)[0], layer.batch
+        if chunking == 'whole batch':
+            return [(0, n, 0, rows)]
+        height = {'bands of 1 tile row': 1, 'bands of 2 tile rows': 2}.get(chunking, rows)
+        return [(i, i + 1, t, min(rows, t + height))
+                for i in range(n) for t in range(0, rows, height)]
+    return chunks
+
+
+@pytest.mark.parametrize('chunking', CHUNKINGS)
 @pytest.mark.parametrize('body, shape', SHAPES)
 def test_float32_within_the_bound_of_float64_im2col(body, shape, chunking, forced,
                                                      monkeypatch):
-    monkeypatch.setattr(winograd_cpu, 'CHUNK_BYTES', chunking[0])
-    monkeypatch.setattr(winograd_cpu, 'MIN_TILES', chunking[1])
+    monkeypatch.setattr(winograd_cpu, 'chunks', _chunks(chunking))
     assert max(_excess(body, shape)) <= 0
 
 
@@ -129,12 +139,14 @@ def test_float64_matches_im2col(forced):
             np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.parametrize('chunking', CHUNKINGS)
 @pytest.mark.parametrize('body, shape', [SHAPES[0], SHAPES[-1], SHAPES[-3]])
-def test_the_same_bits_on_any_number_of_threads(body, shape, forced, monkeypatch):
+def test_the_same_bits_on_any_number_of_threads(body, shape, chunking, forced, monkeypatch):
+    """Every pass split over as many threads as it has rows of tiles (or, in the
+    forward, chunks), against one thread, which the test above checks."""
     monkeypatch.setattr(cpu_threads, 'PARALLEL_GEMM_MIN_FLOPS', 1)
     monkeypatch.setattr(cpu_threads, 'PARALLEL_MIN_ELEMENTS', 1)
-    monkeypatch.setattr(winograd_cpu, 'CHUNK_BYTES', 1)
-    monkeypatch.setattr(winograd_cpu, 'MIN_TILES', 1)
+    monkeypatch.setattr(winograd_cpu, 'chunks', _chunks(chunking))
     before = cpu_threads.threads()
     runs = []
     try:

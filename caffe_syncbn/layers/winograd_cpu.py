@@ -224,19 +224,18 @@ def _weights(layer):
 def _input_tiles(layer, x4, chunk, v):
     """v (4, 4, tile rows, tile cols, images, C) = B^T d B of the chunk's input tiles."""
     n0, n1, t0, t1 = chunk
-    rows, cols = t1 - t0, v.shape[3]
-    block = scratch('block', (2 * rows + 2, 2 * cols + 2, n1 - n0, layer.channels), x4.dtype)
+    cols = v.shape[3]
     source = x4[n0:n1].transpose(2, 3, 0, 1)
-    cpu_threads.split_rows(block.shape[0], block[0].size, lambda a, b: _fill(
-        block[a:b], source, 2 * t0 - layer.pad[0] + a, -layer.pad[1]))
 
-    def work(a, b):
-        part = block[2 * a:2 * b + 2]
-        half = scratch('winograd rows', (4, len(part), cols) + block.shape[2:], x4.dtype)
+    def work(a, b):              # each thread copies the input rows its tiles read
+        part = scratch('block', (2 * (b - a) + 2, 2 * cols + 2, n1 - n0, layer.channels),
+                       x4.dtype)
+        _fill(part, source, 2 * (t0 + a) - layer.pad[0], -layer.pad[1])
+        half = scratch('winograd rows', (4, len(part), cols) + part.shape[2:], x4.dtype)
         _transform(half, part, BT, 1)                 # d B, then B^T (d B)
         for s in range(4):
             _transform(v[:, s, a:b], half[s], BT, 0)
-    cpu_threads.split_rows(rows, v[0, 0, 0].size * 16, work)
+    cpu_threads.split_rows(t1 - t0, v[0, 0, 0].size * 16, work)
 
 
 def _output_tiles(m, target, a, b):
@@ -259,54 +258,51 @@ def _output_tiles(m, target, a, b):
 def _top_tiles(layer, dy4, chunk, dm):
     """dm (4, 4, tile rows, tile cols, images, K) = A dy A^T of the chunk's top diff."""
     n0, n1, t0, t1 = chunk
-    rows, cols = t1 - t0, dm.shape[3]
-    block = scratch('block', (2 * rows, 2 * cols, n1 - n0, layer.num_output), dy4.dtype)
+    cols = dm.shape[3]
     source = dy4[n0:n1].transpose(2, 3, 0, 1)
-    cpu_threads.split_rows(block.shape[0], block[0].size,
-                           lambda a, b: _fill(block[a:b], source, 2 * t0 + a, 0))
 
     def work(a, b):
-        part = block[2 * a:2 * b]
-        half = scratch('winograd rows', (4, len(part), cols) + block.shape[2:], dy4.dtype)
+        part = scratch('block', (2 * (b - a), 2 * cols, n1 - n0, layer.num_output), dy4.dtype)
+        _fill(part, source, 2 * (t0 + a), 0)
+        half = scratch('winograd rows', (4, len(part), cols) + part.shape[2:], dy4.dtype)
         for s in range(4):                            # dy A^T, then A (dy A^T)
             _combine(half[s], AT[:, s], lambda j: part[:, j::2])
         for s in range(4):
             for r in range(4):
                 _combine(dm[r, s, a:b], AT[:, r], lambda i: half[s][i::2])
-    cpu_threads.split_rows(rows, dm[0, 0, 0].size * 16, work)
+    cpu_threads.split_rows(t1 - t0, dm[0, 0, 0].size * 16, work)
 
 
 def _input_gradient(layer, dv, dx4, chunk):
-    """dx4 (N, C, H, W) += B dV B^T of every tile of the chunk, where the tiles overlap.
-    Each pass writes whole rows of tiles (or of cells), so no two threads write a cell:
-    the columns' overlaps first, then the first two rows of every tile, then the last two
-    added, a pass over all the tiles each."""
+    """dx4 (N, C, H, W) += B dV B^T of every tile of the chunk, where the tiles overlap,
+    in two passes over the tile rows, split over the threads: the first sums the columns'
+    overlaps and writes the first two rows of cells of each tile; the second adds the
+    last two rows of each tile onto the next tile's first two, then adds the rows it
+    completed into dx. No two threads write the same cell."""
     n0, n1, t0, t1 = chunk
     rows, cols = t1 - t0, dv.shape[3]
     block = scratch('block', (2 * rows + 2, 2 * cols + 2, n1 - n0, layer.channels), dx4.dtype)
     half = scratch('winograd columns', (4, rows) + block.shape[1:], dx4.dtype)
-    size = half[0, 0].size * 4
+    target = dx4[n0:n1].transpose(2, 3, 0, 1)
+    whole = rows == tiles(layer)[0]
 
-    def columns(a, b):
+    def first(a, b):
         for r in range(4):
             _adjoint(half[r, a:b], lambda s: dv[r, s, a:b], BT, 1, cols)
-
-    def first_rows(a, b):
         for i in range(2):
             _combine(block[2 * a + i:2 * b:2], BT[:, i], lambda r: half[r, a:b])
         if b == rows:
             block[2 * rows:] = 0
 
-    def last_rows(a, b):
+    def second(a, b):
         for i in range(2, 4):
             _combine(block[2 * a + i:2 * b + i:2], BT[:, i], lambda r: half[r, a:b],
                      accumulate=True)
-    for work in (columns, first_rows, last_rows):
-        cpu_threads.split_rows(rows, size, work)
-    target = dx4[n0:n1].transpose(2, 3, 0, 1)
-    whole = rows == tiles(layer)[0]
-    cpu_threads.split_rows(block.shape[0], block[0].size, lambda a, b: _add_back(
-        block[a:b], target, 2 * t0 - layer.pad[0] + a, -layer.pad[1], whole))
+        done = 0 if a == 0 else 2 * a + 2
+        _add_back(block[done:2 * b + 2], target, 2 * t0 - layer.pad[0] + done,
+                  -layer.pad[1], whole)
+    for work in (first, second):
+        cpu_threads.split_rows(rows, half[0, 0].size * 4, work)
 
 
 # ---- the layer's passes -------------------------------------------------------------------
