@@ -209,9 +209,10 @@ def test_the_variable_turns_it_off_and_on(monkeypatch):
     ('num_output: 32 pad: 1', (4, 64, 16, 16), False),             # 32 outputs
     ('num_output: 128 pad: 1 group: 2', (1, 128, 24, 24), True),   # 64 a group, 144 tiles
     ('num_output: 128 pad: 1 group: 4', (1, 128, 24, 24), False),  # 32 a group
+    ('num_output: 64 pad: 1', (8, 64, 12, 14), False),             # 42 tiles an image
+    ('num_output: 64 pad: 1', (3, 64, 14, 13), True),              # 49 tiles an image
 ])
-def test_the_rule_goes_by_channels_per_group_and_tiles_in_the_batch(body, shape, picks,
-                                                                     monkeypatch):
+def test_the_rule_goes_by_channels_per_group_and_tiles(body, shape, picks, monkeypatch):
     monkeypatch.delenv(winograd_cpu.MODE_VARIABLE, raising=False)
     layer, _, _ = build_layer(_conv_text(body), [_randn(*shape)])
     assert layer.winograd

@@ -66,13 +66,17 @@ ERROR_BOUND = 2.0 ** -19
 
 #: the rule (benchmarks/winograd.py, docs/benchmarks.md): Winograd where every group has at
 #: least MIN_CHANNELS inputs and outputs (the GEMMs save work in proportion to C * K, the
-#: tile transforms cost passes in proportion to C + K) and the batch has at least
+#: tile transforms cost passes in proportion to C + K), the batch has at least
 #: MIN_BATCH_TILES tiles (the weights' transforms, three a step, cost as much whatever
 #: the batch, and a chunk of fewer tiles splits every pass between the threads, which
-#: then wait for each other often). Shapes just below either bound measured anywhere
-#: from 0.7 to 1.3 times im2col's time from one run to the next on a loaded machine.
+#: then wait for each other often), and each image at least MIN_IMAGE_TILES (the copies
+#: between the blobs' (N, C, H, W) and the chunks' (tile rows, tile cols, images,
+#: channels) move runs of W values, and short runs cost more per value). Shapes just
+#: below a bound measured anywhere from 0.7 to 1.3 times im2col's time, from one run to
+#: the next and with the machine's load.
 MIN_CHANNELS = 64
 MIN_BATCH_TILES = 128
+MIN_IMAGE_TILES = 49
 
 #: about how many bytes of V and M one chunk makes: more than im2col's columns, as every
 #: chunk costs a few waits between the threads, and on two idle cores chunks of 4 MiB
@@ -115,7 +119,7 @@ def pays(layer):
         return forced == 'on'
     rows, cols = tiles(layer)
     return (min(layer.channels, layer.num_output) // layer.group >= MIN_CHANNELS
-            and layer.batch * rows * cols >= MIN_BATCH_TILES)
+            and rows * cols >= MIN_IMAGE_TILES and layer.batch * rows * cols >= MIN_BATCH_TILES)
 
 
 def tiles(layer):
