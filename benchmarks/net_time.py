@@ -3,7 +3,7 @@
 
     python benchmarks/net_time.py PROTOTXT [--batch N] [--iterations K] [--threads T]
     python benchmarks/net_time.py PROTOTXT --batch N --compare-caffe PATH/TO/caffe [--pairs P]
-    python benchmarks/net_time.py PROTOTXT --batch N --compare-winograd [--pairs P]
+    python benchmarks/net_time.py PROTOTXT --batch N --compare-winograd [on] [--pairs P]
 
 Data layers become Input layers, every Input's first axis becomes --batch, backward is
 forced (unless --forward-only), weights come from the prototxt's fillers
@@ -20,7 +20,8 @@ time and of the peak resident memory (ru_maxrss of each process, taken alike), t
 where the time goes by layer type, and the load average before and after.
 
 --compare-winograd times ours with Winograd's 3x3 convolutions where its rule picks
-them (CAFFE_SYNCBN_WINOGRAD=auto) and without (off): --pairs alternating pairs of
+them (CAFFE_SYNCBN_WINOGRAD=auto; --compare-winograd on: wherever it applies) and
+without (off): --pairs alternating pairs of
 --iterations passes each on one net in this process, so that both see the same load, and
 the peak memory of one fresh process each; it prints the same table and the ratios
 with / without.
@@ -105,7 +106,8 @@ def compare_runs(caffe_binary, model, batch, iterations, pairs, threads):
 
 
 def compare_winograd(args):
-    """Ours with Winograd where its rule picks it ('ours') against ours without ('caffe'):
+    """Ours with Winograd (CAFFE_SYNCBN_WINOGRAD=args.compare_winograd: 'auto' or 'on';
+    the runs under 'ours') against ours without ('off', under 'caffe'):
     times in this process, on one net, the two alternating (CAFFE_SYNCBN_WINOGRAD is read
     at every pass), so that both see the same load; the peak memory of one fresh process
     each."""
@@ -121,7 +123,8 @@ def compare_winograd(args):
     command += ['--batch', str(args.batch)] if args.batch else []
     command += ['--forward-only'] if args.forward_only else []
     peaks = {}
-    for mode in ('auto', 'off'):
+    with_mode = args.compare_winograd
+    for mode in (with_mode, 'off'):
         env = blas_env(args.threads)
         env[winograd_cpu.MODE_VARIABLE] = mode
         peaks[mode] = run_measured(command, env)[2]
@@ -131,10 +134,10 @@ def compare_winograd(args):
     print('  pair  with ms  without ms ratio  with MiB without MiB ratio')
     runs = {'ours': [], 'caffe': []}
     for pair in range(args.pairs):
-        for mode in ('auto', 'off') if pair % 2 == 0 else ('off', 'auto'):
+        for mode in (with_mode, 'off') if pair % 2 == 0 else ('off', with_mode):
             os.environ[winograd_cpu.MODE_VARIABLE] = mode
             result = time_net(net, args.iterations, backward=not args.forward_only)
-            runs['ours' if mode == 'auto' else 'caffe'].append({
+            runs['ours' if mode == with_mode else 'caffe'].append({
                 'forward_ms': result['forward_total'] * 1e3,
                 'backward_ms': result['backward_total'] * 1e3,
                 'total_ms': result['total'] * 1e3, 'peak_kb': peaks[mode], 'types': types,
@@ -149,10 +152,10 @@ def compare_winograd(args):
         a, b = median['ours'][part + '_ms'], median['caffe'][part + '_ms']
         print('  %-8s with %.1f ms, without %.1f ms (%.3fx)' % (part, a, b, a / b if b else 0))
     print_by_type(runs, ('with', 'without'))
-    print('RATIO time %.3f memory %.3f (with / without Winograd, medians of %d pairs); load '
-          'average after %.2f %.2f %.2f' % (
+    print('RATIO time %.3f memory %.3f (with Winograd %s / without, medians of %d pairs); '
+          'load average after %.2f %.2f %.2f' % (
               median['ours']['total_ms'] / median['caffe']['total_ms'],
-              median['ours']['peak_kb'] / median['caffe']['peak_kb'], args.pairs,
+              median['ours']['peak_kb'] / median['caffe']['peak_kb'], with_mode, args.pairs,
               *os.getloadavg()))
     return 0
 
@@ -197,8 +200,9 @@ def main(argv=None):
                         help='BLAS threads (default: as the environment says; with '
                              '--compare-caffe, 2)')
     parser.add_argument('--compare-caffe', metavar='CAFFE', help='path of the caffe binary')
-    parser.add_argument('--compare-winograd', action='store_true',
-                        help='with Winograd (its rule) against without, in fresh processes')
+    parser.add_argument('--compare-winograd', nargs='?', const='auto', choices=['auto', 'on'],
+                        help='with Winograd (by its rule, or on: wherever it applies) '
+                             'against without')
     parser.add_argument('--pairs', type=int, default=3, help='alternating pairs (default 3)')
     parser.add_argument('--json', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
