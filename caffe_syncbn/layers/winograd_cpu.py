@@ -81,7 +81,7 @@ MIN_IMAGE_TILES = 49
 #: about how many bytes of V and M one chunk makes: more than im2col's columns, as every
 #: chunk costs a few waits between the threads, and on two idle cores chunks of 4 MiB
 #: made ResNet-50's step at batch 2 slower than im2col's (1.11x), chunks of 16 MiB
-#: faster (0.95x), for 1 % more peak memory
+#: faster (0.95x), for 1.5 % more peak memory
 CHUNK_BYTES = 16 << 20
 #: ... but at least this many tiles, so that its GEMMs stay wide, as long as that takes no
 #: more than MAX_CHUNK_BYTES (and one row of tiles in any case)
