@@ -9,7 +9,8 @@ A^T (2x4),
     y = A^T M A,  M[r, s] = sum over input channels of U[r, s] V[r, s]
 
 and the sum over channels is, for each of the 16 frequencies (r, s) and each group, one
-GEMM: M[r, s] (K x tiles) = U[r, s] (K x C) @ V[r, s] (C x tiles). That is 16
+GEMM: M[r, s] (K x tiles) = U[r, s] (K x C) @ V[r, s] (C x tiles), computed transposed
+(tiles x C by C x K) as the chunks lay channels last. That is 16
 multiply-adds per 2x2 outputs and channel pair where im2col's GEMM takes 36. The
 backward is the exact adjoint of the same linear maps: dM = A dy A^T, then dV = U^T dM
 (16 GEMMs) and dx = B dV B^T added back where the tiles overlap; dU = dM V^T (16 GEMMs
