@@ -1,6 +1,8 @@
 """Convolution, Deconvolution and Im2col layers (N-D, grouped, dilated).
 
-A convolution is im2col + GEMM. On numpy, Convolution runs chunk by chunk in conv_cpu.py.
+A convolution is im2col + GEMM. On numpy, Convolution runs chunk by chunk in conv_cpu.py,
+depthwise ones in depthwise_cpu.py, and 3x3 stride-1 ones whose shape pays for it with
+Winograd's F(2x2, 3x3) in winograd_cpu.py (``engine: CAFFE`` keeps im2col).
 Elsewhere (CuPy), and for Deconvolution, columns are laid out ``(N, G, C/G * K, P)``
 (image, group, channel-and-kernel-offset, output position) and the weights
 ``(G, O/G, C/G * K)``; 1x1 stride-1 unpadded kernels use the image itself as its columns.
@@ -9,7 +11,7 @@ import numpy as np
 
 from ..backend import cpu_threads
 from ..layer import Layer, register
-from . import conv_cpu, conv_gpu, depthwise_cpu, im2col as im2col_module
+from . import conv_cpu, conv_gpu, depthwise_cpu, im2col as im2col_module, winograd_cpu
 from .im2col import conv_output_shape
 from .shape import canonical_axis
 
@@ -169,8 +171,10 @@ class _ConvolutionBase(_SpatialLayer):
         self.bias_term = cp.bias_term
         if self.bias_term:
             self.blobs.append(self.make_blob((self.num_output,), cp.bias_filler))
-        # on the host, a depthwise convolution runs its own shifted passes (depthwise_cpu)
+        # on the host, a depthwise convolution runs its own shifted passes (depthwise_cpu);
+        # a 3x3 stride-1 one may run Winograd's (winograd_cpu), where its shape pays for it
         self.depthwise = self.host and depthwise_cpu.applies(self)
+        self.winograd = self.host and not self.depthwise and winograd_cpu.applies(self)
 
     def reshape(self, bottom, top):
         self._reshape_input(bottom)
@@ -264,30 +268,30 @@ class ConvolutionLayer(_ConvolutionBase):
         """``array`` as (N, rows, positions): a 1x1 convolution's input is its own columns."""
         return array.reshape(self.batch, rows, int(np.prod(self.in_spatial)))
 
+    def host_engine(self):
+        """The module that runs this (not 1x1) convolution on the host, at this shape."""
+        if self.depthwise:
+            return depthwise_cpu
+        if self.winograd and winograd_cpu.pays(self):
+            return winograd_cpu
+        return conv_cpu
+
     def _host_forward(self, x, y):
         y3 = y.reshape(self.batch, self.num_output, int(np.prod(self.out_spatial)))
-        if self.depthwise:
-            depthwise_cpu.forward(self, self._image(x, self.channels, self.in_spatial), y3)
-        elif self.pointwise:
+        if self.pointwise:
             conv_cpu.pointwise_forward(self, self._matrices(x, self.channels), y3)
         else:
-            conv_cpu.forward(self, self._image(x, self.channels, self.in_spatial), y3)
+            self.host_engine().forward(self, self._image(x, self.channels, self.in_spatial), y3)
 
     def _host_backward(self, x, dy, dx, weight_grad):
-        if self.depthwise:
-            depthwise_cpu.backward(self, self._image(x, self.channels, self.in_spatial), dy,
-                                   None if dx is None else self._image(dx, self.channels,
-                                                                       self.in_spatial),
-                                   weight_grad)
-        elif not self.pointwise:
-            conv_cpu.backward(self, self._image(x, self.channels, self.in_spatial), dy,
-                              None if dx is None else self._image(dx, self.channels,
-                                                                  self.in_spatial),
-                              weight_grad)
-        else:
+        if self.pointwise:
             conv_cpu.pointwise_backward(self, self._matrices(x, self.channels), dy,
                                         None if dx is None else
                                         self._matrices(dx, self.channels), weight_grad)
+            return
+        self.host_engine().backward(
+            self, self._image(x, self.channels, self.in_spatial), dy,
+            None if dx is None else self._image(dx, self.channels, self.in_spatial), weight_grad)
 
 
 @register('Deconvolution')
