@@ -2,7 +2,7 @@
 """Ours against BVLC Caffe on a suite of nets, CPU, training passes:
 
     python benchmarks/cpu_suite.py --compare-caffe PATH/TO/caffe [--nets lenet-b64,resnet20-b1]
-                                   [--pairs P] [--iterations K] [--threads T]
+                                   [--pairs P] [--iterations K] [--threads T] [--memory-plan P]
 
 Each net goes through net_time.py's --compare-caffe (the same prototxt for both, data
 layers as Input layers of the net's batch, backward forced, filler weights, each run a
@@ -11,13 +11,14 @@ every pair, the medians and the time by layer type. At the end, one table: the r
 ours / Caffe of the median forward, backward and forward+backward times (Caffe's from
 `caffe time`'s "Average Forward pass" and "Average Backward pass") and of the median
 peak resident memory, with the load average (1 minute) before and after each net and
-over the whole run.
+over the whole run. Ours runs with --memory-plan (default inplace_abn, what `caffe-syncbn
+time` uses).
 """
 import argparse
 import os
 import sys
 
-from net_time import compare_runs, print_by_type
+from net_time import MEMORY_PLANS, compare_runs, print_by_type
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.environ.get('CAFFE_SYNCBN_SHARED', os.path.join(os.path.dirname(ROOT), 'shared'))
@@ -45,7 +46,7 @@ def run_suite(args, names):
         load = os.getloadavg()[0]
         runs, ours, caffe = compare_runs(args.compare_caffe, model, batch,
                                          args.iterations or iterations, args.pairs,
-                                         args.threads)
+                                         args.threads, args.memory_plan)
         print_by_type(runs)
         rows.append((name, ours, caffe, load, os.getloadavg()[0]))
         print()
@@ -73,6 +74,9 @@ def main(argv=None):
     parser.add_argument('--iterations', type=int, default=None,
                         help="iterations per run (default: each net's own)")
     parser.add_argument('--threads', type=int, default=2, help='BLAS threads (default 2)')
+    parser.add_argument('--memory-plan', default='inplace_abn',
+                        choices=MEMORY_PLANS,
+                        help="our Net's memory plan (default inplace_abn, as caffe-syncbn time)")
     args = parser.parse_args(argv)
     names = [name for name in args.nets.split(',') if name]
     unknown = [name for name in names if name not in NETS]

@@ -34,12 +34,14 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
+from caffe_syncbn.memory_plan import MEMORY_PLANS  # noqa: E402
+
 
 def time_ours(args):
     from caffe_syncbn import TEST, TRAIN, Net
     from caffe_syncbn.cli.timing import format_timings, peak_memory_kb, time_net, timing_net_param
     net = Net(timing_net_param(args.model, args.batch, force_backward=not args.forward_only),
-              TRAIN if args.phase == 'TRAIN' else TEST)
+              TRAIN if args.phase == 'TRAIN' else TEST, memory_plan=args.memory_plan)
     result = time_net(net, args.iterations, backward=not args.forward_only)
     types = {name: layer.type for name, layer in zip(net._layer_names, net.layers)}
     if args.json:
@@ -58,7 +60,7 @@ def time_ours(args):
 
 def compare_with_caffe(args):
     runs, ours, caffe = compare_runs(args.compare_caffe, args.model, args.batch,
-                                     args.iterations, args.pairs, args.threads)
+                                     args.iterations, args.pairs, args.threads, args.memory_plan)
     for part in ('forward', 'backward'):
         a, b = ours[part + '_ms'], caffe[part + '_ms']
         print('  %-8s ours %.1f ms, Caffe %.1f ms (%.3fx)' % (part, a, b, a / b))
@@ -70,7 +72,7 @@ def compare_with_caffe(args):
     return 0
 
 
-def compare_runs(caffe_binary, model, batch, iterations, pairs, threads):
+def compare_runs(caffe_binary, model, batch, iterations, pairs, threads, memory_plan):
     """Time ``model`` with `caffe time` and with ours in ``pairs`` alternating pairs of
     fresh processes, printing each pair and the medians; return (the runs {'ours': [...],
     'caffe': [...]}, our medians, Caffe's medians), the medians of forward_ms,
@@ -82,7 +84,7 @@ def compare_runs(caffe_binary, model, batch, iterations, pairs, threads):
     with temporary_folder() as folder:
         prototxt = write_timing_prototxt(model, batch, folder)
         ours_command = [sys.executable, os.path.abspath(__file__), prototxt, '--json',
-                        '--iterations', str(iterations)]
+                        '--iterations', str(iterations), '--memory-plan', memory_plan]
         print('%s, batch %s, TRAIN forward+backward, %d iterations per run, %d BLAS '
               'thread(s) each; load average %.2f %.2f %.2f'
               % (model, batch or "the prototxt's", iterations, threads, *os.getloadavg()))
@@ -204,6 +206,9 @@ def main(argv=None):
                         help='with Winograd (by its rule, or on: wherever it applies) '
                              'against without')
     parser.add_argument('--pairs', type=int, default=3, help='alternating pairs (default 3)')
+    parser.add_argument('--memory-plan', default='inplace_abn',
+                        choices=MEMORY_PLANS,
+                        help="our Net's memory plan (default inplace_abn, as caffe-syncbn time)")
     parser.add_argument('--json', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.pairs < 1:

@@ -5,6 +5,7 @@ would exceed the memory limit (``memory_limit``: the machine's memory, or less w
 process is limited), so that a wrong ``dim`` is an error naming the bytes, not a
 MemoryError or a process killed for memory.
 """
+import math
 import os
 import resource
 
@@ -35,7 +36,7 @@ def set_memory_limit(nbytes=None):
 
 
 def data_bytes(shape, dtype):
-    return int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+    return math.prod(int(s) for s in shape) * np.dtype(dtype).itemsize
 
 
 def checked_shape(shape, dtype=np.float32):
@@ -191,7 +192,7 @@ class Blob:
 
     def count_range(self, start, end=None):
         """Product of the axes [start, end)."""
-        return int(np.prod(self.shape[start:end], dtype=np.int64))
+        return int(math.prod(self.shape[start:end]))
 
     def __repr__(self):
         return 'Blob(shape=%s, dtype=%s)' % (self.shape, self.dtype.name)

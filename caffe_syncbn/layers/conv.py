@@ -7,6 +7,7 @@ Elsewhere (CuPy), and for Deconvolution, columns are laid out ``(N, G, C/G * K, 
 (image, group, channel-and-kernel-offset, output position) and the weights
 ``(G, O/G, C/G * K)``; 1x1 stride-1 unpadded kernels use the image itself as its columns.
 """
+import math
 import numpy as np
 
 from ..backend import cpu_threads
@@ -106,7 +107,7 @@ class _SpatialLayer(Layer):
         self.channels = bottom[0].shape[self.axis]
         self.pointwise = (all(k == 1 for k in self.kernel) and all(s == 1 for s in self.stride)
                           and not any(self.pad))
-        self.kernel_count = int(np.prod(self.kernel))
+        self.kernel_count = int(math.prod(self.kernel))
         # the engine, chosen once: im2col by the CUDA kernels (2-D), or as array code; and
         # whether the host's blocked GEMMs of conv_cpu run the layer
         self.im2col = conv_gpu if self.cuda_kernels and self.num_spatial == 2 else im2col_module
@@ -122,7 +123,7 @@ class _SpatialLayer(Layer):
             raise self.error('bottom shape %s does not fit this layer, set up for %d channels '
                              'on axis %d with %d spatial axes'
                              % (shape, self.channels, self.axis, self.num_spatial))
-        self.batch = int(np.prod(shape[:self.axis], dtype=np.int64))
+        self.batch = int(math.prod(shape[:self.axis]))
         self.in_spatial = tuple(shape[self.axis + 1:])
 
     def _image(self, array, channels, spatial):
@@ -200,7 +201,7 @@ class _ConvolutionBase(_SpatialLayer):
 
     def _grouped(self, array, positions):
         """``(N, G, rows, positions)`` view of a per-image matrix stack (N may be 0)."""
-        per_image = array.size // self.batch if self.batch else int(np.prod(array.shape[1:]))
+        per_image = array.size // self.batch if self.batch else int(math.prod(array.shape[1:]))
         rows = per_image // (self.group * positions)
         return array.reshape(self.batch, self.group, rows, positions)
 
@@ -224,11 +225,11 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def _grouped_columns(self, data):
         col = self._columns(self._image(data, self.channels, self.in_spatial))
-        return self._grouped(col, int(np.prod(self.out_spatial)))
+        return self._grouped(col, int(math.prod(self.out_spatial)))
 
     def forward(self, bottom, top):
         weight = self.grouped_weight()
-        positions = int(np.prod(self.out_spatial))
+        positions = int(math.prod(self.out_spatial))
         for b, t in zip(bottom, top):
             if self.host:       # in place, the input must outlive the first written output
                 self._host_forward(b.data.copy() if t is b else b.data, t.data)
@@ -244,7 +245,7 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def backward(self, top, propagate_down, bottom):
         weight = self.grouped_weight()
-        positions = int(np.prod(self.out_spatial))
+        positions = int(math.prod(self.out_spatial))
         weight_grad = self.blobs[0].diff.reshape(weight.shape) \
             if self.wants_param_gradient(0) else None
         for i, (t, b) in enumerate(zip(top, bottom)):
@@ -266,7 +267,7 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def _matrices(self, array, rows):
         """``array`` as (N, rows, positions): a 1x1 convolution's input is its own columns."""
-        return array.reshape(self.batch, rows, int(np.prod(self.in_spatial)))
+        return array.reshape(self.batch, rows, int(math.prod(self.in_spatial)))
 
     def host_engine(self):
         """The module that runs this (not 1x1) convolution on the host, at this shape."""
@@ -277,7 +278,7 @@ class ConvolutionLayer(_ConvolutionBase):
         return conv_cpu
 
     def _host_forward(self, x, y):
-        y3 = y.reshape(self.batch, self.num_output, int(np.prod(self.out_spatial)))
+        y3 = y.reshape(self.batch, self.num_output, int(math.prod(self.out_spatial)))
         if self.pointwise:
             conv_cpu.pointwise_forward(self, self._matrices(x, self.channels), y3)
         else:
@@ -301,21 +302,21 @@ class DeconvolutionLayer(_ConvolutionBase):
 
     def forward(self, bottom, top):
         weight = self.grouped_weight()
-        positions = int(np.prod(self.in_spatial))
+        positions = int(math.prod(self.in_spatial))
         for b, t in zip(bottom, top):
             x = self._grouped(b.data, positions)
             col = grouped_matmul(weight.swapaxes(1, 2), x)
             col = col.reshape((self.batch, self.num_output) + self.kernel + self.in_spatial)
             y = self._image_from_columns(col, self.out_spatial)
-            out = t.data.reshape(self.batch, self.num_output, int(np.prod(self.out_spatial)))
+            out = t.data.reshape(self.batch, self.num_output, int(math.prod(self.out_spatial)))
             out[...] = y.reshape(out.shape)
             self._add_bias(out)
 
     def backward(self, top, propagate_down, bottom):
         weight = self.grouped_weight()
-        positions = int(np.prod(self.in_spatial))
+        positions = int(math.prod(self.in_spatial))
         for i, (t, b) in enumerate(zip(top, bottom)):
-            dy = t.diff.reshape(self.batch, self.num_output, int(np.prod(self.out_spatial)))
+            dy = t.diff.reshape(self.batch, self.num_output, int(math.prod(self.out_spatial)))
             self._accumulate_bias_grad(dy)
             if not (self.wants_param_gradient(0) or propagate_down[i]):
                 continue

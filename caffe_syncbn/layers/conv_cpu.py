@@ -17,6 +17,7 @@ buffers; each part of the units sums its weight gradient apart, and the parts ar
 in order, so results do not depend on which thread ran what. A unit that runs alone
 splits its GEMMs and copies over the threads instead.
 """
+import math
 import itertools
 import threading
 
@@ -45,7 +46,7 @@ _buffers = threading.local()
 def scratch(name, shape, dtype):
     """A buffer of the calling thread for ``name``; it grows to the largest size asked."""
     pool = _buffers.__dict__.setdefault('pool', {})
-    size = int(np.prod(shape))
+    size = int(math.prod(shape))
     buffer = pool.get((name, dtype))
     if buffer is None or buffer.size < size:
         buffer = pool[(name, dtype)] = np.empty(size, dtype)
@@ -60,7 +61,7 @@ class Chunk:
         self.images = last - first
         self.images_last = self.images > 1 and layer.out_spatial[-1] < NARROW
         self.out_shape = (row_end - row,) + tuple(layer.out_spatial[1:])
-        rest = int(np.prod(layer.out_spatial[1:], dtype=np.int64))
+        rest = int(math.prod(layer.out_spatial[1:]))
         self.positions = (row_end - row) * rest          # per image
         self.columns = slice(row * rest, row_end * rest)
         s, d, k = layer.stride[0], layer.dilation[0], layer.kernel[0]
@@ -86,7 +87,7 @@ def chunks(layer, kernel_rows):
     """The chunks of a forward or backward over ``layer``'s batch; ``kernel_rows`` is
     the number of rows of its column matrix (C/G * K for every group, stacked)."""
     out = layer.out_spatial
-    rows, rest = out[0], int(np.prod(out[1:], dtype=np.int64))
+    rows, rest = out[0], int(math.prod(out[1:]))
     itemsize = np.dtype(layer.dtype).itemsize
     budget = max(COLUMN_BYTES, min(MAX_COLUMN_BYTES, kernel_rows * MIN_POSITIONS * itemsize))
     per_row = kernel_rows * rest * itemsize

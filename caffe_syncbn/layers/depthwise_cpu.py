@@ -6,6 +6,7 @@ and one tiny GEMM per channel. The passes walk blocks of (image, channel) planes
 hundred KB at a time, split over cpu_threads; the weight gradient is summed per block and
 the blocks' sums added in block order, so the result does not depend on the threads.
 """
+import math
 import numpy as np
 
 from ..backend import cpu_threads
@@ -41,7 +42,7 @@ def _run(layer, padded, work):
     the channel of each plane."""
     def block(r0, r1):
         work(r0, r1, np.arange(r0, r1) % layer.channels)
-    cpu_threads.blocks(np, padded.shape[0], int(np.prod(padded.shape[1:])), block,
+    cpu_threads.blocks(np, padded.shape[0], int(math.prod(padded.shape[1:])), block,
                        padded.dtype.itemsize)
 
 

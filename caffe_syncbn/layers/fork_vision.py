@@ -3,6 +3,7 @@ YOLO ports' nearest-neighbour form), ShuffleNet's ShuffleChannel, SENet's Axpy a
 py-faster-rcnn's ROIPooling. Each follows its fork's arithmetic (docs/fork-layers.md) as
 array code that runs on numpy and CuPy alike.
 """
+import math
 import numpy as np
 
 from ..backend import to_numpy
@@ -128,7 +129,7 @@ class ShuffleChannelLayer(Layer):
     def _shuffle(array, rows):
         """``array``'s channels read as a (rows, C / rows) matrix, transposed."""
         n, c = array.shape[:2]
-        positions = int(np.prod(array.shape[2:]))          # an empty axis makes 0, not -1's guess
+        positions = int(math.prod(array.shape[2:]))          # an empty axis makes 0, not -1's guess
         return array.reshape(n, rows, c // rows, positions).swapaxes(1, 2).reshape(array.shape)
 
     def forward(self, bottom, top):

@@ -5,6 +5,7 @@ x^2)``, where m is the window's cell count (local_size, or local_size^2 within a
 where k is 1 as in Caffe).  Windows are centred, zero-padded sums; being symmetric, the
 same sum serves the backward pass.
 """
+import math
 import numpy as np
 
 from .. import caffe_pb2
@@ -62,7 +63,7 @@ class LRNLayer(Layer):
         BAND_BYTES each, split over threads: across channels, positions are independent.
         (Narrower bands, strided in memory, ran slower than whole images.)"""
         n, c = shape[:2]
-        positions = int(np.prod(shape[2:]))
+        positions = int(math.prod(shape[2:]))
         width = max(1, BAND_BYTES // (4 * max(c, 1)))      # 0 channels: empty bands
         bands = [(i, slice(p, min(positions, p + width)))
                  for i in range(n) for p in range(0, positions, width)]

@@ -35,6 +35,7 @@ and two for the chains of norm_chain.py, whose output y = relu(gamma * x_hat + b
 This module is the engine for any array module (numpy in float16, CuPy without the
 kernels); norm_cpu.py is the host engine and norm_gpu.py the CUDA one.
 """
+import math
 import numpy as np
 
 from ..backend import get_array_module
@@ -45,7 +46,7 @@ STAT = np.float64   # dtype of every per-channel statistic
 def channel_view(x):
     """(N, C, ...) -> (N, C, S); an (N, C) array is (N, C, 1), an (N,) one is (N, 1, 1)."""
     channels = x.shape[1] if x.ndim > 1 else 1
-    return x.reshape(x.shape[0], channels, int(np.prod(x.shape[2:], dtype=np.int64)))
+    return x.reshape(x.shape[0], channels, int(math.prod(x.shape[2:])))
 
 
 def work_dtype(dtype):
