@@ -50,8 +50,8 @@ def batches(steps, seed=0):
              'label': rs.randint(0, 5, 16).astype(np.float64)} for _ in range(steps)]
 
 
-def train(devices, data, split=None, bn='SyncBN', dtype=np.float32):
-    solver = get_solver(solver_param(bn), devices=devices, dtype=dtype)
+def train(devices, data, split=None, bn='SyncBN', dtype=np.float32, memory_plan='off'):
+    solver = get_solver(solver_param(bn), devices=devices, dtype=dtype, memory_plan=memory_plan)
     feed = iter(data)
 
     def source():
@@ -73,12 +73,12 @@ def max_difference(a, b):
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
 
 
-def check_replicas_equal_one(one, many, split):
+def check_replicas_equal_one(one, many, split, memory_plan='off'):
     """5 steps on ``many`` devices (global batch split as ``split``) equal ``one`` device on
     the whole batch within 1e-5, and the replicas stay bitwise equal."""
     data = batches(5)
-    single, single_stats = train(one, data)
-    multi, multi_stats = train(many, data, split)
+    single, single_stats = train(one, data, memory_plan=memory_plan)
+    multi, multi_stats = train(many, data, split, memory_plan=memory_plan)
     assert max_difference(single[0], multi[0]) <= 1e-5
     assert max_difference(single_stats[0], multi_stats[0]) <= 1e-5
     for replica in multi[1:]:          # replicas never drift: bitwise equal

@@ -18,7 +18,7 @@ from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.training.solvers import get_solver
 from conftest import ROOT
-from test_data_parallel import batches
+from test_data_parallel import batches, check_replicas_equal_one
 from test_data_parallel import solver_param as data_parallel_solver
 from test_memory_plan import random_param
 
@@ -274,6 +274,11 @@ def train(plan, steps=10):
     chains = solver.net._chains
     solver.close()
     return weights, chains
+
+
+@pytest.mark.parametrize('plan', ['share', 'recompute'])
+def test_four_devices_equal_one_device_on_the_whole_batch_under_a_plan(plan):
+    check_replicas_equal_one('cpu:1', 'cpu:4', (7, 0, 6, 3), memory_plan=plan)
 
 
 @pytest.mark.parametrize('plan', ['inplace_abn', 'recompute'])
