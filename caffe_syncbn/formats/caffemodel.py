@@ -19,13 +19,14 @@ from ..errors import CaffeError, quote
 from .atomic import atomic_write
 from .blobs import array_to_blob, blob_to_array, is_hdf5, length_delimited, parse_binary_file
 from .hdf5 import read_dataset, reading, writing
+from .mapped import MappedBlob, read_mapped_weights
 from .regular import require_regular
 
 log = logging.getLogger('caffe_syncbn')
 
 _NET_LAYER_FIELD = caffe_pb2.NetParameter.DESCRIPTOR.fields_by_name['layer'].number
 
-#: What a weights file holds. ``blobs``: {layer name: [BlobProto, array or None]}.
+#: What a weights file holds. ``blobs``: {layer name: [MappedBlob, BlobProto, array or None]}.
 #: ``layers``: the LayerParameters of a V2 binary file (their types and connections), else
 #: None. ``partial``: True for HDF5, which stores a shared param only under its owner, so
 #: that a sharing layer may lack blobs (None, or missing at the end).
@@ -48,6 +49,8 @@ def _source_layers(net_param):
 def as_array(item):
     """A stored blob as a numpy array (BlobProtos are converted when first needed, so that
     loading never holds a second copy of every weight)."""
+    if isinstance(item, MappedBlob):
+        return item.values().copy()
     return blob_to_array(item) if isinstance(item, caffe_pb2.BlobProto) else np.asarray(item)
 
 
@@ -66,9 +69,8 @@ def read_weights(source):
     require_regular(path, 'weights file')
     if is_hdf5(path):
         return _read_hdf5(path)
-    net_param = read_net_param(path)
-    return StoredWeights(path, collections.OrderedDict(_source_layers(net_param)),
-                         list(net_param.layer) or None, False)
+    blobs, layers = read_mapped_weights(path)
+    return StoredWeights(path, blobs, layers, False)
 
 
 _MAX_BLOBS = 1024

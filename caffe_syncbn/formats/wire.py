@@ -45,12 +45,12 @@ def check_record_count(view, descriptor, path):
     while pending:
         position, end, message = pending.pop()
         while position < end:
-            key, position = _read_varint(view, position, end)
+            key, position = read_varint(view, position, end)
             if key is None:
                 return
             wire_type = key & 7
             if wire_type == _VARINT:
-                _, position = _read_varint(view, position, end)
+                _, position = read_varint(view, position, end)
                 if position is None:
                     return
             elif wire_type == _FIXED64:
@@ -58,7 +58,7 @@ def check_record_count(view, descriptor, path):
             elif wire_type == _FIXED32:
                 position += 4
             elif wire_type == _LENGTH:
-                length, position = _read_varint(view, position, end)
+                length, position = read_varint(view, position, end)
                 if length is None or position + length > end:
                     return
                 field = message.fields_by_number.get(key >> 3)
@@ -73,7 +73,7 @@ def check_record_count(view, descriptor, path):
                 return
 
 
-def _read_varint(view, position, end):
+def read_varint(view, position, end):
     """(value, next position), or (None, None) where the varint runs past ``end``."""
     value, shift = 0, 0
     while position < end and shift < 70:

@@ -10,6 +10,7 @@ from ..backend import get_array_module
 from ..errors import CaffeError, name_list, naming, quote
 from ..formats.blobs import blob_shape, is_legacy
 from ..formats.caffemodel import as_array, read_weights
+from ..formats.mapped import MappedBlob
 from ..netparam.graph import shared_param_owners
 from .norm_forms import fit_norm_weights, norm_units
 from .save import shared_param_slots
@@ -66,6 +67,7 @@ def _mismatch(source, layer_name, index, file_shape, net_shape):
 def _fits(item, shape):
     """Caffe's rule: a legacy (num/channels/height/width) blob fits a target shape that,
     left-padded with 1s to 4-D, is equal; any other blob must have the target shape."""
+    item = item.proto if isinstance(item, MappedBlob) else item
     if isinstance(item, caffe_pb2.BlobProto):
         stored = blob_shape(item)
         if is_legacy(item):
@@ -75,6 +77,7 @@ def _fits(item, shape):
 
 
 def _stored_shape(item):
+    item = item.proto if isinstance(item, MappedBlob) else item
     return blob_shape(item) if isinstance(item, caffe_pb2.BlobProto) else np.shape(item)
 
 
@@ -95,11 +98,14 @@ def _copy_layer(stored, name, layer, items, shared):
         if not _fits(item, blob.shape):
             raise _mismatch(source, name, j, _stored_shape(item), blob.shape)
         try:
-            array = as_array(item)
+            if isinstance(item, MappedBlob):         # from the file, a chunk at a time
+                item.copy_into(blob.data)
+            else:
+                array = as_array(item)
+                xp = get_array_module(blob.data)
+                blob.data[...] = xp.asarray(array.reshape(blob.shape), dtype=blob.data.dtype)
         except CaffeError as exc:
             raise CaffeError("%s: layer '%s' blob %d: %s" % (source, name, j, exc)) from None
-        xp = get_array_module(blob.data)
-        blob.data[...] = xp.asarray(array.reshape(blob.shape), dtype=blob.data.dtype)
         written.append(blob)
     return written
 
