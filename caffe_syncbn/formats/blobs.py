@@ -21,7 +21,7 @@ from .wire import check_record_count
 HDF5_MAGIC = b'\x89HDF\r\n\x1a\n'
 _BLOB_DATA_FIELD = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name['data'].number
 _BLOB_DOUBLE_FIELD = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name['double_data'].number
-_ARENA_FULL = 'Arena alloc failed'
+ARENA_FULL = 'Arena alloc failed'
 
 
 # ---- blobs ------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def parse_binary_file(path, message_class):
     except MemoryError:
         raise out_of_memory(path) from None
     except DecodeError as exc:
-        if _ARENA_FULL in str(exc):      # how the parser says that an allocation failed
+        if ARENA_FULL in str(exc):      # how the parser says that an allocation failed
             raise out_of_memory(path) from None
         raise CaffeError('%s is not a valid binary %s: the file is truncated or corrupt'
                          % (path, what)) from None

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from .. import caffe_pb2
 from ..backend import get_array_module
 from ..errors import CaffeError
-from .blobs import blob_shape, out_of_memory
+from .blobs import ARENA_FULL, blob_shape, length_delimited, out_of_memory
 from .regular import require_regular
 from .wire import check_record_count, read_varint
 
@@ -38,7 +38,7 @@ class _Corrupt(Exception):
 
 class MappedBlob:
     """A BlobProto whose float data is ``count`` values at byte ``offset`` of ``mapped``;
-    ``proto`` holds its other fields (the shape)."""
+    ``proto`` holds its other fields (the shape), and is the one in its layer's record."""
 
     def __init__(self, proto, mapped, offset, count):
         self.proto, self.mapped, self.offset, self.count = proto, mapped, offset, count
@@ -89,35 +89,48 @@ def read_mapped_weights(path):
         raise CaffeError('cannot read %s: %s' % (path, exc.strerror or exc)) from None
     except MemoryError:
         raise out_of_memory(path) from None
-    except (_Corrupt, DecodeError):
+    except (_Corrupt, DecodeError) as exc:
+        if ARENA_FULL in str(exc):           # how the parser says that an allocation failed
+            raise out_of_memory(path) from None
         raise CaffeError('%s is not a valid %s: the file is truncated or corrupt'
                          % (path, what)) from None
 
 
 def _layers(view, mapped):
-    found = {_NET_LAYER: [], _NET_V1_LAYER: []}
+    """Every layer record with its blobs' packed floats cut out, parsed in one call (as
+    the whole file was, so that a file of millions of records runs out of memory with
+    the parser's error), and the blobs whose floats stay in the file made MappedBlobs."""
+    stripped, places = bytearray(), {_NET_LAYER: [], _NET_V1_LAYER: []}
     for number, wire_type, begin, end, _ in _fields(view, 0, len(view)):
-        if number in found and wire_type == _LENGTH:
-            found[number].append(_layer(view, mapped, begin, end, number == _NET_LAYER))
+        if number in places and wire_type == _LENGTH:
+            layer, where = _strip_layer(view, begin, end, number == _NET_LAYER)
+            stripped += length_delimited(number, layer)
+            places[number].append(where)
+    param = caffe_pb2.NetParameter.FromString(bytes(stripped))
     blobs = collections.OrderedDict()
-    for layer, items in found[_NET_LAYER] + found[_NET_V1_LAYER]:   # as Caffe reads them
-        blobs[layer.name] = items
-    return blobs, [layer for layer, _ in found[_NET_LAYER]] or None
+    for layers, where in ((param.layer, places[_NET_LAYER]), (param.layers, places[_NET_V1_LAYER])):
+        for layer, layer_places in zip(layers, where):      # V2 layers first, as Caffe
+            blobs[layer.name] = [blob if place is None else MappedBlob(blob, mapped, *place)
+                                 for blob, place in zip(layer.blobs, layer_places)]
+    return blobs, list(param.layer) or None
 
 
-def _layer(view, mapped, begin, end, v2):
+def _strip_layer(view, begin, end, v2):
+    """A layer record's bytes with its blobs' packed floats cut out, and per blob where
+    they are in the file ((offset, count), or None for a blob kept whole)."""
     blob_field = _LAYER_BLOBS if v2 else _V1_LAYER_BLOBS
-    rest, items = bytearray(), []
+    out, places = bytearray(), []
     for number, wire_type, start, stop, field_start in _fields(view, begin, end):
         if number == blob_field and wire_type == _LENGTH:
-            items.append(_blob(view, mapped, start, stop))
+            blob, place = _strip_blob(view, start, stop)
+            out += length_delimited(blob_field, blob)
+            places.append(place)
         else:
-            rest += view[field_start:stop]
-    message = caffe_pb2.LayerParameter if v2 else caffe_pb2.V1LayerParameter
-    return message.FromString(bytes(rest)), items
+            out += view[field_start:stop]
+    return bytes(out), places
 
 
-def _blob(view, mapped, begin, end):
+def _strip_blob(view, begin, end):
     rest, data = bytearray(), []
     for number, wire_type, start, stop, field_start in _fields(view, begin, end):
         if number == _BLOB_DATA:
@@ -125,10 +138,9 @@ def _blob(view, mapped, begin, end):
         else:
             rest += view[field_start:stop]
     if len(data) != 1 or data[0][0] != _LENGTH or (data[0][2] - data[0][1]) % 4:
-        return caffe_pb2.BlobProto.FromString(bytes(view[begin:end]))
+        return bytes(view[begin:end]), None            # parsed whole
     _, start, stop = data[0]
-    return MappedBlob(caffe_pb2.BlobProto.FromString(bytes(rest)), mapped, start,
-                      (stop - start) // 4)
+    return bytes(rest), (start, (stop - start) // 4)
 
 
 def _fields(view, begin, end):
