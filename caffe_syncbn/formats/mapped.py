@@ -4,9 +4,9 @@ Every blob's packed float ``data`` stays in the file (a MappedBlob) until it is 
 into a net, a chunk at a time, and the pages each chunk was read from are then given back.
 So loading holds the net's weights and one chunk of the file, where parsing the whole
 file holds the mapped file, its parsed copy and the net's weights at once: three times
-the weights, most of the peak of scoring a VGG-sized net. The other fields of each layer
-and blob are parsed as usual; a blob whose data is not one packed field (doubles, or
-floats written unpacked) is parsed whole.
+the weights, most of the peak of scoring a VGG-sized net. The layer records, with those
+floats cut out, are parsed in one call; a blob whose data is not one packed field
+(doubles, or floats written unpacked) is parsed whole with them.
 """
 import collections
 import mmap
@@ -73,8 +73,8 @@ class MappedBlob:
 
 
 def read_mapped_weights(path):
-    """({layer name: [MappedBlob or BlobProto]}, the V2 LayerParameters without their
-    blobs, or None for a V1 file) of the binary .caffemodel at ``path``."""
+    """({layer name: [MappedBlob or BlobProto]}, the V2 LayerParameters (whose mapped blobs
+    hold their shapes only), or None for a V1 file) of the binary .caffemodel at ``path``."""
     require_regular(path)
     what = 'binary NetParameter'
     try:
