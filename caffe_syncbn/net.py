@@ -62,10 +62,10 @@ class Net(BatchedCalls, WeightSharing):
             with naming(os.fspath(model)):
                 self._build()
         self._chains = [[] for _ in self.layers]     # per layer: the layers it absorbed
+        self._absorbed = set()                      # the layers some layer absorbed
         self._recomputers = {}                      # id(top) -> the layer that writes it again
         if memory_plan != 'off':
             self._plan_memory(list(keep), memory_plan)
-        self._absorbed = {k for chain in self._chains for k in chain}
         if weights:
             self.copy_from(weights)
 
@@ -252,6 +252,7 @@ class Net(BatchedCalls, WeightSharing):
                                          None if forward_only else (self._layer_need_backward,
                                                                     self._bottom_need_backward),
                                          [self.blobs[name] for name in kept])
+            self._absorbed = {k for chain in self._chains for k in chain}
         persistent = [top for layer, tops in zip(self.layers, self._tops) if layer.tops_persist
                       for top in tops]
         kept_data = [self.blobs[name] for name in kept] + persistent
@@ -260,8 +261,8 @@ class Net(BatchedCalls, WeightSharing):
         if forward_only:
             self._plan = forward_plan(self._bottoms, tops, kept_data)
         else:
-            absorbed = {k for chain in self._chains for k in chain}
-            runs = [need and i not in absorbed for i, need in enumerate(self._layer_need_backward)]
+            runs = [need and i not in self._absorbed
+                    for i, need in enumerate(self._layer_need_backward)]
             reads = [layer.backward_reads(bottoms, layer_tops) for layer, bottoms, layer_tops
                      in zip(self.layers, self._bottoms, self._tops)]
             if plan == 'recompute':

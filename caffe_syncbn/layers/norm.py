@@ -120,10 +120,14 @@ class _ChannelNorm(Layer):
     def new_chain(self):
         return Chain()
 
+    def output(self, top):
+        """The blob this layer's forward writes: its chain's top, or its own."""
+        return self.chain.top if self.chain is not None else top[0]
+
     def recomputable(self, bottom, top):
         # in place with the batch formula (after a ReLU of slope 0, if any), x_hat is kept:
         # the output is its affine map, written again for the first backward that reads it
-        output = self.chain.top if self.chain is not None else top[0]
+        output = self.output(top)
         keeps = output is bottom[0] and self.uses_batch_formula() and \
             (self.chain is None or self.chain.negative_slope == 0)
         return [output] if keeps else []
@@ -139,16 +143,16 @@ class _ChannelNorm(Layer):
     def backward_reads(self, bottom, top):
         # x_hat comes from a kept copy, from the input (apart) or from the chain's output,
         # whose sign the ReLU's gradient reads too
-        output = self.chain.top if self.chain is not None else top[0]
+        output = self.output(top)
         reads = [bottom[0]] if output is not bottom[0] else []
         return reads + ([output] if self.chain is not None else [])
 
     def normalize(self, bottom, top, mean, keep_x_hat, slope=None, bias=None):
         """y into the top (the chain's, which applies its affine part and ReLU); keeps what
         the backward reads x_hat from, if it reads it."""
-        chain, activation = self.chain, None
+        chain, activation, top = self.chain, None, [self.output(top)]
         if chain is not None:
-            top, activation = [chain.top], chain.negative_slope
+            activation = chain.negative_slope
             slope, bias = chain.gamma(), chain.beta()
             keep_x_hat = self.uses_batch_formula() or chain.wants_gamma_gradient()
         x3, y3 = channel_view(bottom[0].data), channel_view(top[0].data)

@@ -14,6 +14,7 @@ input is gone) or made again from the input block by block: see ``XHat``.
 import numpy as np
 
 from ..backend import cpu_threads
+from .neuron import relu, relu_gradient
 from .norm_math import STAT, pack, rebase_sums, work_dtype
 
 
@@ -148,7 +149,7 @@ def _normalize_rows(x3, y3, normalization, slope, bias, kept, activation):
             out *= slope[r0:r1]
             out += bias[r0:r1]
         if activation is not None:
-            _relu(out, activation)
+            relu(np, out, activation, out)
     _blocks(x3, work)
 
 
@@ -165,15 +166,8 @@ def output_from_x_hat(x_hat, y3, slope, bias, activation):
             out *= slope[r0:r1]
             out += bias[r0:r1]
         if activation is not None:
-            _relu(out, activation)
+            relu(np, out, activation, out)
     _blocks(y3, work)
-
-
-def _relu(out, negative_slope):
-    if negative_slope == 0:
-        np.maximum(out, 0, out=out)
-    else:
-        np.multiply(out, out.dtype.type(negative_slope), out=out, where=out <= 0)
 
 
 def x_hat_from_output(y3, gamma, beta, activation):
@@ -186,11 +180,7 @@ def activation_gradient(y3, dy3, activation, x_hat):
     y, dy = _rows(y3), _rows(dy3)
 
     def work(r0, r1):
-        if activation == 0:
-            np.multiply(dy[r0:r1], y[r0:r1] > 0, out=dy[r0:r1])
-        else:
-            np.multiply(dy[r0:r1], dy.dtype.type(activation), out=dy[r0:r1],
-                        where=y[r0:r1] <= 0)
+        relu_gradient(np, y[r0:r1], dy[r0:r1], activation, dy[r0:r1])
     _blocks(dy3, work)
     return dy3
 

@@ -160,21 +160,18 @@ def gradient_sums(dy3, x_hat):
     dy3 = contiguous(xp, dy3)
     n, c, hw = dy3.shape
     sums = xp.zeros(2 * c, STAT)
-    if n * hw and isinstance(x_hat, FromOutput):
+    if n * hw:
         splits = _splits(dy3)
         partial = xp.empty(c * splits * 2, STAT)
-        _kernel('fused_bn_relu_backward_reduce', dy3.dtype, 'fused')(
-            (splits, c), (BLOCK,), (x_hat.y3, dy3, x_hat.gamma, x_hat.beta,
-                                    f64(x_hat.negative_slope), i32(n), i32(c), i64(hw),
-                                    i32(splits), partial))
-        _kernel('syncbn_grad_finish', dy3.dtype)(
-            grid_channels(c), (BLOCK,), (partial, i32(splits), i32(c), sums, None, None))
-    elif n * hw:
-        splits = _splits(dy3)
-        partial = xp.empty(c * splits * 2, STAT)
-        _kernel('syncbn_backward_reduce', dy3.dtype)(
-            (splits, c), (BLOCK,), (x_hat.source, dy3, x_hat.params, i32(x_hat.is_x_hat), i32(n),
-                                    i32(c), i64(hw), i32(splits), partial))
+        if isinstance(x_hat, FromOutput):
+            _kernel('fused_bn_relu_backward_reduce', dy3.dtype, 'fused')(
+                (splits, c), (BLOCK,), (x_hat.y3, dy3, x_hat.gamma, x_hat.beta,
+                                        f64(x_hat.negative_slope), i32(n), i32(c), i64(hw),
+                                        i32(splits), partial))
+        else:
+            _kernel('syncbn_backward_reduce', dy3.dtype)(
+                (splits, c), (BLOCK,), (x_hat.source, dy3, x_hat.params, i32(x_hat.is_x_hat),
+                                        i32(n), i32(c), i64(hw), i32(splits), partial))
         _kernel('syncbn_grad_finish', dy3.dtype)(
             grid_channels(c), (BLOCK,), (partial, i32(splits), i32(c), sums, None, None))
     return sums[:c], sums[c:]

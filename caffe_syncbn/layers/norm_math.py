@@ -39,6 +39,7 @@ import math
 import numpy as np
 
 from ..backend import get_array_module
+from .neuron import relu, relu_gradient
 
 STAT = np.float64   # dtype of every per-channel statistic
 
@@ -125,12 +126,11 @@ def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_ou
 def output_from_x_hat(x_hat, y3, slope, bias, activation):
     y = x_hat if slope is None else \
         x_hat * per_channel(slope.astype(x_hat.dtype)) + per_channel(bias.astype(x_hat.dtype))
-    y3[...] = y if activation is None else relu(y, activation)
-
-
-def relu(v, negative_slope):
-    xp = get_array_module(v)
-    return xp.where(v > 0, v, v * v.dtype.type(negative_slope))
+    if activation is not None:             # in the work dtype, before y3's rounding
+        activated = get_array_module(y).empty_like(y)
+        relu(get_array_module(y), y, activation, activated)
+        y = activated
+    y3[...] = y
 
 
 def x_hat_from_output(y3, gamma, beta, activation):
@@ -146,13 +146,8 @@ def x_hat_from_output(y3, gamma, beta, activation):
 
 def activation_gradient(y3, dy3, activation, x_hat):
     if activation is not None:
-        dy3[...] = relu_gradient(y3, dy3, activation)
+        relu_gradient(get_array_module(dy3), y3, dy3, activation, dy3)
     return dy3
-
-
-def relu_gradient(y, dy, negative_slope):
-    xp = get_array_module(dy)
-    return xp.where(y > 0, dy, dy * dy.dtype.type(negative_slope))
 
 
 def gradient_sums(dy3, x_hat):

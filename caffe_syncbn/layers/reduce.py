@@ -5,6 +5,7 @@ from .. import caffe_pb2
 from ..backend.cpu_threads import blocks
 from ..layer import Layer, register
 from . import eltwise_gpu
+from .neuron import relu, relu_gradient
 from .shape import canonical_axis
 
 
@@ -193,10 +194,8 @@ class EltwiseLayer(Layer):
                 block += x1[a:b] * c1 if c1 != 1 else x1[a:b]
             for c, x in flat[2:]:
                 block += x[a:b] * c if c != 1 else x[a:b]
-            if self.relu_slope == 0:
-                xp.maximum(block, 0, out=block)
-            elif self.relu_slope is not None:
-                block[...] = xp.where(block > 0, block, block * self.relu_slope)
+            if self.relu_slope is not None:
+                relu(xp, block, self.relu_slope, block)
         blocks(xp, out.size, 1, work)
 
     def _sum_backward(self, top, propagate_down, bottom):
@@ -215,9 +214,9 @@ class EltwiseLayer(Layer):
 
         def work(a, b):
             g = dy[a:b]
-            if self.relu_slope is not None:
-                g = g * (y[a:b] > 0) if self.relu_slope == 0 else \
-                    xp.where(y[a:b] > 0, g, g * self.relu_slope)
+            if self.relu_slope is not None:       # into a new array: dy is the ReLU's top diff
+                g = xp.empty_like(g)
+                relu_gradient(xp, y[a:b], dy[a:b], self.relu_slope, g)
             for c, dx, in_place in targets:
                 if c != 1:
                     xp.multiply(g, c, out=dx[a:b])
