@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from net_time import MEMORY_PLANS, compare_runs, print_by_type
+from net_time import add_memory_plan_flag, compare_runs, print_by_type
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.environ.get('CAFFE_SYNCBN_SHARED', os.path.join(os.path.dirname(ROOT), 'shared'))
@@ -74,9 +74,7 @@ def main(argv=None):
     parser.add_argument('--iterations', type=int, default=None,
                         help="iterations per run (default: each net's own)")
     parser.add_argument('--threads', type=int, default=2, help='BLAS threads (default 2)')
-    parser.add_argument('--memory-plan', default='inplace_abn',
-                        choices=MEMORY_PLANS,
-                        help="our Net's memory plan (default inplace_abn, as caffe-syncbn time)")
+    add_memory_plan_flag(parser)
     args = parser.parse_args(argv)
     names = [name for name in args.nets.split(',') if name]
     unknown = [name for name in names if name not in NETS]

@@ -190,6 +190,11 @@ def print_by_type(runs, names=('ours', 'Caffe')):
         print('  %-24s %8.2f %8.2f %7s' % (kind, a, b, '%.3f' % (a / b) if b > 0.005 else '-'))
 
 
+def add_memory_plan_flag(parser):
+    parser.add_argument('--memory-plan', default='inplace_abn', choices=MEMORY_PLANS,
+                        help="our Net's memory plan (default inplace_abn, as caffe-syncbn time)")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('model', help='net prototxt')
@@ -206,9 +211,7 @@ def main(argv=None):
                         help='with Winograd (by its rule, or on: wherever it applies) '
                              'against without')
     parser.add_argument('--pairs', type=int, default=3, help='alternating pairs (default 3)')
-    parser.add_argument('--memory-plan', default='inplace_abn',
-                        choices=MEMORY_PLANS,
-                        help="our Net's memory plan (default inplace_abn, as caffe-syncbn time)")
+    add_memory_plan_flag(parser)
     parser.add_argument('--json', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.pairs < 1:
