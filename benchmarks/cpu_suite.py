@@ -11,7 +11,7 @@ every pair, the medians and the time by layer type. At the end, one table: the r
 ours / Caffe of the median forward, backward and forward+backward times (Caffe's from
 `caffe time`'s "Average Forward pass" and "Average Backward pass") and of the median
 peak resident memory, with the load average (1 minute) before and after each net and
-over the whole run. Ours runs with --memory-plan (default inplace_abn, what `caffe-syncbn
+over the whole run. Ours runs with --memory-plan (default auto, what `caffe-syncbn
 time` uses).
 """
 import argparse

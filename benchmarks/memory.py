@@ -78,7 +78,7 @@ def measure_ours(args):
             plan = net._plan
             blob_memory = {id(storage_of(array)) for b in list(net.blobs.values())
                            + net.learnable_params for array in _stored(b)}
-            blob_memory |= {id(buffer) for buffer in (plan.buffers if plan else [])}
+            blob_memory |= {id(plan.arena)} if plan else set()
             caches = [(layer_name, attr, size) for layer_name, layer in
                       zip(net._layer_names, net.layers)
                       for attr, size in kept_arrays(layer, net.context.xp, blob_memory).items()]
@@ -97,8 +97,8 @@ def measure_ours(args):
           % (held(params, 'data'), held(params, 'diff')))
     print('activations: data %7.1f MiB, diff %7.1f MiB%s' % (
         held(activations, 'data'), held(activations, 'diff'),
-        ' (the kept blobs), and %.1f MiB in %d buffers the plan shares' % (
-            sum(b.nbytes for b in plan.buffers) / MIB, len(plan.buffers)) if plan else ''))
+        ' (the kept blobs), and %.1f MiB in the arena of plan %s' % (
+            plan.arena.nbytes / MIB, net.memory_plan) if plan else ''))
     total = sum(size for _, _, size in caches)
     print('kept by layers from forward to backward: %.1f MiB' % (total / MIB))
     for layer_name, attr, size in sorted(caches, key=lambda c: -c[2])[:args.top]:

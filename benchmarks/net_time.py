@@ -191,8 +191,8 @@ def print_by_type(runs, names=('ours', 'Caffe')):
 
 
 def add_memory_plan_flag(parser):
-    parser.add_argument('--memory-plan', default='inplace_abn', choices=MEMORY_PLANS,
-                        help="our Net's memory plan (default inplace_abn, as caffe-syncbn time)")
+    parser.add_argument('--memory-plan', default='auto', choices=MEMORY_PLANS,
+                        help="our Net's memory plan (default auto, as caffe-syncbn time)")
 
 
 def main(argv=None):

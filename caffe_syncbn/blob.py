@@ -66,6 +66,11 @@ def storage_of(array):
     return array
 
 
+def address_of(array):
+    """Where ``array``'s first element lies, in host or device memory."""
+    return array.data.ptr if hasattr(array.data, 'ptr') else array.ctypes.data
+
+
 def format_bytes(count):
     """'2.0 GiB (2147483648 bytes)'."""
     for unit, size in (('TiB', 1 << 40), ('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):

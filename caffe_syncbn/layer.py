@@ -197,6 +197,14 @@ class Layer:
         """Write ``top``'s data again, as the last forward wrote it."""
         raise NotImplementedError
 
+    def rerunnable(self):
+        """Whether a second forward on the same bottoms writes the same tops and changes
+        nothing a later step reads differently (no statistics, no random numbers): a
+        memory plan 'recompute' may then let this layer's one top go after the forward
+        and run the forward again before the first backward that reads the top, where
+        keeping the bottoms until then costs less than keeping the top."""
+        return False
+
     def fixed_param_mults(self, index):
         """(lr_mult, decay_mult) this layer imposes on blob ``index`` whatever the prototxt
         says (None in either place keeps the prototxt's value), or None. BatchNorm's

@@ -9,66 +9,80 @@ layer whose backward reads it (Layer.backward_reads), and a blob's diff lives fr
 backward of its last consumer, which writes it, to the backward of its first producer,
 which reads it last.
 
-Groups whose lives do not overlap take turns in one buffer, sized for the largest; a
-group that starts at step t reuses a buffer only when its previous occupant's life ended
-before t, so no layer ever reads a bottom that its own top overwrote, nor a top diff its
-bottom diff overwrote. Kept blobs (the net's inputs and outputs, and those the user
+Every group takes a block of one arena. Groups whose lives overlap get blocks that do not;
+a group that starts at step t shares bytes only with groups whose lives ended before t,
+so no layer ever reads a bottom that its own top overwrote, nor a top diff its bottom
+diff overwrote. The largest groups are placed first, each at the lowest offset free over
+its whole life, which keeps the arena within a few percent of the most bytes live at one
+step. Kept blobs (the net's inputs and outputs, and those the user
 names) keep storage of their own; so do the diffs of loss tops, which hold the loss
 weight from the forward on, and a diff that its last consumer does not write (no
 backward, or propagate_down false), so that no backward reads another blob's gradient.
 
-Buffers are plain ``empty`` arrays: nothing is resident until a layer writes it. A plan
+The arena is a plain ``empty`` array: nothing is resident until a layer writes it. A plan
 holds while the shapes do; the Net plans again when its input shapes change.
 """
 import collections
 
 import numpy as np
 
-from .blob import storage_of
-from .errors import CaffeError, quote
+from .blob import address_of, storage_of
 
 #: the memory plans a Net takes: 'off' keeps every blob (pycaffe's Net); 'share' shares
 #: the blobs of a net that runs forward only, and the diffs of one that runs backward;
 #: 'inplace_abn' shares as 'share' does, and lets layers absorb the chains that follow
 #: them (Layer.absorb: batch norm with its Scale and ReLU); 'recompute' is 'inplace_abn'
-#: whose layers write again in the backward the tops they can (Layer.recomputable)
-MEMORY_PLANS = ('off', 'share', 'inplace_abn', 'recompute')
+#: whose layers write again in the backward the tops they can (Layer.recomputable,
+#: Layer.rerunnable); 'auto' is the Net's choice between the last two (AUTO_SAVING)
+MEMORY_PLANS = ('off', 'share', 'inplace_abn', 'recompute', 'auto')
+
+#: 'auto' takes 'recompute' where its buffers come to at most this fraction of
+#: 'inplace_abn''s: each recomputed top costs one more pass, which a small saving does
+#: not repay
+AUTO_SAVING = 0.9
+
+
+#: every block starts at a multiple of this many bytes: aligned for vector loads on the
+#: host and for CuPy's kernels
+ALIGNMENT = 256
 
 
 def new_buffer(xp, nbytes):
-    """Storage for one planned buffer (the tests fill it with NaN bytes instead)."""
+    """Storage for a plan's arena (the tests fill it with NaN bytes instead)."""
     return xp.empty(nbytes, np.uint8)
 
 
 class MemoryPlan:
     """Planned groups (``forward_plan``, ``train_plan``) and, once ``apply``-ed, the
-    buffers they share."""
+    arena they share."""
 
     def __init__(self, groups, forward_only):
         self.groups = sorted(groups, key=lambda g: g.first)
         self.forward_only = forward_only
-        self.buffers = []
+        self.arena = None
         #: per layer index: the groups whose data its backward is the first to read again
         self.refills = collections.defaultdict(list)
         for group in self.groups:
             if group.forward_life is not None:
                 self.refills[group.refill_before].append(group)
 
+    def planned_bytes(self):
+        """The bytes of the arena ``apply`` would make for the shapes the blobs have now."""
+        return _place(self.groups)
+
     def apply(self, xp):
-        """Give every group's owner a view of its buffer, as its data or its diff (the
-        layers' reshape makes the aliases' views again); returns the bytes of all buffers."""
-        for group in self.groups:           # sized for the shapes the blobs have now
-            group.nbytes = storage_of(group.owner.data).nbytes
-        self.buffers = _share_buffers(xp, self.groups)
+        """Give every group's owner a view of its block, as its data or its diff (the
+        layers' reshape makes the aliases' views again); returns the arena's bytes."""
+        self.arena = new_buffer(xp, _place(self.groups))
         for group in self.groups:
             owner = group.owner
-            group.view = self.buffers[group.buffer][:group.nbytes].view(owner.dtype).reshape(
-                owner.shape)
+            block = self.arena[group.offset:group.offset + group.nbytes]
+            group.view = block.view(owner.dtype).reshape(owner.shape)
             if group.is_diff:
                 owner.diff = group.view
             elif group.forward_life is None:
                 owner.data = group.view
-        return sum(buffer.nbytes for buffer in self.buffers)
+        return self.arena.nbytes
 
     def enter_backward(self, group):
         """Move a recomputed group to its backward buffer (its producer then writes it
@@ -82,20 +96,21 @@ class MemoryPlan:
                 _move(group.members, group.view, group.forward_life.view)
 
     def holds(self):
-        """Whether every group still lives in its buffer: a reshape to a new size gives a
+        """Whether every group still lives in the arena: a reshape to a new size gives a
         blob storage of its own (and drops its diff), and then the net plans again."""
         for group in self.groups:
             array = group.owner.diff_if_made if group.is_diff else group.owner.data
             if group.forward_life is None and (
-                    array is None or storage_of(array) is not self.buffers[group.buffer]):
+                    array is None or storage_of(array) is not self.arena):
                 return False
         return True
 
 
 def _move(members, old, new):
-    """Make the blobs that view ``old``'s storage view ``new``'s."""
+    """Make the blobs that view ``old``'s block view ``new``'s."""
+    start = address_of(old)
     for blob in members:
-        if storage_of(blob.data) is storage_of(old):
+        if start <= address_of(blob.data) < start + old.nbytes:
             blob.data = new.reshape(blob.shape)
 
 
@@ -107,15 +122,20 @@ def forward_plan(bottoms, tops, kept):
 
 
 def train_plan(bottoms, tops, backward_reads, runs_backward, writes_diff, kept_data, kept_diff,
-               recomputable=()):
+               recomputable=(), rerunnable=()):
     """The plan of a net that runs backward, on one timeline: layer i's forward is step i,
     its backward step 2L - 1 - i. A blob's data lives on until the backward of the last
     layer that reads it (``backward_reads[i]``: the blobs layer i's backward reads);
     diffs as the module docstring says. ``runs_backward[i]`` and ``writes_diff[i][j]``:
     whether layer i's backward runs and writes the diff of its bottom j.
-    ``recomputable``: the tops that their layer can write again (Layer.recomputable): such
-    a group lives twice, in the forward until its last reader there, and again from the
-    backward of the first layer to read it (``MemoryPlan.refills``)."""
+
+    ``recomputable``: the tops that their layer can write again from what it keeps
+    (Layer.recomputable): such a group lives twice, in the forward until its last reader
+    there, and again from the backward of the first layer to read it (``MemoryPlan.refills``).
+    ``rerunnable``: {index: the indices of the layers it absorbed} of the layers that may
+    run their forward again for the same purpose (Layer.rerunnable), from their bottoms,
+    whose data must then live until that refill: each one's top does where that makes the
+    buffers smaller (``_choose_reruns``)."""
     steps = 2 * len(bottoms)
     reads = [blobs if runs else [] for blobs, runs in zip(backward_reads, runs_backward)]
     again = {id(blob) for blob in recomputable}
@@ -123,13 +143,13 @@ def train_plan(bottoms, tops, backward_reads, runs_backward, writes_diff, kept_d
     def backward_steps(group):
         return [steps - 1 - i for i, blobs in enumerate(reads) if any(b in group for b in blobs)]
 
-    groups = []
+    groups, forward_last = [], {}
     for group in _data_groups(bottoms, tops, kept_data):
         later = backward_steps(group.members)
         if later and any(id(b) in again for b in group.members):
-            groups += [group, _Group(group.owner, min(later), max(later), members=group.members,
-                                     forward_life=group, refill_before=steps - 1 - min(later))]
+            groups += [group, _second_life(group, later, steps)]
         else:
+            forward_last[group] = group.last
             group.last = max([group.last] + later)
             groups.append(group)
     kept_ids = {id(b) for b in kept_diff}
@@ -142,13 +162,80 @@ def train_plan(bottoms, tops, backward_reads, runs_backward, writes_diff, kept_d
         j = next(j for j, b in enumerate(bottoms[last]) if b is blob)
         if producers and runs_backward[last] and writes_diff[last][j]:
             groups.append(_Group(blob, steps - 1 - last, steps - 1 - min(producers), True))
+    if rerunnable:
+        _choose_reruns(groups, forward_last, rerunnable, bottoms, tops, backward_steps)
     return MemoryPlan(groups, forward_only=False)
+
+
+def _second_life(group, later, steps):
+    """The life of ``group`` written again before the first backward that reads it (at the
+    steps ``later``) and kept until the last."""
+    return _Group(group.owner, min(later), max(later), members=group.members,
+                  forward_life=group, refill_before=steps - 1 - min(later))
+
+
+def _choose_reruns(groups, forward_last, rerunnable, bottoms, tops, backward_steps):
+    """For each layer of ``rerunnable`` in turn whose one top a backward reads: let the top go
+    after its last forward reader (``forward_last``) and have the layer write it again
+    before the first backward reader, its bottoms' data living until then, if the
+    buffers come out smaller. Adds the second lives to ``groups`` (their ``rerun``: the
+    layer). A bottom must be as the layer read it: one that lives twice, or that a later
+    layer writes in place, rules the layer out."""
+    by_blob = {id(b): g for g in groups if not g.is_diff for b in g.members}
+    aliases = _alias_sets(bottoms, tops)
+    writers = collections.defaultdict(set)
+    for i, layer_tops in enumerate(tops):
+        for top in layer_tops:
+            writers[id(aliases[id(top)][0])].add(i)
+    twice = {id(g.forward_life) for g in groups if g.forward_life is not None}
+    total = _place(groups)
+    for i, chain in sorted(rerunnable.items()):
+        written = _unique(tops[i])
+        group = by_blob.get(id(written[0])) if len(written) == 1 else None
+        if group is None or id(group) in twice or \
+                writers[id(group.members[0])] - set(chain) != {i}:
+            continue                   # kept, already written again, or written in place
+        later = backward_steps(group.members)
+        sources = {id(by_blob[id(b)]): by_blob[id(b)] for b in bottoms[i] if id(b) in by_blob}
+        if not later or any(id(g) in twice for g in sources.values()) or any(
+                max(writers[id(aliases[id(b)][0])], default=i) > i for b in bottoms[i]):
+            continue
+        second = _second_life(group, later, 2 * len(tops))
+        lasts = {key: g.last for key, g in list(sources.items()) + [(id(group), group)]}
+        for g in sources.values():
+            g.last = max(g.last, second.first)
+        group.last = forward_last[group]
+        trial = _place(groups + [second])
+        if trial < total:
+            total, second.rerun = trial, i
+            groups.append(second)
+            twice.add(id(group))
+        else:
+            for g in list(sources.values()) + [group]:
+                g.last = lasts[id(g)]
 
 
 def _data_groups(bottoms, tops, kept):
     """A _Group per set of blobs that alias one array (in place, Split, views), live from
     the first layer that writes one to the last that reads one; kept groups, inputs and
     views of a layer's own array keep their own storage."""
+    kept_ids = {id(b) for b in kept}
+    groups = []
+    for group in _unique_lists(_alias_sets(bottoms, tops).values()):
+        writes = [i for i, layer in enumerate(tops) if any(t in group for t in layer)]
+        uses = writes + [i for i, layer in enumerate(bottoms) if any(b in group for b in layer)]
+        if not writes or any(id(b) in kept_ids for b in group):
+            continue                   # an input, or kept: storage of its own
+        owner = next(b for i in sorted(writes) for b in tops[i] if b in group)
+        if storage_of(owner.data) is not owner.data:
+            continue                   # a view of a layer's own array (Parameter's top)
+        groups.append(_Group(owner, min(writes), max(uses), members=group))
+    return groups
+
+
+def _alias_sets(bottoms, tops):
+    """Per blob (by id): the list of the blobs that alias its array (in place, Split,
+    views), one list shared by all of them, in the order the net first names them."""
     blobs = _unique([b for layer in bottoms + tops for b in layer])
     parent = {id(b): id(b) for b in blobs}
 
@@ -166,40 +253,28 @@ def _data_groups(bottoms, tops, kept):
     members = {}
     for blob in blobs:
         members.setdefault(root(id(blob)), []).append(blob)
-    kept_ids = {id(b) for b in kept}
-    groups = []
-    for group in members.values():
-        writes = [i for i, layer in enumerate(tops) if any(t in group for t in layer)]
-        uses = writes + [i for i, layer in enumerate(bottoms) if any(b in group for b in layer)]
-        if not writes or any(id(b) in kept_ids for b in group):
-            continue                   # an input, or kept: storage of its own
-        owner = next(b for i in sorted(writes) for b in tops[i] if b in group)
-        if storage_of(owner.data) is not owner.data:
-            continue                   # a view of a layer's own array (Parameter's top)
-        groups.append(_Group(owner, min(writes), max(uses), members=group))
-    return groups
+    return {id(b): members[root(id(b))] for b in blobs}
 
 
-def _share_buffers(xp, groups):
-    """Buffers for ``groups`` (sorted by ``first``): a group takes a buffer whose last
-    occupant's life ended before its own began, the smallest that fits, else the largest
-    free one grown to fit, else a new one. Sets each group's ``buffer``."""
-    sizes, free_after = [], []             # per buffer: bytes, last layer of its occupant
+def _place(groups):
+    """Lay ``groups`` out in one arena, sized for the shapes their blobs have now: largest
+    first, each at the lowest aligned offset where no group placed before it whose life
+    overlaps its own lies. Sets each group's ``offset`` and ``nbytes``; returns the
+    arena's bytes."""
     for group in groups:
-        free = [k for k, last in enumerate(free_after) if last < group.first]
-        fits = [k for k in free if sizes[k] >= group.nbytes]
-        if fits:
-            k = min(fits, key=lambda k: sizes[k])
-        elif free:
-            k = max(free, key=lambda k: sizes[k])
-            sizes[k] = group.nbytes
-        else:
-            k = len(sizes)
-            sizes.append(group.nbytes)
-            free_after.append(None)
-        group.buffer = k
-        free_after[k] = group.last
-    return [new_buffer(xp, size) for size in sizes]
+        group.nbytes = group.owner.data.nbytes      # not its storage's: that is the arena
+    placed, end = [], 0
+    for group in sorted(groups, key=lambda g: (-g.nbytes, g.first)):
+        offset = 0
+        for start, stop in sorted((g.offset, g.offset + g.nbytes) for g in placed
+                                  if g.first <= group.last and group.first <= g.last):
+            if start >= offset + group.nbytes:
+                break
+            offset = max(offset, -(-stop // ALIGNMENT) * ALIGNMENT)
+        group.offset = offset
+        placed.append(group)
+        end = max(end, offset + group.nbytes)
+    return end
 
 
 class _Group:
@@ -213,62 +288,19 @@ class _Group:
         self.owner, self.first, self.last, self.is_diff = owner, first, last, is_diff
         self.members = list(members) or [owner]
         self.forward_life, self.refill_before = forward_life, refill_before
-        self.nbytes = self.buffer = self.view = None
+        #: the layer that runs its forward again to write a second life (None: the
+        #: layer that wrote the group recomputes it, Layer.recompute)
+        self.rerun = None
+        self.nbytes = self.offset = self.view = None
 
 
-def absorb_chains(layers, bottoms, tops, loss_weights, backward_flags, kept):
-    """Offer each layer the layers that follow it in a chain (Layer.absorb); returns, per
-    layer, the indices of the layers it absorbed, and sets ``output_survives`` on each head.
-
-    Layer k continues the chain that ends with layer e when it reads only e's one top and
-    writes one top, no loss, and e's top is no other layer's input nor ``kept`` (unless k
-    writes it in place). ``backward_flags`` (the Net's per-layer need_backward and per-bottom
-    flags; None in a net that runs forward only): a chain runs its backward as one, so its
-    layers must agree on it."""
-    consumers = collections.Counter(id(b) for layer in bottoms for b in layer)
-    kept_ids = {id(b) for b in kept}
-
-    def links(end, nxt):
-        if len(tops[end]) != 1 or len(bottoms[nxt]) != 1 or len(tops[nxt]) != 1 \
-                or bottoms[nxt][0] is not tops[end][0] or any(loss_weights[nxt]):
-            return False
-        output = tops[end][0]
-        if tops[nxt][0] is not output and (consumers[id(output)] > 1 or id(output) in kept_ids):
-            return False
-        if backward_flags is None:
-            return True
-        need, bottom_need = backward_flags
-        return need[nxt] == need[end] and bottom_need[nxt] == [need[end]]
-
-    chains, absorbed = [[] for _ in layers], set()
-    for head, layer in enumerate(layers):
-        if head in absorbed:
-            continue
-        end = head
-        while end + 1 < len(layers) and links(end, end + 1) \
-                and layer.absorb(layers[end + 1], tops[end + 1][0]):
-            end += 1
-            absorbed.add(end)
-            chains[head].append(end)
-        if end > head:
-            output = tops[end][0]
-            layer.output_survives = not any(output in t and output in b
-                                            for t, b in zip(tops[end + 1:], bottoms[end + 1:]))
-    return chains
-
-
-class KeptBlobs(collections.OrderedDict):
-    """A planned net's ``blobs``: the kept ones; asking for another names the remedy."""
-
-    def __init__(self, items, dropped):
-        super().__init__(items)
-        self.dropped = set(dropped)
-
-    def __missing__(self, name):
-        if name in self.dropped:
-            raise CaffeError("blob %s was not kept; pass keep=[%s] or memory_plan='off'"
-                             % (quote(name), quote(name)))
-        raise KeyError(name)
+def _unique_lists(lists):
+    seen, out = set(), []
+    for members in lists:
+        if id(members) not in seen:
+            seen.add(id(members))
+            out.append(members)
+    return out
 
 
 def _unique(blobs):

@@ -14,8 +14,9 @@ from .backend import mode_array_module
 from .blob import Blob, format_bytes, memory_limit, storage_of
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
-from .memory_plan import MEMORY_PLANS, KeptBlobs, absorb_chains, forward_plan, train_plan
+from .memory_plan import MEMORY_PLANS
 from .net_batches import BatchedCalls
+from .net_memory import PlannedMemory
 from .net_sharing import WeightSharing
 from .netparam.graph import filter_net, insert_splits, net_state
 from .netparam.upgrade import load_net_param
@@ -25,17 +26,18 @@ from .weights.save import net_to_proto, write_caffemodel, write_hdf5
 log = logging.getLogger('caffe_syncbn')
 
 
-class Net(BatchedCalls, WeightSharing):
+class Net(BatchedCalls, WeightSharing, PlannedMemory):
     """A Caffe net. ``Net(model, phase, weights=None)`` or pycaffe's old ``Net(model, weights, phase)``.
 
     model:   prototxt path or NetParameter
     phase:   TRAIN or TEST
     level, stages: the NetState used with include/exclude rules
     context: a LayerContext (backend, dtype, communicator) shared by every layer
-    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share', 'inplace_abn' and
-             'recompute' share storage by liveness (memory_plan.py; a TEST net without
-             force_backward runs forward only), and ``net.blobs`` holds the inputs, the
-             outputs and the blobs named in ``keep``
+    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share', 'inplace_abn',
+             'recompute' and 'auto' share storage by liveness (memory_plan.py; a TEST net
+             without force_backward runs forward only), and ``net.blobs`` holds the inputs,
+             the outputs and the blobs named in ``keep``; ``net.memory_plan`` says which
+             plan 'auto' chose
     """
 
     def __init__(self, model, phase=None, weights=None, level=0, stages=(), context=None,
@@ -64,6 +66,7 @@ class Net(BatchedCalls, WeightSharing):
         self._chains = [[] for _ in self.layers]     # per layer: the layers it absorbed
         self._absorbed = set()                      # the layers some layer absorbed
         self._recomputers = {}                      # id(top) -> the layer that writes it again
+        self.memory_plan = memory_plan
         if memory_plan != 'off':
             self._plan_memory(list(keep), memory_plan)
         if weights:
@@ -237,57 +240,6 @@ class Net(BatchedCalls, WeightSharing):
             layer.backward_runs = need
         self._bottom_need_backward = bottom_need_backward
 
-    def _plan_memory(self, keep, plan):
-        unknown = [name for name in keep if name not in self.blobs]
-        if unknown:
-            raise CaffeError("keep: net '%s' has no blob %s" % (self.name, quote(unknown[0])))
-        kept = set(self.inputs) | set(self.outputs) | set(keep)
-        forward_only = self.phase == TEST and not self.net_param.force_backward
-        if forward_only:
-            self._layer_need_backward = [False] * len(self.layers)
-            for layer in self.layers:          # nothing need be kept for a backward
-                layer.backward_runs = False
-        if plan in ('inplace_abn', 'recompute'):
-            self._chains = absorb_chains(self.layers, self._bottoms, self._tops, self._loss_weights,
-                                         None if forward_only else (self._layer_need_backward,
-                                                                    self._bottom_need_backward),
-                                         [self.blobs[name] for name in kept])
-            self._absorbed = {k for chain in self._chains for k in chain}
-        persistent = [top for layer, tops in zip(self.layers, self._tops) if layer.tops_persist
-                      for top in tops]
-        kept_data = [self.blobs[name] for name in kept] + persistent
-        # a chain's head writes its output in the forward and reads its diff in the backward
-        tops = [t + [self._tops[k][0] for k in chain] for t, chain in zip(self._tops, self._chains)]
-        if forward_only:
-            self._plan = forward_plan(self._bottoms, tops, kept_data)
-        else:
-            runs = [need and i not in self._absorbed
-                    for i, need in enumerate(self._layer_need_backward)]
-            reads = [layer.backward_reads(bottoms, layer_tops) for layer, bottoms, layer_tops
-                     in zip(self.layers, self._bottoms, self._tops)]
-            if plan == 'recompute':
-                self._recomputers = {id(top): layer for i, (layer, bottoms, layer_tops) in
-                                     enumerate(zip(self.layers, self._bottoms, self._tops))
-                                     if runs[i] for top in layer.recomputable(bottoms, layer_tops)}
-            self._plan = train_plan(self._bottoms, tops, reads, runs, self._bottom_need_backward,
-                                    kept_data, kept_data + [
-                                        self.blobs[name] for name in self.output_blob_loss_weights],
-                                    [b for t in tops for b in t if id(b) in self._recomputers])
-        self._apply_plan()
-        self.blobs = KeptBlobs([(name, blob) for name, blob in self.blobs.items() if name in kept],
-                               [name for name in self.blobs if name not in kept])
-
-    def _input_shapes(self):
-        return [self.blobs[name].shape for name in self.inputs]
-
-    def _apply_plan(self):
-        self.reshape()                         # sized for the inputs as they are now
-        planned = self._plan.apply(self.context.xp)
-        self.reshape()                         # the aliases take views of the new storage
-        self._planned_inputs = self._input_shapes()
-        log.debug("Net '%s': %d planned groups share %s", self.name, len(self._plan.groups),
-                  format_bytes(planned))
-
     def _write_loss_weights(self):
         """Caffe keeps each loss weight in its top's diff, where backward starts from."""
         for tops, weights in zip(self._tops, self._loss_weights):
@@ -338,6 +290,10 @@ class Net(BatchedCalls, WeightSharing):
                 continue        # its head's backward runs it, and then covers its params
             for group in refills.get(i, ()):
                 self._plan.enter_backward(group)     # written again, for its first reader
+                if group.rerun is not None:
+                    k = group.rerun
+                    self.layers[k].forward(self._bottoms[k], self._tops[k])
+                    continue
                 for blob in group.members:
                     if id(blob) in self._recomputers:
                         self._recomputers[id(blob)].recompute(blob)

@@ -112,5 +112,5 @@ def test_the_sweep_reports_mean_and_sample_spread():
 
 def test_the_memory_plan_fits_more_images_per_device():
     fits = memory_fit.images_per_device()
-    (plan_mib, with_plan), (off_mib, without) = fits['inplace_abn'], fits['off']
+    (plan_mib, with_plan), (off_mib, without) = fits['auto'], fits['off']
     assert 0 < plan_mib < 0.8 * off_mib and with_plan > without > 0

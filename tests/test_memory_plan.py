@@ -1,11 +1,14 @@
 """memory_plan='share': a forward-only net whose blobs share storage by liveness gives
 bitwise the outputs of the same net with every blob kept, on every golden net and a
-corpus net, with its shared buffers filled with NaN bytes first (a layer that read a
-value its top did not write, or a buffer given to two live blobs, would show)."""
+corpus net, with its shared arena filled with NaN bytes first (a layer that read a value
+its top did not write, or bytes given to two live blobs, would show); and the arena's
+layout, against the lives it packs."""
 import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import caffe_syncbn as caffe
 from caffe_syncbn import memory_plan
@@ -84,14 +87,44 @@ def test_resnet50_shares_a_few_buffers_and_gives_the_same_outputs():
     param = timing_net_param(ROOT / 'examples' / 'resnet50' / 'ResNet-50-deploy.prototxt',
                              batch=1, force_backward=False)
     kept, planned = twin_nets(param)
-    same_outputs(kept, planned, inputs_of(kept))
+    inputs = inputs_of(kept)
+    same_outputs(kept, planned, inputs)
     all_blobs = sum(blob.data.nbytes for blob in kept.blobs.values())
-    shared = sum(buffer.nbytes for buffer in planned._plan.buffers)
-    assert len(planned._plan.buffers) <= 4 and shared < all_blobs / 10
-    # a new input shape plans again, and the outputs stay the same
+    arena = planned._plan.arena.nbytes
+    assert most_bytes_live(planned._plan.groups) <= arena <= 1.05 * most_bytes_live(
+        planned._plan.groups) and arena < all_blobs / 10
+    # a new input shape plans again, and the outputs stay the same; back to the first
+    # shape, the arena is as it was (each block sized for its blob, not for its old block)
     bigger = {name: np.concatenate([x, x[::-1]]) for name, x in inputs_of(kept, 2).items()}
     same_outputs(kept, planned, bigger)
-    assert planned._plan.holds()
+    assert planned._plan.holds() and planned._plan.arena.nbytes > arena
+    same_outputs(kept, planned, inputs)
+    assert planned._plan.arena.nbytes == arena
+
+
+def most_bytes_live(groups):
+    """The most bytes that the groups' lives hold at one step: no layout does better."""
+    steps = max(group.last for group in groups) + 1
+    return max(sum(g.nbytes for g in groups if g.first <= step <= g.last)
+               for step in range(steps))
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 10), st.integers(0, 5000)),
+                min_size=1, max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_the_arena_never_gives_bytes_to_two_groups_alive_at_once(lives):
+    groups = [memory_plan._Group(caffe.Blob((size,), np.uint8), first, first + length)
+              for first, length, size in lives]
+    arena = memory_plan._place(groups)
+    assert arena >= most_bytes_live(groups)
+    for group in groups:
+        assert group.offset % memory_plan.ALIGNMENT == 0
+        assert group.offset + group.nbytes <= arena
+        for other in groups:
+            if other is not group and group.nbytes and other.nbytes and \
+                    other.offset < group.offset + group.nbytes and \
+                    group.offset < other.offset + other.nbytes:
+                assert other.last < group.first or group.last < other.first
 
 
 def test_kept_blobs_stay_and_the_others_say_how_to_keep_them():
@@ -126,10 +159,11 @@ def test_a_top_never_takes_the_buffer_of_a_bottom_of_its_own_layer():
     layer { name: "e" type: "Sigmoid" bottom: "d" top: "e" }'''
     param = _text_param(text)
     kept, planned = twin_nets(param)
-    assert len(planned._plan.buffers) < len(planned._plan.groups)      # d reuses a's buffer
-    for group in planned._plan.groups:
-        for other in planned._plan.groups:
-            if other is not group and other.buffer == group.buffer:
+    plan = planned._plan
+    assert len({group.offset for group in plan.groups}) < len(plan.groups)   # d reuses a's
+    for group in plan.groups:
+        for other in plan.groups:
+            if other is not group and other.offset == group.offset:
                 assert other.last < group.first or group.last < other.first
     same_outputs(kept, planned, inputs_of(kept))
 

@@ -1,5 +1,5 @@
 """memory_plan='share' in a net that runs backward: blobs and diffs share storage by liveness
-(a blob's data until the last backward that reads it), their buffers filled with NaN bytes
+(a blob's data until the last backward that reads it), their arena filled with NaN bytes
 first, and every gradient stays bitwise what the net with every blob kept gives: on every
 golden net, ResNet-50, and 10 solver iterations under SyncBN on 2 devices."""
 import numpy as np
@@ -13,8 +13,9 @@ from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.training.solvers import get_solver
 from conftest import GOLDEN, ROOT, require
 from net_helpers import build
+from test_memory_plan import _text_param
 from test_data_parallel import batches, solver_param
-from test_memory_plan import golden_nets, inputs_of, random_param, weights_of
+from test_memory_plan import golden_nets, inputs_of, most_bytes_live, random_param, weights_of
 
 
 @pytest.fixture(autouse=True)
@@ -88,13 +89,13 @@ def test_resnet50_diffs_share_a_few_buffers():
     same_gradients(nets, inputs_of(nets[0]))
     kept, shared = nets
     every_blob = sum(blob.data.nbytes + blob.diff.nbytes for blob in kept.blobs.values())
-    buffers = shared._plan.buffers
-    assert sum(b.nbytes for b in buffers) < every_blob / 2.5
+    arena = shared._plan.arena.nbytes
+    assert most_bytes_live(shared._plan.groups) <= arena < every_blob / 2.5
     # a new input shape plans again
     same_gradients(nets, {name: np.concatenate([x, x[::-1]])
                           for name, x in inputs_of(kept, 2).items()})
-    assert shared._plan.holds() and sum(b.nbytes for b in shared._plan.buffers) == \
-        2 * sum(b.nbytes for b in buffers)
+    assert shared._plan.holds() and abs(shared._plan.arena.nbytes - 2 * arena) < 2 * len(
+        shared._plan.groups) * memory_plan.ALIGNMENT
 
 
 BRANCHES = '''name: "branches"
@@ -156,3 +157,58 @@ def test_ten_solver_iterations_under_syncbn_on_two_devices_are_bitwise_those_of_
 def test_get_solver_names_the_memory_plans():
     with pytest.raises(caffe.CaffeError, match=r"^memory_plan 'all': expected one of off, share"):
         get_solver(solver_param('SyncBN'), devices='cpu:1', memory_plan='all')
+
+
+PYRAMID = '''name: "pyramid"
+layer { name: "in" type: "Input" top: "x" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 16 dim: 16 } shape { dim: 2 dim: 1 dim: 64 dim: 64 } } }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "c1"
+        convolution_param { num_output: 32 kernel_size: 3 pad: 1 } }
+layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "c1" batch_norm_param { use_global_stats: true } }
+layer { name: "scale1" type: "Scale" bottom: "c1" top: "c1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "pool" type: "Pooling" bottom: "c1" top: "p" pooling_param { pool: AVE kernel_size: 4 stride: 4 } }
+layer { name: "pconv" type: "Convolution" bottom: "p" top: "pc" convolution_param { num_output: 32 kernel_size: 1 } }
+layer { name: "up" type: "Interp" bottom: "pc" top: "u" interp_param { height: 16 width: 16 } }
+layer { name: "cat" type: "Concat" bottom: "c1" bottom: "u" top: "cat" }
+layer { name: "conv2" type: "Convolution" bottom: "cat" top: "c2" convolution_param { num_output: 8 kernel_size: 3 pad: 1 } }
+layer { name: "up2" type: "Interp" bottom: "c2" top: "scores" interp_param { height: 64 width: 64 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "scores" bottom: "label" top: "loss" }
+'''
+
+
+def test_recompute_runs_a_concat_again_and_its_gradients_stay_bitwise():
+    """A PSPNet head: 'recompute' lets the Concat's top go after the forward, for the
+    scores at full size, and runs the Concat again before conv2's backward (its bottoms
+    live on: c1 for its batch norm's backward, u at less cost than cat); the arena shrinks,
+    and every gradient is bitwise that of 'inplace_abn', which keeps the top."""
+    rs = np.random.RandomState(5)
+    inputs = {'x': rs.standard_normal((2, 3, 16, 16)),
+              'label': rs.randint(0, 8, (2, 1, 64, 64)).astype(float)}
+    runs = {}
+    for plan in ('inplace_abn', 'recompute'):
+        nets = twin_nets(_text_param(PYRAMID), plan=plan)
+        for layer in (layer for net in nets for layer in net.layers if layer.type == 'BatchNorm'):
+            layer.blobs[2].data[...] = 1          # the statistics' scale: a true variance
+        same_gradients(nets, inputs, tol=1e-4)
+        runs[plan] = nets[1]
+    lean, full = runs['inplace_abn'], runs['recompute']
+    names = {full._layer_names[g.rerun] for g in full._plan.groups if g.rerun is not None}
+    assert 'cat' in names and full._plan.arena.nbytes < lean._plan.arena.nbytes
+    for a, b in zip(lean.learnable_params, full.learnable_params):
+        np.testing.assert_array_equal(a.diff, b.diff)
+    np.testing.assert_array_equal(lean.blobs['x'].diff, full.blobs['x'].diff)
+
+
+def test_auto_takes_recompute_only_where_it_saves_a_tenth():
+    arenas = {}
+    for name, param in (('pyramid', _text_param(PYRAMID)), ('branches', _text_param(BRANCHES))):
+        for plan in ('auto', 'inplace_abn', 'recompute'):
+            net = caffe.Net(param, caffe.TRAIN, memory_plan=plan)
+            arenas[name, plan] = net._plan.arena.nbytes, net.memory_plan
+    assert arenas['pyramid', 'auto'] == (arenas['pyramid', 'recompute'][0], 'recompute')
+    assert arenas['pyramid', 'recompute'][0] <= 0.9 * arenas['pyramid', 'inplace_abn'][0]
+    assert arenas['branches', 'auto'] == (arenas['branches', 'inplace_abn'][0], 'inplace_abn')
+    assert caffe.Net(_text_param(PYRAMID), caffe.TEST, memory_plan='auto').memory_plan == \
+        'inplace_abn'                     # forward only: nothing to recompute
+

@@ -103,12 +103,13 @@ def _parser(command):
         p.flag('batch', type=positive_int('rows'), metavar='N',
                help="the batch size (default: the prototxt's)")
     if command in ('train', 'test', 'time'):
-        p.flag('memory_plan', choices=MEMORY_PLANS, default='inplace_abn',
+        p.flag('memory_plan', choices=MEMORY_PLANS, default='auto',
                help="share: storage shared by liveness, the blobs' of a net that runs "
-                    "forward only, the diffs' of one that trains; inplace_abn (default): "
-                    'share, and batch norms run the Scale and ReLU after them and keep only '
-                    'their output; recompute: inplace_abn, and outputs written again for the '
-                    'backward; off: every blob keeps its own, as in Caffe')
+                    "forward only, the diffs' of one that trains; inplace_abn: share, and "
+                    'batch norms run the Scale and ReLU after them and keep only their '
+                    'output; recompute: inplace_abn, and outputs written again for the '
+                    'backward; auto (default): recompute where it saves a tenth of the '
+                    'memory, else inplace_abn; off: every blob keeps its own, as in Caffe')
         p.flag('level', type=int, metavar='N', help='the NetState level')
         p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
                help="NetState stages separated by ',' (the flag may repeat)")

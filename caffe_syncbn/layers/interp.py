@@ -130,6 +130,9 @@ class InterpLayer(Layer):
     def backward_reads(self, bottom, top):
         return []                   # linear in its input
 
+    def rerunnable(self):
+        return True
+
     def backward(self, top, propagate_down, bottom):
         if self.kernels is not None and not self.copy_only:
             self.kernels.backward(self, top, propagate_down, bottom)

@@ -47,6 +47,9 @@ class NeuronLayer(Layer):
         if top[0] is not bottom[0]:
             top[0].reshape(bottom[0].shape)
 
+    def rerunnable(self):
+        return True
+
     def forward(self, bottom, top):
         x = bottom[0].data
         self._saved_input = x.copy() if self.needs_input and top[0] is bottom[0] else None
@@ -340,6 +343,9 @@ class DropoutLayer(NeuronLayer):
 
     def backward_reads(self, bottom, top):
         return []                   # the mask is kept
+
+    def rerunnable(self):
+        return False                # a new mask each time
 
     def activate(self, x):
         if self.phase == TRAIN:

@@ -305,6 +305,9 @@ class PoolingLayer(Layer):
     def backward_reads(self, bottom, top):
         return []                   # MAX keeps its mask; AVE and STOCHASTIC's TEST are linear
 
+    def rerunnable(self):
+        return self.method != 'STOCHASTIC'      # which draws its samples anew
+
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return

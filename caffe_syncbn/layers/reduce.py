@@ -224,6 +224,9 @@ class EltwiseLayer(Layer):
                     dx[a:b] = g
         blocks(xp, dy.size, 1, work)
 
+    def rerunnable(self):
+        return True
+
     def backward_reads(self, bottom, top):
         if self.op == self.OPS.SUM:
             return [self.relu_top] if self.relu_top is not None else []   # the ReLU's sign

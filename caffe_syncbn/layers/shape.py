@@ -97,6 +97,9 @@ class ConcatLayer(Layer):
     def backward_reads(self, bottom, top):
         return []
 
+    def rerunnable(self):
+        return True
+
     def backward(self, top, propagate_down, bottom):
         start = 0
         for b, down in zip(bottom, propagate_down):

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 NET = os.path.join(ROOT, 'examples', 'segmentation', 'fcn_bn.prototxt')
 MEMORY = os.path.join(ROOT, 'benchmarks', 'memory.py')
 #: the plan of `caffe-syncbn train` (its -memory_plan default), and Caffe's way
-PLANS = (('inplace_abn', 'with the memory plan'), ('off', 'without (as Caffe)'))
+PLANS = (('auto', 'with the memory plan'), ('off', 'without (as Caffe)'))
 
 
 def peak_mib(plan, batch, size):
