@@ -134,8 +134,8 @@ def train_plan(bottoms, tops, backward_reads, runs_backward, writes_diff, kept_d
     there, and again from the backward of the first layer to read it (``MemoryPlan.refills``).
     ``rerunnable``: {index: the indices of the layers it absorbed} of the layers that may
     run their forward again for the same purpose (Layer.rerunnable), from their bottoms,
-    whose data must then live until that refill: each one's top does where that makes the
-    buffers smaller (``_choose_reruns``)."""
+    whose data must then live until that refill: each one's top does where that lowers the
+    peak (``_choose_reruns``)."""
     steps = 2 * len(bottoms)
     reads = [blobs if runs else [] for blobs, runs in zip(backward_reads, runs_backward)]
     again = {id(blob) for blob in recomputable}
@@ -177,8 +177,9 @@ def _second_life(group, later, steps):
 def _choose_reruns(groups, forward_last, rerunnable, bottoms, tops, backward_steps):
     """For each layer of ``rerunnable`` in turn whose one top a backward reads: let the top go
     after its last forward reader (``forward_last``) and have the layer write it again
-    before the first backward reader, its bottoms' data living until then, if the
-    buffers come out smaller. Adds the second lives to ``groups`` (their ``rerun``: the
+    before the first backward reader, its bottoms' data living until then, if that lowers
+    the most bytes live at one step (or, as high, holds them over fewer steps: another
+    layer may lower the others). Adds the second lives to ``groups`` (their ``rerun``: the
     layer). A bottom must be as the layer read it: one that lives twice, or that a later
     layer writes in place, rules the layer out."""
     by_blob = {id(b): g for g in groups if not g.is_diff for b in g.members}
@@ -188,7 +189,7 @@ def _choose_reruns(groups, forward_last, rerunnable, bottoms, tops, backward_ste
         for top in layer_tops:
             writers[id(aliases[id(top)][0])].add(i)
     twice = {id(g.forward_life) for g in groups if g.forward_life is not None}
-    total = _place(groups)
+    live = _live_bytes(groups, 2 * len(tops))
     for i, chain in sorted(rerunnable.items()):
         written = _unique(tops[i])
         group = by_blob.get(id(written[0])) if len(written) == 1 else None
@@ -201,18 +202,32 @@ def _choose_reruns(groups, forward_last, rerunnable, bottoms, tops, backward_ste
                 max(writers[id(aliases[id(b)][0])], default=i) > i for b in bottoms[i]):
             continue
         second = _second_life(group, later, 2 * len(tops))
-        lasts = {key: g.last for key, g in list(sources.items()) + [(id(group), group)]}
+        trial = live.copy()
+        trial[forward_last[group] + 1:second.first] -= group.owner.data.nbytes
         for g in sources.values():
-            g.last = max(g.last, second.first)
-        group.last = forward_last[group]
-        trial = _place(groups + [second])
-        if trial < total:
-            total, second.rerun = trial, i
+            trial[g.last + 1:second.first + 1] += g.owner.data.nbytes
+        if _peak(trial) < _peak(live):
+            live, second.rerun = trial, i
+            group.last = forward_last[group]
+            for g in sources.values():
+                g.last = max(g.last, second.first)
             groups.append(second)
             twice.add(id(group))
-        else:
-            for g in list(sources.values()) + [group]:
-                g.last = lasts[id(g)]
+
+
+def _live_bytes(groups, steps):
+    """Per step, the bytes of the groups alive then."""
+    change = np.zeros(steps + 1, np.int64)
+    for group in groups:
+        change[group.first] += group.owner.data.nbytes
+        change[group.last + 1] -= group.owner.data.nbytes
+    return np.cumsum(change)[:steps]
+
+
+def _peak(live):
+    """The most bytes live at one step, and over how many steps: smaller is better."""
+    most = int(live.max(initial=0))
+    return most, int((live == most).sum())
 
 
 def _data_groups(bottoms, tops, kept):
