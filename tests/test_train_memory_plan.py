@@ -12,6 +12,7 @@ from caffe_syncbn.cli.timing import timing_net_param
 from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.training.solvers import get_solver
 from conftest import GOLDEN, ROOT, require
+from cuda_emulation import emulated_kernels
 from net_helpers import build
 from test_memory_plan import _text_param
 from test_data_parallel import batches, solver_param
@@ -212,3 +213,22 @@ def test_auto_takes_recompute_only_where_it_saves_a_tenth():
     assert caffe.Net(_text_param(PYRAMID), caffe.TEST, memory_plan='auto').memory_plan == \
         'inplace_abn'                     # forward only: nothing to recompute
 
+
+
+def test_recompute_runs_the_concat_again_on_the_cuda_kernels(monkeypatch):
+    """The same head on the kernels of cuda/ (emulated): the batch norm's fused chain, AVE
+    pooling and Interp on the kernels, the Concat written again, against 'off' on the host."""
+    emulated_kernels(monkeypatch)
+    param = _text_param(PYRAMID)
+    nets = [caffe.Net(param, caffe.TRAIN, memory_plan=plan,
+                      context=LayerContext(rng=np.random.RandomState(3), cuda_kernels=kernels))
+            for plan, kernels in (('off', False), ('recompute', True))]
+    rs = np.random.RandomState(0)
+    for mine, theirs in zip(*(net.layers for net in nets)):
+        for a, b in zip(mine.blobs, theirs.blobs):
+            a.data[...] = b.data[...] = random_param(rs, a.shape)
+    rs = np.random.RandomState(7)
+    same_gradients(nets, {'x': rs.standard_normal((2, 3, 16, 16)),
+                          'label': rs.randint(0, 8, (2, 1, 64, 64)).astype(float)}, tol=1e-4)
+    assert any(nets[1]._layer_names[g.rerun] == 'cat' for g in nets[1]._plan.groups
+               if g.rerun is not None)
