@@ -36,7 +36,7 @@ from .blob import address_of, storage_of
 #: Layer.rerunnable); 'auto' is the Net's choice between the last two (AUTO_SAVING)
 MEMORY_PLANS = ('off', 'share', 'inplace_abn', 'recompute', 'auto')
 
-#: 'auto' takes 'recompute' where its buffers come to at most this fraction of
+#: 'auto' takes 'recompute' where its arena comes to at most this fraction of
 #: 'inplace_abn''s: each recomputed top costs one more pass, which a small saving does
 #: not repay
 AUTO_SAVING = 0.9
@@ -85,12 +85,12 @@ class MemoryPlan:
         return self.arena.nbytes
 
     def enter_backward(self, group):
-        """Move a recomputed group to its backward buffer (its producer then writes it
-        again), its aliases with it."""
+        """Move a recomputed group to the block of its second life (its producer then
+        writes it again), its aliases with it."""
         _move(group.members, group.forward_life.view, group.view)
 
     def enter_forward(self):
-        """Every recomputed group back in its forward buffer."""
+        """Every recomputed group back in the block of its first life."""
         for groups in self.refills.values():
             for group in groups:
                 _move(group.members, group.view, group.forward_life.view)
@@ -293,7 +293,7 @@ def _place(groups):
 
 
 class _Group:
-    """What one buffer holds for a while: ``owner``'s data (and its aliases', ``members``),
+    """What one block of the arena holds for a while: ``owner``'s data (and its aliases', ``members``),
     or its diff (``is_diff``), live over the steps [first, last]. A recomputed group's
     second life names its first (``forward_life``) and the layer before whose backward
     it is written again (``refill_before``)."""
