@@ -293,10 +293,10 @@ def _place(groups):
 
 
 class _Group:
-    """What one block of the arena holds for a while: ``owner``'s data (and its aliases', ``members``),
-    or its diff (``is_diff``), live over the steps [first, last]. A recomputed group's
-    second life names its first (``forward_life``) and the layer before whose backward
-    it is written again (``refill_before``)."""
+    """What one block of the arena holds for a while: ``owner``'s data (and its aliases',
+    ``members``), or its diff (``is_diff``), live over the steps [first, last]. A
+    recomputed group's second life names its first (``forward_life``) and the layer
+    before whose backward it is written again (``refill_before``)."""
 
     def __init__(self, owner, first, last, is_diff=False, members=(), forward_life=None,
                  refill_before=None):
