@@ -22,9 +22,13 @@ FLT_MIN = float(np.finfo(np.float32).tiny)   # SoftmaxWithLoss clamps log() at F
 LOG_THRESHOLD = 1e-20                         # the other probability losses clamp at 1e-20
 
 
-def softmax(xp, scores, axis):
-    exp = xp.exp(scores - scores.max(axis=axis, keepdims=True))
-    return exp / exp.sum(axis=axis, keepdims=True)
+def softmax(xp, scores, axis, out=None):
+    """Softmax along ``axis``, written into ``out`` (new when None) with no temporary of
+    its size: a segmentation net's scores at full size are its largest blob."""
+    out = xp.subtract(scores, scores.max(axis=axis, keepdims=True), out=out)
+    xp.exp(out, out=out)
+    out /= out.sum(axis=axis, keepdims=True)
+    return out
 
 
 def split_at(layer, blob, axis):
@@ -132,7 +136,9 @@ class _SoftmaxLoss(LossLayer):
     def softmax_and_labels(self, bottom, top):
         xp = self.xp
         scores = bottom[0].data.reshape(self.outer, self.classes, self.inner)
-        self.prob = softmax(xp, scores, axis=1)
+        previous = getattr(self, 'prob', None)
+        self.prob = softmax(xp, scores, axis=1, out=previous if previous is not None and
+                            previous.shape == scores.shape else None)
         if len(top) > 1:
             top[1].data[...] = self.prob.reshape(bottom[0].shape)
         self.label, self.valid = class_labels(self, bottom[1], (self.outer, self.inner),
@@ -177,9 +183,11 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
         if not propagate_down[0]:
             return
         xp = self.xp
-        onehot = xp.arange(self.classes)[None, :, None] == self.label[:, None, :]
-        grad = (self.prob - onehot) * self.valid[:, None, :]
-        bottom[0].diff[...] = (grad * self.grad_scale(top)).reshape(bottom[0].shape)
+        grad = bottom[0].diff.reshape(self.outer, self.classes, self.inner)
+        grad[...] = self.prob                   # prob - onehot, in place
+        grad[xp.arange(self.outer)[:, None], self.label, xp.arange(self.inner)[None, :]] -= 1
+        grad *= self.valid[:, None, :]
+        grad *= self.grad_scale(top)
 
 
 @register('InfogainLoss')
