@@ -20,6 +20,7 @@ half of the training comparison.
 import argparse
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -98,7 +99,8 @@ def efficiency(check):
 
 
 STEPS = [
-    Step('gpu-tests', 240, gpu_tests, [r'\d+ (passed|failed|error)', r'^(FAILED|ERROR) '],
+    Step('gpu-tests', 240, gpu_tests,
+         [r'\d+ (passed|failed|error)', r'^(FAILED|ERROR|SKIPPED) '],
          env={'CAFFE_SYNCBN_REQUIRE_DATA': '1'}),
     Step('train-reference', 45, train('cpu'), [r'Iteration 20, loss'], needs=('cv2',)),
     Step('train-gpu', 75, train('gpu'), [r'Iteration 20, loss'], needs=('gpu', 'cv2'),
@@ -135,7 +137,7 @@ def run_logged(command, env, seconds, log, prefix):
     status or None when killed, the output)."""
     lines = []
     with open(log, 'a') as f:
-        f.write('$ %s\n' % ' '.join(command))
+        f.write('$ %s\n' % shlex.join(command))
         f.flush()
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, errors='replace',
@@ -152,7 +154,10 @@ def run_logged(command, env, seconds, log, prefix):
         try:
             status = process.wait(timeout=max(seconds, 1))
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)        # the step's own group: pytest's workers too
+            try:
+                os.killpg(process.pid, 9)    # the step's own group: pytest's workers too
+            except ProcessLookupError:       # it ended just now
+                pass
             process.wait()
             status = None
         reader.join(timeout=10)
@@ -186,12 +191,14 @@ def run_step(check, step):
         [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]),
         CAFFE_SYNCBN_SHARED=check.shared, PYTHONUNBUFFERED='1', **step.env)
     output, status = '', 0
-    for command in commands:
-        result['commands'].append(' '.join(command))
+    for command in commands:         # after a failure too: a benchmark's next run still tells
+        result['commands'].append(shlex.join(command))
         left = min(step.seconds - (time.monotonic() - start), check.deadline - time.monotonic())
-        status, text = run_logged(command, env, left, log, step.name)
+        returned, text = run_logged(command, env, left, log, step.name)
         output += text
-        if status != 0:
+        status = status or returned
+        if returned is None:         # killed: the step's time is spent
+            status = None
             break
     check.outputs[step.name] = output
     result['figures'] = [line for line in output.splitlines()
@@ -232,7 +239,7 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix='gpu-check-')
     check = Check(os.path.abspath(args.out), work, os.path.abspath(shared), args.budget)
     try:
-        preflight(check, commit=args.commit, pspnet=os.path.join(shared, PSPNET))
+        preflight(check, commit=args.commit, pspnet=os.path.join(check.shared, PSPNET))
         for line in check.missing:
             check.say('missing: %s' % line)
         check.write()

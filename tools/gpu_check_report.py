@@ -127,12 +127,13 @@ def environment():
 def preflight(check, commit=None, pspnet=None):
     """Fill check.found (what each step needs) and check.missing (one line per missing
     thing) from a probe process, the goldens and the PSPNet-50 prototxt."""
-    result = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True,
-                            text=True, timeout=120, cwd=ROOT)
-    if result.returncode:               # then every key is missing, the GPU's with this reason
-        found = {'gpu_error': 'the probe failed: %s' % result.stderr.strip()[-300:]}
-    else:
-        found = json.loads(result.stdout)
+    try:
+        result = subprocess.run([sys.executable, os.path.abspath(__file__)],
+                                capture_output=True, text=True, timeout=120, cwd=ROOT)
+        found = json.loads(result.stdout) if result.returncode == 0 else \
+            {'gpu_error': 'the probe failed: %s' % result.stderr.strip()[-300:]}
+    except subprocess.TimeoutExpired:   # a driver that hangs: every GPU step would too
+        found = {'gpu_error': 'the probe (importing CuPy, asking for devices) took over 120 s'}
     check.env.update(commit=commit or git_commit() or 'unknown (not a git checkout: pass '
                      '--commit)', packages=found.pop('packages', {}))
     for key, (_, cost, _) in PROBES.items():
