@@ -23,7 +23,7 @@ gpu-test:
 	CAFFE_SYNCBN_REQUIRE_DATA=1 PYTHONPATH=. python3 -m pytest -q -m gpu --timeout=900 tests
 
 # Everything that needs a GPU in one command of at most 10 minutes: the GPU tests, the demo
-# net trained on gpu:0,0 against cpu:2, the GPU benchmarks; a report in $$OUT, else out/gpu
+# net trained on gpu:0,0 against cpu:2, the GPU benchmarks; a report in $OUT, else out/gpu
 # (docs/gpu.md, "make gpu-check"). Like gpu-test, it needs no registry and no venv.
 gpu-check:
 	PYTHONPATH=. python3 tools/gpu_check.py $(GPU_CHECK_FLAGS)

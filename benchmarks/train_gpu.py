@@ -178,7 +178,9 @@ def time_ours(net, batch, devices, memory_plan, warmup, iters):
     if gpus:                # blocks that an earlier solver of this process left go back first
         import cupy
         gc.collect()
-        cupy.get_default_memory_pool().free_all_blocks()
+        for index in gpus:  # the pool hands back the current device's blocks only
+            with cupy.cuda.Device(index):
+                cupy.get_default_memory_pool().free_all_blocks()
     before = pool_mib(gpus) if gpus else {}
     solver = make_solver(net, devices, memory_plan)
     try:

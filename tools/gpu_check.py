@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,8 +34,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'tools'))
 
 from gpu_check_report import environment, preflight, write_report  # noqa: E402
-from gpu_check_training import (compare_runs, prepare_training,  # noqa: E402
-                                train_command)
+from gpu_check_training import (ITERATIONS, compare_runs,  # noqa: E402
+                                prepare_training, train_command)
 
 PYTHON = sys.executable
 PSPNET = os.path.join('corpus', 'hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt')
@@ -102,9 +103,10 @@ STEPS = [
     Step('gpu-tests', 240, gpu_tests,
          [r'\d+ (passed|failed|error)', r'^(FAILED|ERROR|SKIPPED) '],
          env={'CAFFE_SYNCBN_REQUIRE_DATA': '1'}),
-    Step('train-reference', 45, train('cpu'), [r'Iteration 20, loss'], needs=('cv2',)),
-    Step('train-gpu', 75, train('gpu'), [r'Iteration 20, loss'], needs=('gpu', 'cv2'),
-         after=compare_runs),
+    Step('train-reference', 45, train('cpu'), [r'Iteration %d, loss' % ITERATIONS],
+         needs=('cv2',)),
+    Step('train-gpu', 75, train('gpu'), [r'Iteration %d, loss' % ITERATIONS],
+         needs=('gpu', 'cv2'), after=compare_runs),
     Step('syncbn', 50, syncbn_benchmark, [r'^device:', r'^8x256', r'copy bandwidth']),
     Step('resnet50', 90, resnet50_benchmark,
          [r'^net:', r'images/s', r'^ratio', r'^peak GPU', r'skipped']),
@@ -151,15 +153,18 @@ def run_logged(command, env, seconds, log, prefix):
                 print('[%s] %s' % (prefix, line.rstrip('\n')), flush=True)
         reader = threading.Thread(target=copy, daemon=True)
         reader.start()
+        status = None
         try:
             status = process.wait(timeout=max(seconds, 1))
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(process.pid, 9)    # the step's own group: pytest's workers too
-            except ProcessLookupError:       # it ended just now
-                pass
-            process.wait()
-            status = None
+            pass
+        finally:        # its time is up, or this driver is being stopped (SIGTERM, ^C)
+            if status is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)   # its group: pytest's workers too
+                except ProcessLookupError:                   # it ended just now
+                    pass
+                process.wait()
         reader.join(timeout=10)
         if status is None:
             f.write('\n(killed after %.0f s)\n' % seconds)
@@ -196,10 +201,10 @@ def run_step(check, step):
         left = min(step.seconds - (time.monotonic() - start), check.deadline - time.monotonic())
         returned, text = run_logged(command, env, left, log, step.name)
         output += text
-        status = status or returned
         if returned is None:         # killed: the step's time is spent
             status = None
             break
+        status = status or returned
     check.outputs[step.name] = output
     result['figures'] = [line for line in output.splitlines()
                          if any(re.search(p, line) for p in step.figures)]
@@ -235,6 +240,8 @@ def main(argv=None):
     if unknown:
         p.error('unknown step %r (known: preflight, %s)' % (unknown[0], ', '.join(names)))
     os.makedirs(args.out, exist_ok=True)
+    # stopped from outside: the finally clauses end the running step's processes
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     shared = os.environ.get('CAFFE_SYNCBN_SHARED', os.path.join(os.path.dirname(ROOT), 'shared'))
     work = tempfile.mkdtemp(prefix='gpu-check-')
     check = Check(os.path.abspath(args.out), work, os.path.abspath(shared), args.budget)
