@@ -89,6 +89,37 @@ def pspnet_benchmark(check):
             command + ['--devices', 'gpu:0', '--fit', 'off,auto']]
 
 
+def syncbn_ratios(check):
+    """The syncbn step's note: float32, one replica: the share of the copy bandwidth, and
+    the speed against torch's BatchNorm2d."""
+    row = re.search(r'^8x256x128x128 +float32 +1 \|.* (\d+)% \|.* (\d+)% \|(.*)$',
+                    check.outputs.get('syncbn', ''), re.M)
+    if not row:
+        return True, 'no ratios: no float32 row of one replica', None
+    torch = re.search(r'([\d.]+)x$', row.group(3))
+    return True, 'float32: forward %s%%, backward %s%% of the copy bandwidth; %s' % (
+        row.group(1), row.group(2), '%sx torch' % torch.group(1) if torch else 'no torch'), None
+
+
+def resnet50_ratios(check):
+    """The resnet50 step's note: ours / torch in images/s, TF32 off and on."""
+    ratios = re.findall(r'^ratio \(ours / torch\): ([\d.]+)x', check.outputs.get('resnet50', ''),
+                        re.M)
+    return True, 'ours / torch: %s (TF32 off, on)' % ', '.join(r + 'x' for r in ratios) \
+        if ratios else 'no ratios: torch was skipped or a run failed', None
+
+
+def pspnet_ratios(check):
+    """The pspnet step's note: 2 replicas of 2 images on one GPU against 1 replica of 4."""
+    output = check.outputs.get('pspnet', '')
+    step = [float(v) for v in re.findall(r'^caffe_syncbn +([\d.]+) ms/step', output, re.M)]
+    peak = [float(v) for v in re.findall(r'^peak GPU memory: ([\d.]+) MiB', output, re.M)]
+    if len(step) < 2 or len(peak) < 2:
+        return True, 'no ratios: a timed run printed no step or no peak', None
+    return True, 'gpu:0,0 / gpu:0: step %.2fx, peak GPU memory %.2fx' % (
+        step[0] / step[1], peak[0] / peak[1]), None
+
+
 def efficiency(check):
     pspnet = check.outputs.get('pspnet', '')
     step = re.findall(r'^caffe_syncbn +([\d.]+) ms/step', pspnet, re.M)
@@ -107,12 +138,13 @@ STEPS = [
          needs=('cv2',)),
     Step('train-gpu', 75, train('gpu'), [r'Iteration %d, loss' % ITERATIONS],
          needs=('gpu', 'cv2'), after=compare_runs),
-    Step('syncbn', 50, syncbn_benchmark, [r'^device:', r'^8x256', r'copy bandwidth']),
+    Step('syncbn', 50, syncbn_benchmark, [r'^device:', r'^8x256', r'copy bandwidth'],
+         after=syncbn_ratios),
     Step('resnet50', 90, resnet50_benchmark,
-         [r'^net:', r'images/s', r'^ratio', r'^peak GPU', r'skipped']),
+         [r'^net:', r'images/s', r'^ratio', r'^peak GPU', r'skipped'], after=resnet50_ratios),
     Step('pspnet', 120, pspnet_benchmark,
          [r'^net:', r'^devices:', r'images/s', r'^peak GPU', r'^batch norms', r'^free GPU',
-          r'^fit ']),
+          r'^fit '], after=pspnet_ratios),
     Step('efficiency', 15, efficiency, [r'.'], needs=()),
 ]
 
