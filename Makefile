@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test gpu-test proto-check clean kernel-asan kernel-tsan
+.PHONY: demo test gpu-test gpu-check proto-check clean kernel-asan kernel-tsan
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ test: $(STAMP)
 # the goldens must run there, not skip: point CAFFE_SYNCBN_SHARED at a copy of ../shared
 gpu-test:
 	CAFFE_SYNCBN_REQUIRE_DATA=1 PYTHONPATH=. python3 -m pytest -q -m gpu --timeout=900 tests
+
+# Everything that needs a GPU in one command of at most 10 minutes: the GPU tests, the demo
+# net trained on gpu:0,0 against cpu:2, the GPU benchmarks; a report in $OUT, else out/gpu
+# (docs/gpu.md, "make gpu-check"). Like gpu-test, it needs no registry and no venv.
+gpu-check:
+	PYTHONPATH=. python3 tools/gpu_check.py $(GPU_CHECK_FLAGS)
 
 proto-check: $(STAMP)
 	$(PY) tools/gen_proto.py --check

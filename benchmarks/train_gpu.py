@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Training throughput of ResNet-50: images/s of caffe_syncbn against PyTorch in the same run.
 
-    PYTHONPATH=. python3 benchmarks/train_gpu.py [--devices gpu:0] [--batch 8] [--sync-bn]
+    PYTHONPATH=. python3 benchmarks/train_gpu.py [--devices gpu:0] [--batch 8] [--sync-bn] [--tf32]
+    PYTHONPATH=. python3 benchmarks/train_gpu.py --model NET.prototxt [--memory-plan auto]
+    PYTHONPATH=. python3 benchmarks/train_gpu.py --model NET.prototxt --fit off,auto
 
 (from the repository root). The net is examples/resnet50/ResNet-50-deploy.prototxt turned
 into a TRAIN net: Input tops 'data' (batch x 3 x size x size) and 'label', BatchNorm with
@@ -14,13 +16,27 @@ before the clock is read.
 
 The reference, when torch imports and sees a GPU, is the same ResNet-50 written in plain
 torch.nn (torchvision is not needed), trained with the same optimizer, batch and steps on
-the first GPU of --devices, in fp32 (TF32 off, as CuPy's GEMMs are fp32) with cuDNN
-autotuning. Target: ours >= 0.9x torch's images/s.
+the first GPU of --devices, in fp32 (TF32 off, as CuPy's GEMMs are fp32, unless --tf32)
+with cuDNN autotuning. Target: ours >= 0.9x torch's images/s.
+
+--tf32 lets both use TF32 tensor cores for float32 GEMMs (CuPy: CUPY_TF32=1; torch: its
+allow_tf32 switches). On GPUs, each run also prints the peak GPU memory: what CuPy's memory
+pool holds after the steps (it keeps every block it once allocated, so this is the most the
+replicas held at once, rounded up to its block sizes).
+
+--model NET.prototxt trains another deploy net instead (benchmarks/caffe_reference.as_training:
+batch statistics in every batch norm, and a SoftmaxWithLoss against an Input 'label' where it
+has none), at the prototxt's input size unless --size is given; the torch reference is
+ResNet-50's only. --fit off,auto times nothing: per memory plan, the peak GPU memory of one
+step with 1 and with 2 images per replica gives the memory per image, and with the GPU's
+free memory the largest batch per replica (linear in the batch, as
+examples/segmentation/memory_fit.py estimates it on the CPU).
 
 On the CPU it is a smoke test, e.g. --devices cpu:1 --batch 2 --iters 1 --warmup 1 --size 64.
 At a --size other than 224, res5 is not 7 x 7, so pool5 becomes a global average pool.
 """
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -35,17 +51,26 @@ from caffe_syncbn import caffe_pb2  # noqa: E402
 from caffe_syncbn.backend import get_array_module  # noqa: E402
 from caffe_syncbn.cli.common import run_main  # noqa: E402
 from caffe_syncbn.errors import CaffeError  # noqa: E402
+from caffe_syncbn.memory_plan import MEMORY_PLANS  # noqa: E402
 from caffe_syncbn.training.device_names import parse_devices  # noqa: E402
 
 MODEL = os.path.join(ROOT, 'examples', 'resnet50', 'ResNet-50-deploy.prototxt')
 CLASSES = 1000
 TARGET = 0.9
+MIB = 1024.0 * 1024.0
 
 
 # ---- caffe_syncbn ----------------------------------------------------------------------------
-def train_net_param(local_batch, size, sync_bn):
-    """The deploy ResNet-50 as a TRAIN net for ``local_batch`` images per device."""
+def train_net_param(args, local_batch):
+    """The TRAIN net for ``local_batch`` images per device: ResNet-50's, or --model's."""
     from caffe_syncbn.convert import to_syncbn
+    net = resnet50_train_param(local_batch, args.size or 224) if args.model == MODEL \
+        else model_train_param(args.model, local_batch, args.size)
+    return to_syncbn(net)[0] if args.sync_bn else net
+
+
+def resnet50_train_param(local_batch, size):
+    """The deploy ResNet-50 as a TRAIN net for ``local_batch`` images per device."""
     from caffe_syncbn.netparam.upgrade import load_net_param
     net = load_net_param(MODEL)
     for layer in net.layer:
@@ -68,16 +93,55 @@ def train_net_param(local_batch, size, sync_bn):
             layer.name, layer.type = 'loss', 'SoftmaxWithLoss'
             layer.bottom.append('label')
             layer.top[:] = ['loss']
-    return to_syncbn(net)[0] if sync_bn else net
+    return net
 
 
-def make_solver(args, replicas):
+def model_train_param(model, local_batch, size):
+    """A deploy net as its users train it (caffe_reference.as_training), every Input of
+    ``local_batch``, its 4-D inputs ``size`` square when given."""
+    from caffe_reference import as_training
+
+    from caffe_syncbn.cli.timing import timing_net_param
+    net = timing_net_param(model, 1, force_backward=False)
+    for shape in input_shapes(net):
+        if size and len(shape.dim) == 4:
+            shape.dim[2:] = [size, size]
+    # its label input takes the scores' shape, found by building the net at batch 1
+    return with_batch(as_training(net), local_batch)
+
+
+def input_shapes(net):
+    return [shape for layer in net.layer if layer.type == 'Input'
+            for shape in layer.input_param.shape]
+
+
+def with_batch(net, local_batch):
+    """A copy of ``net`` whose every Input holds ``local_batch`` images."""
+    net = caffe_pb2.NetParameter.FromString(net.SerializeToString())
+    for shape in input_shapes(net):
+        shape.dim[0] = local_batch
+    return net
+
+
+def global_batch(net, batch, rng):
+    """One fixed global batch for the Input layers of ``net`` (a replica's): 'data' standard
+    normal; labels (every other input) zeros, which cost the same work as any labels."""
+    arrays = {}
+    for layer in net.layer:
+        for top, shape in zip(layer.top, layer.input_param.shape if layer.type == 'Input' else ()):
+            dims = (batch,) + tuple(shape.dim[1:])
+            arrays[top] = rng.standard_normal(dims).astype(np.float32) if top == 'data' \
+                else np.zeros(dims, np.float32)
+    return arrays
+
+
+def make_solver(net, devices, memory_plan):
     from caffe_syncbn.training.solvers import get_solver
     param = caffe_pb2.SolverParameter(type='SGD', base_lr=0.01, momentum=0.9, weight_decay=1e-4,
                                       lr_policy='fixed', max_iter=1 << 30, display=0,
                                       random_seed=1)
-    param.net_param.CopyFrom(train_net_param(args.batch // replicas, args.size, args.sync_bn))
-    return get_solver(param, devices=args.devices)
+    param.net_param.CopyFrom(net)
+    return get_solver(param, devices=devices, memory_plan=memory_plan)
 
 
 def synchronizer(solver):
@@ -94,13 +158,64 @@ def synchronizer(solver):
     return synchronize
 
 
-def time_ours(args, batch, replicas):
-    solver = make_solver(args, replicas)
+def pool_mib(gpus):
+    """{GPU: MiB that CuPy's memory pool holds there}. The pool keeps every block it once
+    allocated until free_all_blocks, so after the steps this is the most they held at once
+    (rounded up to the pool's block sizes)."""
+    import cupy
+    pool = cupy.get_default_memory_pool()
+    held = {}
+    for index in gpus:
+        with cupy.cuda.Device(index):
+            held[index] = pool.total_bytes() / MIB
+    return held
+
+
+def time_ours(net, batch, devices, memory_plan, warmup, iters):
+    """(median seconds of a step, {GPU: peak MiB of the steps}, MiB of a replica's params)
+    on ``devices`` ('gpu:0,0', ...)."""
+    gpus = sorted({index for kind, index in parse_devices(devices) if kind == 'gpu'})
+    if gpus:                # blocks that an earlier solver of this process left go back first
+        import cupy
+        gc.collect()
+        for index in gpus:  # the pool hands back the current device's blocks only
+            with cupy.cuda.Device(index):
+                cupy.get_default_memory_pool().free_all_blocks()
+    before = pool_mib(gpus) if gpus else {}
+    solver = make_solver(net, devices, memory_plan)
     try:
         solver.set_data_source(lambda: batch)
-        return median_step(lambda: solver.step(1), synchronizer(solver), args.warmup, args.iters)
+        seconds = median_step(lambda: solver.step(1), synchronizer(solver), warmup, iters)
+        peak = {index: mib - before[index] for index, mib in pool_mib(gpus).items()} \
+            if gpus else {}
+        params = sum(blob.data.nbytes for blob in solver.net.learnable_params) / MIB
+        return seconds, peak, params
     finally:
         solver.close()
+
+
+def fit(args, devices):
+    """Per plan of --fit: the peak GPU memory of one step with 1 and 2 images per replica,
+    and the largest batch per replica that the GPU's free memory holds."""
+    if len(devices) != 1 or devices[0][0] != 'gpu':
+        raise CaffeError('--fit measures one GPU: --devices gpu:N, got %s' % args.devices)
+    import cupy
+    gpu = devices[0][1]
+    free = cupy.cuda.Device(gpu).mem_info[0] / MIB
+    print('free GPU memory before any net: %.0f MiB' % free)
+    rng, net = np.random.RandomState(0), train_net_param(args, 1)
+    for plan in args.fit:
+        peaks = []
+        for images in (1, 2):
+            net = with_batch(net, images)
+            peaks.append(time_ours(net, global_batch(net, images, rng), args.devices, plan,
+                                   warmup=0, iters=1)[1][gpu])
+        per_image, fixed = peaks[1] - peaks[0], 2 * peaks[0] - peaks[1]
+        largest = int((free - fixed) // per_image) if per_image > 0 else 0
+        print('fit %-11s peak %8.0f MiB (1 image) %8.0f MiB (2 images): %7.0f MiB per image; '
+              'largest batch per GPU: %d' % (plan, peaks[0], peaks[1], per_image, largest),
+              flush=True)
+    return 0
 
 
 # ---- the PyTorch reference -------------------------------------------------------------------
@@ -151,8 +266,8 @@ def import_torch_gpu(devices):
 
 def time_torch(torch, args, batch, gpu):
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False            # fp32 against fp32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = args.tf32        # as CuPy's GEMMs (CUPY_TF32)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
     device = torch.device('cuda', gpu)
     model = torch_resnet50(torch).to(device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
@@ -195,30 +310,60 @@ def report(name, seconds, batch):
     return batch / seconds
 
 
+def plan_list(text):
+    plans = text.split(',')
+    unknown = [plan for plan in plans if plan not in MEMORY_PLANS]
+    if unknown:
+        raise argparse.ArgumentTypeError('unknown memory plan %r (known: %s)'
+                                         % (unknown[0], ', '.join(MEMORY_PLANS)))
+    return plans
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--devices', default='gpu:0', help="e.g. gpu:0, gpu:0,0, gpu:0,1, cpu:1")
     p.add_argument('--batch', type=int, default=8, help='global batch, split over the devices')
-    p.add_argument('--size', type=int, default=224, help='input height and width')
+    p.add_argument('--size', type=int, help="input height and width (ResNet-50: 224; --model: "
+                                            "the prototxt's)")
     p.add_argument('--warmup', type=int, default=3)
     p.add_argument('--iters', type=int, default=10)
     p.add_argument('--sync-bn', action='store_true', help='BatchNorm+Scale -> SyncBN')
+    p.add_argument('--tf32', action='store_true', help='TF32 tensor cores for float32 GEMMs')
+    p.add_argument('--model', default=MODEL, help='a deploy prototxt to train instead of ResNet-50')
+    p.add_argument('--memory-plan', choices=MEMORY_PLANS, default='off',
+                   help="the nets' memory plan (default off, as get_solver's)")
+    p.add_argument('--fit', type=plan_list, metavar='PLANS',
+                   help="time nothing: the largest batch per GPU for each plan (e.g. off,auto)")
     args = p.parse_args(argv)
+    # CuPy reads CUPY_TF32 at its first float32 GEMM, so setting it here still counts
+    os.environ['CUPY_TF32'] = '1' if args.tf32 else '0'
     devices = parse_devices(args.devices)
     if args.batch < 1 or args.batch % len(devices):
         raise CaffeError('--batch must be a positive multiple of the %d devices, got %d'
                          % (len(devices), args.batch))
-    if args.iters < 1 or args.warmup < 0 or args.size < 32:
+    if args.iters < 1 or args.warmup < 0 or (args.size or 224) < 32:
         raise CaffeError('--iters must be >= 1, --warmup >= 0 and --size >= 32')
-    rng = np.random.RandomState(0)
-    batch = {'data': rng.standard_normal((args.batch, 3, args.size, args.size)).astype(np.float32),
-             'label': rng.randint(0, CLASSES, args.batch).astype(np.float32)}
-    print('net: ResNet-50 (%s), TRAIN, %s, input 3x%dx%d; global batch %d; median of %d steps '
-          'after %d warm-up' % (os.path.basename(MODEL), 'SyncBN' if args.sync_bn else 'BatchNorm',
-                                args.size, args.size, args.batch, args.iters, args.warmup))
+    if args.fit:
+        return fit(args, devices)
+    net = train_net_param(args, args.batch // len(devices))
+    batch = global_batch(net, args.batch, np.random.RandomState(0))
+    print('net: %s%s, TRAIN, %s, input %s; global batch %d; median of %d steps after %d '
+          'warm-up; memory plan %s; TF32 %s' % (
+              'ResNet-50 ' if args.model == MODEL else '', os.path.basename(args.model),
+              'SyncBN' if args.sync_bn else 'BatchNorm',
+              'x'.join(map(str, batch['data'].shape[1:])), args.batch, args.iters, args.warmup,
+              args.memory_plan, 'on' if args.tf32 else 'off'))
     print('devices: %s (%s)' % (args.devices, device_name(devices)))
-    ours = report('caffe_syncbn', time_ours(args, batch, len(devices)), args.batch)
+    seconds, peak, params = time_ours(net, batch, args.devices, args.memory_plan, args.warmup,
+                                      args.iters)
+    print('batch norms: %d; params: %.1f MiB per replica'
+          % (sum(layer.type in ('BatchNorm', 'BN', 'SyncBN') for layer in net.layer), params))
+    ours = report('caffe_syncbn', seconds, args.batch)
+    for index, mib in sorted(peak.items()):
+        print('peak GPU memory: %.0f MiB on gpu %d (CuPy memory pool)' % (mib, index))
     torch, why_not = import_torch_gpu(devices)
+    if args.model != MODEL:
+        torch, why_not = None, 'the torch reference is ResNet-50 only'
     if torch is None:
         print('torch reference was skipped: %s' % why_not)
         return 0
