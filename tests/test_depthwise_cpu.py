@@ -10,14 +10,16 @@ from caffe_syncbn.testing import build_layer, check_gradient
 
 KINDS = ['Convolution', 'Deconvolution']
 # (convolution_param but num_output and group, which are the channels; input shape):
-# kernels 1x5, 2, 3, 4 and 5; strides 1, 2 and 3; pads; dilation; bias on and off
+# kernels 1x5, 3x1, 2, 3, 4 and 5; strides 1, 2 and 3; pads; dilation; bias on and off
 SHAPES = [('kernel_size: 3 pad: 1', (2, 5, 7, 6)),
           ('kernel_size: 3 stride: 2', (3, 3, 9, 8)),
           ('kernel_h: 1 kernel_w: 5 pad_w: 2 dilation: 2', (1, 4, 5, 11)),
           ('kernel_size: 5 pad: 2 stride: 3 bias_term: false', (2, 7, 13, 10)),
           ('kernel_size: 4 stride: 2 pad: 1', (2, 3, 5, 6)),    # 2x bilinear upsampling's
           ('kernel_size: 2 stride: 2 bias_term: false', (1, 4, 4, 5)),
-          ('kernel_size: 3 stride: 2 pad: 2 dilation: 2', (2, 3, 6, 7))]
+          ('kernel_size: 3 stride: 2 pad: 2 dilation: 2', (2, 3, 6, 7)),
+          ('kernel_size: 3 dilation: 2', (2, 3, 7, 8)),
+          ('kernel_h: 3 kernel_w: 1 stride_h: 2 stride_w: 1 bias_term: false', (1, 4, 7, 5))]
 # (bottoms propagated to, the weight gradient wanted) for a layer of two bottoms
 PROPAGATION = [((True, True), True), ((False, True), True), ((True, False), False),
                ((False, False), True)]
