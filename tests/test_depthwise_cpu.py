@@ -1,6 +1,5 @@
 """Depthwise Convolution and Deconvolution on the host (layers/depthwise_cpu.py): against
-the grouped GEMMs of im2col (``engine: CAFFE``) in float64, where any difference is a
-bug, not rounding; finite-difference gradients; results that do not depend on the thread
+the grouped GEMMs of im2col in float64, where any difference is a bug, not rounding; finite-difference gradients; results that do not depend on the thread
 count; and which layers it runs."""
 import numpy as np
 import pytest
@@ -46,10 +45,14 @@ def _text(kind, body, channels, bottoms=1):
             'min: -0.5 max: 0.5 } }' % (kind, links, channels, channels, body))
 
 
-def _run(text, shape, propagate_down=(True, True), weight_gradient=True):
-    """The tops, the bottoms' diffs and the params' diffs of one pass over two bottoms, and
-    whether the layer ran the depthwise passes."""
-    layer, bottom, top = build_layer(text, [_randn(*shape, seed=i) for i in range(2)])
+def _run(text, shape, propagate_down=(True, True), weight_gradient=True, dtype=np.float64,
+         depthwise=True):
+    """The tops, the bottoms' diffs and the params' diffs of one pass over two bottoms, by
+    the depthwise passes or (``depthwise`` False) by im2col and the grouped GEMMs."""
+    layer, bottom, top = build_layer(text, [_randn(*shape, seed=i) for i in range(2)],
+                                     dtype=dtype)
+    assert layer.depthwise            # the layer's own choice
+    layer.depthwise = depthwise
     for i, blob in enumerate(layer.blobs):
         blob.data[...] = _randn(*blob.shape, seed=3 + i)
     layer.forward(bottom, top)
@@ -59,8 +62,7 @@ def _run(text, shape, propagate_down=(True, True), weight_gradient=True):
         blob.diff[...] = 1.0            # param diffs accumulate; unpropagated ones stay
     layer.param_propagate_down = [weight_gradient, True]
     layer.backward(top, list(propagate_down), bottom)
-    return layer.depthwise, [blob.data for blob in top] + [blob.diff for blob in bottom
-                                                             + layer.blobs]
+    return [blob.data for blob in top] + [blob.diff for blob in bottom + layer.blobs]
 
 
 @pytest.mark.parametrize('propagate_down, weight_gradient', PROPAGATION)
@@ -69,11 +71,8 @@ def _run(text, shape, propagate_down=(True, True), weight_gradient=True):
 def test_depthwise_passes_match_the_grouped_gemms(kind, body, shape, propagate_down,
                                                   weight_gradient, threads):
     text = _text(kind, body, shape[1], bottoms=2)
-    depthwise, got = _run(text, shape, propagate_down, weight_gradient)
-    gemms, expected = _run(text.replace('{ num_output', '{ engine: CAFFE num_output'), shape,
-                           propagate_down, weight_gradient)
-    assert depthwise and not gemms
-    for a, b in zip(got, expected):
+    expected = _run(text, shape, propagate_down, weight_gradient, depthwise=False)
+    for a, b in zip(_run(text, shape, propagate_down, weight_gradient), expected):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
@@ -89,17 +88,18 @@ def test_depthwise_gradients_of_two_bottoms(kind):
                                                              _randn(2, 3, 4, 5, seed=1)])
 
 
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
 @pytest.mark.parametrize('kind', KINDS)
-def test_depthwise_results_do_not_depend_on_the_threads(kind, monkeypatch):
+def test_depthwise_results_do_not_depend_on_the_threads(kind, dtype, monkeypatch):
     """The blocks and the order their weight-gradient sums are added in follow the shape."""
-    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 256)
+    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 4000)  # blocks of 2 to 4 planes
     monkeypatch.setattr(cpu_threads, 'PARALLEL_MIN_ELEMENTS', 1)
     text = _text(kind, SHAPES[4][0], 5, bottoms=2)
     before, runs = cpu_threads.threads(), []
     try:
         for count in (1, 2, 3, 3, 2):
             cpu_threads.set_threads(count)
-            runs.append(_run(text, (4, 5, 6, 7))[1])
+            runs.append(_run(text, (4, 5, 6, 7), dtype=dtype))
     finally:
         cpu_threads.set_threads(before)
     for run in runs[1:]:
@@ -109,8 +109,9 @@ def test_depthwise_results_do_not_depend_on_the_threads(kind, monkeypatch):
 
 @pytest.mark.parametrize('kind', KINDS)
 def test_layers_that_are_not_depthwise_keep_the_gemms(kind):
-    for body in ('num_output: 8 kernel_size: 3 group: 4', 'num_output: 4 kernel_size: 3',
-                 'num_output: 4 group: 4 kernel_size: 3 engine: CAFFE'):
+    for body, shape in (('num_output: 8 kernel_size: 3 group: 4', (1, 4, 5, 5)),
+                        ('num_output: 4 kernel_size: 3', (1, 4, 5, 5)),
+                        ('num_output: 4 group: 4 kernel_size: 3', (1, 4, 5, 5, 5))):    # 3-D
         layer, _, _ = build_layer('name: "d" type: "%s" bottom: "x" top: "y" '
-                                  'convolution_param { %s }' % (kind, body), [_randn(1, 4, 5, 5)])
+                                  'convolution_param { %s }' % (kind, body), [_randn(*shape)])
         assert not layer.depthwise

@@ -23,9 +23,10 @@ from ..backend import cpu_threads
 
 def applies(layer):
     """Whether this module runs ``layer`` (a Convolution or Deconvolution set up with its
-    geometry); ``engine: CAFFE`` keeps it on im2col."""
-    cp = layer.param.convolution_param
-    return (layer.num_spatial == 2 and layer.group > 1 and cp.engine != cp.CAFFE
+    geometry), whatever its engine says: MobileNet-style prototxts set ``engine: CAFFE``
+    on their depthwise layers (cuDNN's grouped convolutions were slow), not to ask for
+    im2col."""
+    return (layer.num_spatial == 2 and layer.group > 1
             and layer.group == layer.channels == layer.num_output)
 
 
