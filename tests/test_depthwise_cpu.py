@@ -115,3 +115,25 @@ def test_layers_that_are_not_depthwise_keep_the_gemms(kind):
         layer, _, _ = build_layer('name: "d" type: "%s" bottom: "x" top: "y" '
                                   'convolution_param { %s }' % (kind, body), [_randn(*shape)])
         assert not layer.depthwise
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_depthwise_layers_in_place(kind, monkeypatch):
+    """Top and bottom one blob (a stride-1 layer that keeps the shape): the passes read
+    each block of the input and of the top diff before they write over it. (The weight
+    gradient then reads the top as the input, as Caffe's does.)"""
+    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 256)
+    text = _text(kind, 'kernel_size: 3 pad: 1', 3)
+    results = []
+    for in_place in (False, True):
+        layer, bottom, top = build_layer(text, [_randn(2, 3, 5, 4)])
+        for i, blob in enumerate(layer.blobs):
+            blob.data[...] = _randn(*blob.shape, seed=3 + i)
+        top = bottom if in_place else top
+        layer.forward(bottom, top)
+        results.append(top[0].data.copy())
+        top[0].diff[...] = _randn(2, 3, 5, 4, seed=1)
+        layer.backward(top, [True], bottom)
+        results.append(bottom[0].diff.copy())
+    for got, want in zip(results[2:], results[:2]):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -306,9 +306,9 @@ class DeconvolutionLayer(_ConvolutionBase):
         positions = int(math.prod(self.in_spatial))
         for b, t in zip(bottom, top):
             out = t.data.reshape(self.batch, self.num_output, int(math.prod(self.out_spatial)))
-            if self.depthwise:  # in place, the input must outlive the first written output
-                depthwise_cpu.forward(self, self._image(b.data.copy() if t is b else b.data,
-                                                        self.channels, self.in_spatial), out)
+            if self.depthwise:
+                depthwise_cpu.forward(self, self._image(b.data, self.channels, self.in_spatial),
+                                      out)
                 continue
             x = self._grouped(b.data, positions)
             col = grouped_matmul(weight.swapaxes(1, 2), x)
@@ -329,8 +329,7 @@ class DeconvolutionLayer(_ConvolutionBase):
                 dx = self._image(b.diff, self.channels, self.in_spatial) \
                     if propagate_down[i] else None
                 depthwise_cpu.backward(
-                    self, self._image(b.data, self.channels, self.in_spatial),
-                    dy.copy() if t is b and dx is not None else dy, dx,
+                    self, self._image(b.data, self.channels, self.in_spatial), dy, dx,
                     self.blobs[0].diff if self.wants_param_gradient(0) else None)
                 continue
             col = self._columns(self._image(dy, self.num_output, self.out_spatial))

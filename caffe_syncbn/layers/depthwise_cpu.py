@@ -12,9 +12,10 @@ Every pass over a tap is a numpy call over contiguous arrays: the padded wide pl
 laid out by the stride's phases, and the narrow planes padded to a phase's shape
 (``_Layout``), so that a tap's windows are one contiguous run (numpy adds into a strided
 view about three times as slowly). The passes walk blocks of (image, channel) planes a
-few hundred KB at a time, split over cpu_threads. The blocks follow from the shape alone,
-the weight gradient is summed per block and the blocks' sums added in block order, so the
-result does not depend on the threads.
+few hundred KB at a time, split over cpu_threads; each pass lays out a block's inputs
+before it writes the block's outputs, so a layer may run in place. The blocks follow from
+the shape alone, the weight gradient is summed per block and the blocks' sums added in
+block order, so the result does not depend on the threads.
 """
 import numpy as np
 
@@ -24,8 +25,7 @@ from ..backend import cpu_threads
 def applies(layer):
     """Whether this module runs ``layer`` (a Convolution or Deconvolution set up with its
     geometry), whatever its engine says: MobileNet-style prototxts set ``engine: CAFFE``
-    on their depthwise layers (cuDNN's grouped convolutions were slow), not to ask for
-    im2col."""
+    on their depthwise layers to keep them off cuDNN, not to ask for im2col."""
     return (layer.num_spatial == 2 and layer.group > 1
             and layer.group == layer.channels == layer.num_output)
 
