@@ -1,6 +1,7 @@
 """Depthwise Convolution and Deconvolution on the host (layers/depthwise_cpu.py): against
-the grouped GEMMs of im2col in float64, where any difference is a bug, not rounding; finite-difference gradients; results that do not depend on the thread
-count; and which layers it runs."""
+the grouped GEMMs of im2col in float64, where any difference is a bug, not rounding;
+finite-difference gradients; results that do not depend on the thread count; in place;
+and which layers it runs."""
 import numpy as np
 import pytest
 
