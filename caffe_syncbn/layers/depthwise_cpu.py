@@ -185,8 +185,9 @@ def forward(layer, x4, y3):
 
 
 def backward(layer, x4, dy3, dx4, weight_grad):
-    """Accumulate the weight gradient into ``weight_grad`` (C, 1, KH*KW, or None) and
-    write ``dx4`` (N, C, H, W, or None) from ``dy3`` (N, C, OH*OW)."""
+    """Accumulate the weight gradient into ``weight_grad`` (C * KH * KW values as (C, 1,
+    KH*KW) or (C, 1, KH, KW), or None) and write ``dx4`` (N, C, H, W, or None) from
+    ``dy3`` (N, C, OH*OW)."""
     layout = _Layout(layer)
     x, dy = _planes(x4, layer.in_spatial), _planes(dy3, layer.out_spatial)
     dx = None if dx4 is None else _planes(dx4, layer.in_spatial)
