@@ -8,7 +8,7 @@ import pytest
 
 from caffe_syncbn.backend import cpu_threads
 from caffe_syncbn.layers import conv_cpu, norm_cpu, norm_math
-from caffe_syncbn.testing import build_layer, check_gradient
+from caffe_syncbn.testing import build_layer
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: '%d threads' % n)
@@ -369,31 +369,3 @@ def test_host_convolution_is_deterministic_whichever_thread_runs_what(monkeypatc
         for got, want in zip(run, runs[0]):
             np.testing.assert_array_equal(got, want)
 
-
-DEPTHWISE = [('kernel_size: 3 pad: 1 group: 5', (2, 5, 7, 6)),
-             ('kernel_size: 3 stride: 2 group: 3', (3, 3, 9, 8)),
-             ('kernel_h: 1 kernel_w: 5 pad_w: 2 dilation: 2 group: 4', (1, 4, 5, 11)),
-             ('kernel_size: 5 pad: 2 stride: 3 group: 7 bias_term: false', (2, 7, 13, 10))]
-
-
-@pytest.mark.parametrize('body, shape', DEPTHWISE)
-def test_host_depthwise_convolution_matches_the_grouped_gemms(body, shape, threads, monkeypatch):
-    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 256)        # blocks of a few planes
-    monkeypatch.setattr(cpu_threads, 'PARALLEL_MIN_ELEMENTS', 1)
-    body = 'num_output: %d %s' % (shape[1], body)
-    layer, _, _ = build_layer(_conv_text(body), [_randn(*shape)])
-    assert layer.depthwise
-    expected = _run_convolution(body, shape, host=False)
-    for got, want in zip(_run_convolution(body, shape, host=True), expected):
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize('body, shape', DEPTHWISE[:2])
-def test_host_depthwise_convolution_gradients(body, shape):
-    check_gradient(_conv_text('num_output: %d %s' % (shape[1], body)), [_randn(*shape)])
-
-
-def test_grouped_convolutions_that_are_not_depthwise_keep_the_gemms():
-    for body in ('num_output: 8 kernel_size: 3 group: 4', 'num_output: 4 kernel_size: 3'):
-        layer, _, _ = build_layer(_conv_text(body), [_randn(1, 4, 5, 5)])
-        assert not layer.depthwise

@@ -199,6 +199,8 @@ SHAPE_GRADIENTS = [
      [RS.randn(2, 2, 5, 6), RS.randn(2, 2, 3, 3)], [0]),
     ("type: 'Crop' bottom: 'x' bottom: 'r' top: 'y' crop_param { axis: 1 offset: 1 }",
      [RS.randn(2, 3, 4), RS.randn(2, 2, 2)], [0]),
+    ("type: 'Crop' bottom: 'x' bottom: 'r' top: 'y' crop_param { axis: 2 }",   # all of it
+     [RS.randn(2, 2, 3, 4), RS.randn(2, 2, 3, 4)], [0]),
     ("type: 'Silence' bottom: 'x' bottom: 'z'", [RS.randn(2, 3), RS.randn(3)], None),
     ("type: 'BatchReindex' bottom: 'x' bottom: 'i' top: 'y'",
      [RS.randn(4, 2, 3), np.array([3., 0, 0, 2, 1, 3])], [0]),

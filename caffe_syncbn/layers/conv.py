@@ -1,11 +1,12 @@
 """Convolution, Deconvolution and Im2col layers (N-D, grouped, dilated).
 
 A convolution is im2col + GEMM. On numpy, Convolution runs chunk by chunk in conv_cpu.py,
-depthwise ones in depthwise_cpu.py, and 3x3 stride-1 ones whose shape pays for it with
-Winograd's F(2x2, 3x3) in winograd_cpu.py (``engine: CAFFE`` keeps im2col).
-Elsewhere (CuPy), and for Deconvolution, columns are laid out ``(N, G, C/G * K, P)``
-(image, group, channel-and-kernel-offset, output position) and the weights
-``(G, O/G, C/G * K)``; 1x1 stride-1 unpadded kernels use the image itself as its columns.
+depthwise ones (and depthwise Deconvolutions) in depthwise_cpu.py, and 3x3 stride-1 ones
+whose shape pays for it with Winograd's F(2x2, 3x3) in winograd_cpu.py (``engine: CAFFE``
+keeps im2col). Elsewhere (CuPy), and for other Deconvolutions, columns are laid out
+``(N, G, C/G * K, P)`` (image, group, channel-and-kernel-offset, output position) and the
+weights ``(G, O/G, C/G * K)``; 1x1 stride-1 unpadded kernels use the image itself as its
+columns.
 """
 import math
 import numpy as np
@@ -172,7 +173,7 @@ class _ConvolutionBase(_SpatialLayer):
         self.bias_term = cp.bias_term
         if self.bias_term:
             self.blobs.append(self.make_blob((self.num_output,), cp.bias_filler))
-        # on the host, a depthwise convolution runs its own shifted passes (depthwise_cpu);
+        # on the host, a depthwise (de)convolution runs its own shifted passes (depthwise_cpu);
         # a 3x3 stride-1 one may run Winograd's (winograd_cpu), where its shape pays for it
         self.depthwise = self.host and depthwise_cpu.applies(self)
         self.winograd = self.host and not self.depthwise and winograd_cpu.applies(self)
@@ -304,11 +305,15 @@ class DeconvolutionLayer(_ConvolutionBase):
         weight = self.grouped_weight()
         positions = int(math.prod(self.in_spatial))
         for b, t in zip(bottom, top):
+            out = t.data.reshape(self.batch, self.num_output, int(math.prod(self.out_spatial)))
+            if self.depthwise:
+                depthwise_cpu.forward(self, self._image(b.data, self.channels, self.in_spatial),
+                                      out)
+                continue
             x = self._grouped(b.data, positions)
             col = grouped_matmul(weight.swapaxes(1, 2), x)
             col = col.reshape((self.batch, self.num_output) + self.kernel + self.in_spatial)
             y = self._image_from_columns(col, self.out_spatial)
-            out = t.data.reshape(self.batch, self.num_output, int(math.prod(self.out_spatial)))
             out[...] = y.reshape(out.shape)
             self._add_bias(out)
 
@@ -319,6 +324,13 @@ class DeconvolutionLayer(_ConvolutionBase):
             dy = t.diff.reshape(self.batch, self.num_output, int(math.prod(self.out_spatial)))
             self._accumulate_bias_grad(dy)
             if not (self.wants_param_gradient(0) or propagate_down[i]):
+                continue
+            if self.depthwise:
+                dx = self._image(b.diff, self.channels, self.in_spatial) \
+                    if propagate_down[i] else None
+                depthwise_cpu.backward(
+                    self, self._image(b.data, self.channels, self.in_spatial), dy, dx,
+                    self.blobs[0].diff if self.wants_param_gradient(0) else None)
                 continue
             col = self._columns(self._image(dy, self.num_output, self.out_spatial))
             col = self._grouped(col, positions)

@@ -294,7 +294,8 @@ class CropLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            bottom[0].diff[...] = 0
+            if top[0].shape != bottom[0].shape:      # the FPNs' crops often take it all
+                bottom[0].diff[...] = 0
             bottom[0].diff[self.window] = top[0].diff
         if propagate_down[1]:
             bottom[1].diff[...] = 0   # only a shape reference
