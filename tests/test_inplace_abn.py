@@ -276,12 +276,12 @@ def train(plan, steps=10):
     return weights, chains
 
 
-@pytest.mark.parametrize('plan', ['share', 'recompute'])
+@pytest.mark.parametrize('plan', ['share', 'recompute', 'auto'])
 def test_four_devices_equal_one_device_on_the_whole_batch_under_a_plan(plan):
     check_replicas_equal_one('cpu:1', 'cpu:4', (7, 0, 6, 3), memory_plan=plan)
 
 
-@pytest.mark.parametrize('plan', ['inplace_abn', 'recompute'])
+@pytest.mark.parametrize('plan', ['inplace_abn', 'recompute', 'auto'])
 def test_ten_solver_iterations_under_syncbn_on_two_devices_stay_within_float32_rounding(plan):
     (reference, _), (fused, chains) = train('off'), train(plan)
     assert any(chains)
