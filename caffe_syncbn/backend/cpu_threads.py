@@ -242,15 +242,19 @@ def batched_matmul(a, b, out=None):
     if math.prod(lead) == 1:          # one product (a convolution of one group): no views
         matmul(a[(0,) * (a.ndim - 2)], b[(0,) * (b.ndim - 2)], out=out[(0,) * len(lead)])
         return out
+    threads()
+    _single_threaded_blas()
+    flops = out.size * a.shape[-1]
+    if flops < PARALLEL_GEMM_MIN_FLOPS or threads() == 1 or getattr(_running_part, 'active',
+                                                                    False):
+        np.matmul(a, b, out=out)        # one call: numpy runs the products in turn, in C
+        return out
     a = np.broadcast_to(a, lead + a.shape[-2:])
     b = np.broadcast_to(b, lead + b.shape[-2:])
     cells = list(np.ndindex(*lead))
-    threads()
-    _single_threaded_blas()
 
     def work(start, stop):
         for cell in cells[start:stop]:
             np.matmul(a[cell], b[cell], out=out[cell])
-    flops = out.size * a.shape[-1]
-    split(len(cells), work, parts=threads() if flops >= PARALLEL_GEMM_MIN_FLOPS else 1)
+    split(len(cells), work)
     return out
