@@ -91,6 +91,9 @@ GEOMETRIES = [
      'stride: 1', (2, 2, 5, 4, 3)),
     ('num_output: 2 kernel_size: 2 axis: 2', (2, 2, 2, 5, 4)),
     ('num_output: 5 kernel_size: 5 stride: 3', (2, 1, 20, 24)),
+    # rows of column gradients as wide as the padded input (conv_cpu.WIDE_ROWS)
+    ('num_output: 3 kernel_size: 3 pad: 1', (2, 3, 9, 12)),
+    ('num_output: 4 kernel_size: 3 dilation: 2 pad: 2 group: 2', (3, 2, 6, 16)),
 ]
 # (COLUMN_BYTES, NARROW): one-row bands, single images, a few images, the whole batch;
 # the images first or last in the columns

@@ -35,6 +35,11 @@ MAX_COLUMN_BYTES = 16 << 20
 NARROW = 16
 #: above this many groups, the groups of an accumulating GEMM go to numpy's batched matmul
 FEW_GROUPS = 4
+#: col2im adds each kernel offset's column gradients to the image in one run per channel
+#: and image, rows as wide as the padded input (zeros past the outputs), where that widens
+#: them by at most this factor (a 2-D convolution of stride 1): a strided add per output
+#: row costs more than the GEMM's extra columns
+WIDE_ROWS = 1.3
 #: a backward runs its units on several threads when the batch has at least this many
 #: output positions: each thread's own weight-gradient sum costs about as much as that
 #: many positions' share of the GEMMs it parallelizes
@@ -180,11 +185,43 @@ def columns(layer, x, chunk):
     return cols
 
 
-def add_columns_to_image(layer, dcols, dx, chunk):
+def wide_rows(layer, chunk):
+    """The padded input's width, where the chunk's column gradients get rows that wide
+    (WIDE_ROWS: images first, 2-D, stride 1), else None."""
+    if chunk.images_last or layer.num_spatial != 2 or tuple(layer.stride) != (1, 1):
+        return None
+    width = layer.in_spatial[1] + 2 * layer.pad[1]
+    return width if width <= WIDE_ROWS * layer.out_spatial[1] else None
+
+
+def widened(dy, chunk, groups, width):
+    """The chunk's images of ``dy`` (N, O, P) with each output row widened to ``width`` by
+    zeros, as (images, G, O/G, output rows * width)."""
+    outputs = dy.shape[1]
+    rows, columns = chunk.out_shape
+    wide = scratch('wide top', (chunk.images, outputs, rows, width), dy.dtype)
+    wide[..., columns:] = 0
+    wide[..., :columns] = dy[chunk.first:chunk.last, :, chunk.columns].reshape(
+        chunk.images, outputs, rows, columns)
+    return wide.reshape(chunk.images, groups, outputs // groups, rows * width)
+
+
+def _flat_rows(block):
+    """A (C, images, rows, width) block whose rows follow each other in memory, as a view
+    (C, images, rows * width)."""
+    itemsize = block.itemsize
+    assert block.strides[3] == itemsize and block.strides[2] == block.shape[3] * itemsize
+    return np.lib.stride_tricks.as_strided(
+        block, block.shape[:2] + (block.shape[2] * block.shape[3],),
+        block.strides[:2] + (itemsize,))
+
+
+def add_columns_to_image(layer, dcols, dx, chunk, width=None):
     """col2im: the chunk's column gradients ``dcols`` summed into ``dx`` (N, C, *spatial),
-    which holds zeros (or the sums of earlier bands of the same image)."""
+    which holds zeros (or the sums of earlier bands of the same image). With ``width``
+    (``wide_rows``), their rows are that wide, zeros past the outputs, and each kernel
+    offset adds one run per channel and image; the sums come out the same."""
     c = layer.channels
-    source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
     direct = chunk.images == 1 and not any(layer.pad)
     images = dx[chunk.first:chunk.last]
     if direct:
@@ -196,13 +233,28 @@ def add_columns_to_image(layer, dcols, dx, chunk):
         cells = chunk.cells(cells)
         target = chunk.order(images[:, :, rows])
     offsets = _offsets(layer)
+    if width is None:
+        source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
+
+        def add_offsets(part, c0, c1):
+            for offset in offsets:
+                part[_window(layer, offset, chunk)] += source[(slice(c0, c1),) + offset]
+    else:
+        rows, columns = chunk.out_shape
+        source = dcols.reshape(c, len(offsets), chunk.images, rows * width)
+        run = (rows - 1) * width + columns
+        starts = [i * layer.dilation[0] * width + j * layer.dilation[1] for i, j in offsets]
+
+        def add_offsets(part, c0, c1):
+            flat = _flat_rows(part)
+            for k, start in enumerate(starts):
+                flat[:, :, start:start + run] += source[c0:c1, k, :, :run]
 
     def add(c0, c1):
         if not direct:
             block[c0:c1] = 0
         part = block[c0:c1]
-        for offset in offsets:
-            part[_window(layer, offset, chunk)] += source[(slice(c0, c1),) + offset]
+        add_offsets(part, c0, c1)
         if not direct:
             target[c0:c1] += part[cells]
     cpu_threads.split_rows(c, source[0].size, add)
@@ -384,14 +436,20 @@ def backward(layer, x, dy, dx, weight_grad):
             if dx is not None:
                 if chunk.row == 0:
                     dx[chunk.first:chunk.last] = 0
+                width = wide_rows(layer, chunk)
+                positions = chunk.positions
+                if width is not None:
+                    top = widened(dy, chunk, g, width)
+                    top = top if batched else list(top)
+                    positions = chunk.out_shape[0] * width
                 dcols = scratch('columns', (g, kernel_rows, pieces,
-                                            chunk.images * chunk.positions // pieces), dy.dtype)
+                                            chunk.images * positions // pieces), dy.dtype)
                 if batched:
                     cpu_threads.batched_matmul(weight.swapaxes(1, 2), top,
                                                out=dcols.transpose(2, 0, 1, 3))
                 for i, dy_piece in enumerate([] if batched else top):
                     grouped_gemm(weight.swapaxes(1, 2), dy_piece, dcols[:, :, i])
-                add_columns_to_image(layer, dcols, dx, chunk)
+                add_columns_to_image(layer, dcols, dx, chunk, width)
     _images_in_parallel(len(units), run, weight_grad, layer.batch * dy.shape[2])
 
 
