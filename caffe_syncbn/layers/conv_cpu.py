@@ -128,7 +128,7 @@ def _input_block(layer, x, chunk):
     """The chunk's rows of ``x`` (N, C, *spatial), zero-padded, in the chunk's order: a
     view of x for one unpadded image."""
     images = x[chunk.first:chunk.last]
-    if chunk.images == 1 and not any(layer.pad):
+    if _direct(layer, chunk):
         lo, hi = chunk.rows_in
         return chunk.order(images[:, :, lo:hi])
     block = scratch('block', chunk.shape((layer.channels,), _padded_spatial(layer, chunk)),
@@ -216,13 +216,27 @@ def _flat_rows(block):
         block.strides[:2] + (itemsize,))
 
 
+def _direct(layer, chunk):
+    """Whether the chunk's input block is a view of the input (one unpadded image)."""
+    return chunk.images == 1 and not any(layer.pad)
+
+
+def writes_images(layer, chunk):
+    """Whether col2im of the chunk writes every input row of its images (the first band,
+    padded), so that dx needs no zeros first."""
+    return not _direct(layer, chunk) and chunk.row == 0 and \
+        _inside(layer, chunk)[1].stop == layer.in_spatial[0]
+
+
 def add_columns_to_image(layer, dcols, dx, chunk, width=None):
     """col2im: the chunk's column gradients ``dcols`` summed into ``dx`` (N, C, *spatial),
-    which holds zeros (or the sums of earlier bands of the same image). With ``width``
+    which holds zeros (or the sums of earlier bands of the same image) unless the chunk
+    ``writes_images``. With ``width``
     (``wide_rows``), their rows are that wide, zeros past the outputs, and each kernel
     offset adds one run per channel and image; the sums come out the same."""
     c = layer.channels
-    direct = chunk.images == 1 and not any(layer.pad)
+    direct = _direct(layer, chunk)
+    writes = writes_images(layer, chunk)
     images = dx[chunk.first:chunk.last]
     if direct:
         lo, hi = chunk.rows_in
@@ -255,7 +269,9 @@ def add_columns_to_image(layer, dcols, dx, chunk, width=None):
             block[c0:c1] = 0
         part = block[c0:c1]
         add_offsets(part, c0, c1)
-        if not direct:
+        if writes:
+            target[c0:c1] = part[cells]
+        elif not direct:
             target[c0:c1] += part[cells]
     cpu_threads.split_rows(c, source[0].size, add)
 
@@ -434,7 +450,7 @@ def backward(layer, x, dy, dx, weight_grad):
                 for i, dy_piece in enumerate([] if batched else top):
                     add_weight_gradient(dy_piece, cols[:, :, i], gradient)
             if dx is not None:
-                if chunk.row == 0:
+                if chunk.row == 0 and not writes_images(layer, chunk):
                     dx[chunk.first:chunk.last] = 0
                 width = wide_rows(layer, chunk)
                 positions = chunk.positions
