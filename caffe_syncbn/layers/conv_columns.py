@@ -1,0 +1,199 @@
+"""The columns of a chunk of a host convolution (conv_cpu.py), and their gradients back
+into the image: im2col and col2im in the chunk's layout, in per-thread buffers.
+
+im2col copies a strided view of the (zero-padded) input block in one pass. col2im adds
+each kernel offset's column gradients into a zeroed block, window by window, or, where
+the column gradients have rows as wide as the padded input (``wide_rows``), in one run
+per channel and image: the rows' extra cells hold zeros, which add nothing.
+"""
+import itertools
+import math
+import threading
+
+import numpy as np
+
+from ..backend import cpu_threads
+
+#: col2im adds each kernel offset's column gradients to the image in one run per channel
+#: and image, rows as wide as the padded input (zeros past the outputs), where that widens
+#: them by at most this factor (a 2-D convolution of stride 1): a strided add per output
+#: row costs more than the GEMM's extra columns
+WIDE_ROWS = 1.3
+
+_buffers = threading.local()
+
+
+def scratch(name, shape, dtype):
+    """A buffer of the calling thread for ``name``; it grows to the largest size asked."""
+    pool = _buffers.__dict__.setdefault('pool', {})
+    size = int(math.prod(shape))
+    buffer = pool.get((name, dtype))
+    if buffer is None or buffer.size < size:
+        buffer = pool[(name, dtype)] = np.empty(size, dtype)
+    return buffer[:size].reshape(shape)
+
+
+def _padded_spatial(layer, chunk):
+    lo, hi = chunk.rows_in
+    return (hi - lo,) + tuple(s + 2 * p for s, p in zip(layer.in_spatial[1:], layer.pad[1:]))
+
+
+def _inside(layer, chunk):
+    """(the spatial slices of the padded rows that the image fills, its rows)."""
+    lo, hi = chunk.rows_in
+    pad, spatial = layer.pad, layer.in_spatial
+    top = max(lo, pad[0])
+    bottom = max(top, min(hi, pad[0] + spatial[0]))     # a band may lie in the padding
+    cells = (slice(top - lo, bottom - lo),) + tuple(
+        slice(p, p + s) for s, p in zip(spatial[1:], pad[1:]))
+    return cells, slice(top - pad[0], bottom - pad[0])
+
+
+def _input_block(layer, x, chunk):
+    """The chunk's rows of ``x`` (N, C, *spatial), zero-padded, in the chunk's order: a
+    view of x for one unpadded image."""
+    images = x[chunk.first:chunk.last]
+    if _direct(layer, chunk):
+        lo, hi = chunk.rows_in
+        return chunk.order(images[:, :, lo:hi])
+    block = scratch('block', chunk.shape((layer.channels,), _padded_spatial(layer, chunk)),
+                    x.dtype)
+    cells, rows = _inside(layer, chunk)
+    cells = chunk.cells(cells)
+    source = chunk.order(images[:, :, rows])
+
+    def fill(c0, c1):
+        if any(layer.pad):
+            block[c0:c1] = 0
+        block[c0:c1][cells] = source[c0:c1]
+    cpu_threads.split_rows(layer.channels, block[0].size, fill)
+    return block
+
+
+def _window(layer, offset, chunk):
+    """The cells of an input block that kernel offset ``offset`` reads, per output."""
+    return chunk.cells(tuple(slice(o * d, o * d + s * (n - 1) + 1, s) for o, d, s, n in
+                             zip(offset, layer.dilation, layer.stride, chunk.out_shape)))
+
+
+def _offsets(layer):
+    return list(itertools.product(*[range(k) for k in layer.kernel]))
+
+
+def _windows(layer, block, chunk):
+    """A strided view of an input block as the chunk's columns: (C, *kernel, images and
+    positions) in the chunk's order, each cell the input cell it reads."""
+    steps = block.strides[1:-1] if chunk.images_last else block.strides[2:]
+    image_step = (block.strides[-1] if chunk.images_last else block.strides[1],)
+    kernel = tuple(t * d for t, d in zip(steps, layer.dilation))
+    outputs = tuple(t * s for t, s in zip(steps, layer.stride))
+    strides = ((block.strides[0],) + kernel
+               + (outputs + image_step if chunk.images_last else image_step + outputs))
+    shape = chunk.shape((layer.channels,) + layer.kernel, chunk.out_shape)
+    return np.lib.stride_tricks.as_strided(block, shape, strides, writeable=False)
+
+
+def columns(layer, x, chunk):
+    """im2col: the chunk's columns ``(C, *kernel, images and positions)``, in a scratch
+    buffer, copied from a strided view of the input in one pass."""
+    windows = _windows(layer, _input_block(layer, x, chunk), chunk)
+    cols = scratch('columns', windows.shape, x.dtype)
+    c, rows = layer.channels, layer.kernel[0]
+
+    def copy(c0, c1):
+        cols[c0:c1] = windows[c0:c1]
+    if c >= cpu_threads.threads():
+        cpu_threads.split_rows(c, cols[0].size, copy)
+    else:          # few channels (a first layer): the kernel rows are split instead
+        cpu_threads.split_rows(rows, cols.size // rows,
+                               lambda i0, i1: np.copyto(cols[:, i0:i1], windows[:, i0:i1]))
+    return cols
+
+
+def wide_rows(layer, chunk):
+    """The padded input's width, where the chunk's column gradients get rows that wide
+    (WIDE_ROWS: images first, 2-D, stride 1), else None."""
+    if chunk.images_last or layer.num_spatial != 2 or tuple(layer.stride) != (1, 1):
+        return None
+    width = layer.in_spatial[1] + 2 * layer.pad[1]
+    return width if width <= WIDE_ROWS * layer.out_spatial[1] else None
+
+
+def widened(dy, chunk, groups, width):
+    """The chunk's images of ``dy`` (N, O, P) with each output row widened to ``width`` by
+    zeros, as (images, G, O/G, output rows * width)."""
+    outputs = dy.shape[1]
+    rows, columns = chunk.out_shape
+    wide = scratch('wide top', (chunk.images, outputs, rows, width), dy.dtype)
+    wide[..., columns:] = 0
+    wide[..., :columns] = dy[chunk.first:chunk.last, :, chunk.columns].reshape(
+        chunk.images, outputs, rows, columns)
+    return wide.reshape(chunk.images, groups, outputs // groups, rows * width)
+
+
+def _flat_rows(block):
+    """A (C, images, rows, width) block whose rows follow each other in memory, as a view
+    (C, images, rows * width)."""
+    itemsize = block.itemsize
+    assert block.strides[3] == itemsize and block.strides[2] == block.shape[3] * itemsize
+    return np.lib.stride_tricks.as_strided(
+        block, block.shape[:2] + (block.shape[2] * block.shape[3],),
+        block.strides[:2] + (itemsize,))
+
+
+def _direct(layer, chunk):
+    """Whether the chunk's input block is a view of the input (one unpadded image)."""
+    return chunk.images == 1 and not any(layer.pad)
+
+
+def writes_images(layer, chunk):
+    """Whether col2im of the chunk writes every input row of its images (the first band,
+    padded), so that dx needs no zeros first."""
+    return not _direct(layer, chunk) and chunk.row == 0 and \
+        _inside(layer, chunk)[1].stop == layer.in_spatial[0]
+
+
+def add_columns_to_image(layer, dcols, dx, chunk, width=None):
+    """col2im: the chunk's column gradients ``dcols`` summed into ``dx`` (N, C, *spatial),
+    which holds zeros (or the sums of earlier bands of the same image) unless the chunk
+    ``writes_images``. With ``width`` (``wide_rows``), their rows are that wide."""
+    c = layer.channels
+    direct = _direct(layer, chunk)
+    writes = writes_images(layer, chunk)
+    images = dx[chunk.first:chunk.last]
+    if direct:
+        lo, hi = chunk.rows_in
+        block = chunk.order(images[:, :, lo:hi])
+    else:
+        block = scratch('block', chunk.shape((c,), _padded_spatial(layer, chunk)), dx.dtype)
+        cells, rows = _inside(layer, chunk)
+        cells = chunk.cells(cells)
+        target = chunk.order(images[:, :, rows])
+    offsets = _offsets(layer)
+    if width is None:
+        source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
+
+        def add_offsets(part, c0, c1):
+            for offset in offsets:
+                part[_window(layer, offset, chunk)] += source[(slice(c0, c1),) + offset]
+    else:
+        rows, columns = chunk.out_shape
+        source = dcols.reshape(c, len(offsets), chunk.images, rows * width)
+        run = (rows - 1) * width + columns
+        starts = [i * layer.dilation[0] * width + j * layer.dilation[1] for i, j in offsets]
+
+        def add_offsets(part, c0, c1):
+            flat = _flat_rows(part)
+            for k, start in enumerate(starts):
+                flat[:, :, start:start + run] += source[c0:c1, k, :, :run]
+
+    def add(c0, c1):
+        if not direct:
+            block[c0:c1] = 0
+        part = block[c0:c1]
+        add_offsets(part, c0, c1)
+        if writes:
+            target[c0:c1] = part[cells]
+        elif not direct:
+            target[c0:c1] += part[cells]
+    cpu_threads.split_rows(c, source[0].size, add)
