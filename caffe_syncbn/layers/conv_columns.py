@@ -3,8 +3,8 @@ into the image: im2col and col2im in the chunk's layout, in per-thread buffers.
 
 im2col copies a strided view of the (zero-padded) input block in one pass. col2im adds
 each kernel offset's column gradients into a zeroed block, window by window, or, where
-the column gradients have rows as wide as the padded input (``wide_rows``), in one run
-per channel and image: the rows' extra cells hold zeros, which add nothing.
+they come as large as the block (``padded_columns``), in one run: their extra cells hold
+zeros, which add nothing, so the sums are the same.
 """
 import itertools
 import math
@@ -14,11 +14,12 @@ import numpy as np
 
 from ..backend import cpu_threads
 
-#: col2im adds each kernel offset's column gradients to the image in one run per channel
-#: and image, rows as wide as the padded input (zeros past the outputs), where that widens
-#: them by at most this factor (a 2-D convolution of stride 1): a strided add per output
-#: row costs more than the GEMM's extra columns
-WIDE_ROWS = 1.3
+#: col2im adds each kernel offset's column gradients to the block in one contiguous run
+#: where they come as large as the padded input block, zeros past the outputs (a 2-D
+#: convolution of stride 1), if that takes at most this many times the positions: numpy
+#: adds a window of rows at a quarter of its contiguous speed, and more slowly still for
+#: short rows, which costs more than the GEMM's extra columns
+PADDED_COLUMNS = 1.6
 
 _buffers = threading.local()
 
@@ -115,31 +116,38 @@ def columns(layer, x, chunk):
     return cols
 
 
-def wide_rows(layer, chunk):
-    """The padded input's width, where the chunk's column gradients get rows that wide
-    (WIDE_ROWS: images first, 2-D, stride 1), else None."""
-    if chunk.images_last or layer.num_spatial != 2 or tuple(layer.stride) != (1, 1):
-        return None
-    width = layer.in_spatial[1] + 2 * layer.pad[1]
-    return width if width <= WIDE_ROWS * layer.out_spatial[1] else None
+def padded_columns(layer, chunk):
+    """Whether the chunk's column gradients come as large as its padded input block, rows
+    ordered (kernel offset, channel) (PADDED_COLUMNS: one group, images first, 2-D, stride
+    1, and a block of its own or a whole image)."""
+    if chunk.images_last or layer.group != 1 or layer.num_spatial != 2 or \
+            tuple(layer.stride) != (1, 1):
+        return False
+    if _direct(layer, chunk) and chunk.rows_in != (0, layer.in_spatial[0]):
+        return False
+    rows, width = _padded_spatial(layer, chunk)
+    return rows * width <= PADDED_COLUMNS * chunk.positions
 
 
-def widened(dy, chunk, groups, width):
-    """The chunk's images of ``dy`` (N, O, P) with each output row widened to ``width`` by
-    zeros, as (images, G, O/G, output rows * width)."""
+def padded_top(layer, dy, chunk):
+    """The chunk's images of ``dy`` (N, O, P) in blocks of the padded input block's shape,
+    zeros past the outputs, as (images, 1, O, block size)."""
     outputs = dy.shape[1]
     rows, columns = chunk.out_shape
-    wide = scratch('wide top', (chunk.images, outputs, rows, width), dy.dtype)
-    wide[..., columns:] = 0
-    wide[..., :columns] = dy[chunk.first:chunk.last, :, chunk.columns].reshape(
+    padded = scratch('padded top', (chunk.images, outputs) + _padded_spatial(layer, chunk),
+                     dy.dtype)
+    padded[...] = 0
+    padded[:, :, :rows, :columns] = dy[chunk.first:chunk.last, :, chunk.columns].reshape(
         chunk.images, outputs, rows, columns)
-    return wide.reshape(chunk.images, groups, outputs // groups, rows * width)
+    return padded.reshape(chunk.images, 1, outputs, -1)
 
 
-def _flat_rows(block):
-    """A (C, images, rows, width) block whose rows follow each other in memory, as a view
-    (C, images, rows * width)."""
-    return block.reshape(block.shape[:2] + (-1,), copy=False)
+def offset_major(layer, weight):
+    """The grouped weights (1, O, C * K), a copy with their columns ordered (kernel offset,
+    channel), as ``padded_columns`` orders the rows of the column gradients."""
+    outputs = weight.shape[1]
+    return weight.reshape(outputs, layer.channels, layer.kernel_count).transpose(
+        0, 2, 1).reshape(1, outputs, -1)
 
 
 def _direct(layer, chunk):
@@ -154,10 +162,10 @@ def writes_images(layer, chunk):
         _inside(layer, chunk)[1].stop == layer.in_spatial[0]
 
 
-def add_columns_to_image(layer, dcols, dx, chunk, width=None):
+def add_columns_to_image(layer, dcols, dx, chunk, padded=False):
     """col2im: the chunk's column gradients ``dcols`` summed into ``dx`` (N, C, *spatial),
     which holds zeros (or the sums of earlier bands of the same image) unless the chunk
-    ``writes_images``. With ``width`` (``wide_rows``), their rows are that wide."""
+    ``writes_images``. ``padded``: they come as ``padded_columns`` lays them out."""
     c = layer.channels
     direct = _direct(layer, chunk)
     writes = writes_images(layer, chunk)
@@ -171,30 +179,32 @@ def add_columns_to_image(layer, dcols, dx, chunk, width=None):
         cells = chunk.cells(cells)
         target = chunk.order(images[:, :, rows])
     offsets = _offsets(layer)
-    if width is None:
+    if not padded:
         source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
 
-        def add_offsets(part, c0, c1):
+        def add_offsets(c0, c1):
+            part = block[c0:c1]
             for offset in offsets:
                 part[_window(layer, offset, chunk)] += source[(slice(c0, c1),) + offset]
     else:
-        rows, columns = chunk.out_shape
-        source = dcols.reshape(c, len(offsets), chunk.images, rows * width)
-        run = (rows - 1) * width + columns
+        # A kernel offset adds the block shifted by ``start``: one run over the channels
+        # [c0, c1), where each channel's cells past its outputs add zeros to the next
+        size = block[0].size
+        source = dcols.reshape(len(offsets), c * size)
+        flat = block.reshape(-1, copy=False)
+        width = block.shape[-1]
         starts = [i * layer.dilation[0] * width + j * layer.dilation[1] for i, j in offsets]
 
-        def add_offsets(part, c0, c1):
-            flat = _flat_rows(part)
+        def add_offsets(c0, c1):
             for k, start in enumerate(starts):
-                flat[:, :, start:start + run] += source[c0:c1, k, :, :run]
+                flat[c0 * size + start:c1 * size] += source[k, c0 * size:c1 * size - start]
 
     def add(c0, c1):
         if not direct:
             block[c0:c1] = 0
-        part = block[c0:c1]
-        add_offsets(part, c0, c1)
+        add_offsets(c0, c1)
         if writes:
-            target[c0:c1] = part[cells]
+            target[c0:c1] = block[c0:c1][cells]
         elif not direct:
-            target[c0:c1] += part[cells]
-    cpu_threads.split_rows(c, source[0].size, add)
+            target[c0:c1] += block[c0:c1][cells]
+    cpu_threads.split_rows(c, block[0].size * len(offsets), add)

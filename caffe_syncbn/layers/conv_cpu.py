@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 from ..backend import cpu_threads
-from .conv_columns import add_columns_to_image, columns, scratch, wide_rows, widened, \
-    writes_images
+from .conv_columns import add_columns_to_image, columns, offset_major, padded_columns, \
+    padded_top, scratch, writes_images
 
 #: about how many bytes of columns one chunk makes
 COLUMN_BYTES = 2 << 20
@@ -36,6 +36,9 @@ MAX_COLUMN_BYTES = 16 << 20
 NARROW = 16
 #: above this many groups, the groups of an accumulating GEMM go to numpy's batched matmul
 FEW_GROUPS = 4
+#: weight gradients of at least this many positions per GEMM may be taken as their
+#: transpose (see _transposed)
+TRANSPOSED_MIN_POSITIONS = 256
 #: a backward runs its units on several threads when the batch has at least this many
 #: output positions: each thread's own weight-gradient sum costs about as much as that
 #: many positions' share of the GEMMs it parallelizes
@@ -106,12 +109,17 @@ def grouped_gemm(a, b, out, accumulate=False):
     cpu_threads.split(a.shape[0], work)
 
 
+def _transposed(dy, cols):
+    """Whether a weight gradient is taken as its transpose, cols @ dy^T: with more column
+    rows than outputs, the BLAS runs it up to twice as fast (16 x 144 from 1024 positions:
+    65 against 131 us), but adding it to the gradient then reads it across, about 1 ns a
+    value, which only enough positions pay for (64 x 576 from 64: 13 us saved, 40 spent)."""
+    return cols.shape[-2] > dy.shape[-2] and dy.shape[-1] >= TRANSPOSED_MIN_POSITIONS
+
+
 def add_weight_gradient(dy, cols, gradient):
-    """``gradient`` (G, O, K) += ``dy`` (G, O, P) @ ``cols`` (G, K, P)^T. With more column
-    rows than outputs it is taken as its transpose, cols @ dy^T: the BLAS runs a GEMM of few
-    output rows at up to half the speed of its transpose (16 x 144 from 1024 positions:
-    131 against 65 us)."""
-    if cols.shape[1] > dy.shape[1]:
+    """``gradient`` (G, O, K) += ``dy`` (G, O, P) @ ``cols`` (G, K, P)^T."""
+    if _transposed(dy, cols):
         grouped_gemm(cols, dy.swapaxes(1, 2), gradient.swapaxes(1, 2), accumulate=True)
     else:
         grouped_gemm(dy, cols.swapaxes(1, 2), gradient, accumulate=True)
@@ -121,7 +129,7 @@ def add_weight_gradients(dy, cols, gradient):
     """``add_weight_gradient`` of each image's ``dy`` (images, G, O, P) and ``cols``
     (images, G, K, P): the products in one batched GEMM, then added to ``gradient`` image
     after image, in the order of one call per image."""
-    transposed = cols.shape[2] > dy.shape[2]
+    transposed = _transposed(dy, cols)
     left, right = (cols, dy) if transposed else (dy, cols)
     products = scratch('weight products', left.shape[:3] + (right.shape[2],), gradient.dtype)
     cpu_threads.batched_matmul(left, right.swapaxes(2, 3), out=products)
@@ -246,6 +254,8 @@ def backward(layer, x, dy, dx, weight_grad):
     weight = layer.grouped_weight()
     g, outputs_per_group, kernel_rows = weight.shape
     units = _units(layer, g * kernel_rows)
+    by_offset = offset_major(layer, weight) if dx is not None and any(
+        padded_columns(layer, chunk) for unit in units for chunk in unit) else None
 
     def run(a, b, gradient):
         for chunk in (chunk for unit in units[a:b] for chunk in unit):
@@ -266,20 +276,20 @@ def backward(layer, x, dy, dx, weight_grad):
             if dx is not None:
                 if chunk.row == 0 and not writes_images(layer, chunk):
                     dx[chunk.first:chunk.last] = 0
-                width = wide_rows(layer, chunk)
-                positions = chunk.positions
-                if width is not None:
-                    top = widened(dy, chunk, g, width)
+                padded = padded_columns(layer, chunk)
+                source, positions = weight, chunk.positions
+                if padded:
+                    top = padded_top(layer, dy, chunk)
+                    source, positions = by_offset, top.shape[-1]
                     top = top if batched else list(top)
-                    positions = chunk.out_shape[0] * width
                 dcols = scratch('columns', (g, kernel_rows, pieces,
                                             chunk.images * positions // pieces), dy.dtype)
                 if batched:
-                    cpu_threads.batched_matmul(weight.swapaxes(1, 2), top,
+                    cpu_threads.batched_matmul(source.swapaxes(1, 2), top,
                                                out=dcols.transpose(2, 0, 1, 3))
                 for i, dy_piece in enumerate([] if batched else top):
-                    grouped_gemm(weight.swapaxes(1, 2), dy_piece, dcols[:, :, i])
-                add_columns_to_image(layer, dcols, dx, chunk, width)
+                    grouped_gemm(source.swapaxes(1, 2), dy_piece, dcols[:, :, i])
+                add_columns_to_image(layer, dcols, dx, chunk, padded)
     _images_in_parallel(len(units), run, weight_grad, layer.batch * dy.shape[2])
 
 
