@@ -20,6 +20,11 @@ from ..backend import cpu_threads
 #: adds a window of rows at a quarter of its contiguous speed, and more slowly still for
 #: short rows, which costs more than the GEMM's extra columns
 PADDED_COLUMNS = 1.6
+#: ... and if the top diff, which is then copied into blocks of that size row by row, has
+#: at most this share of the rows of the columns that col2im would add window by window
+#: (LeNet's first convolution, 20 outputs for 25 column rows, gains nothing: padding its
+#: top and the larger GEMM take what col2im saves)
+PADDED_TOP_SHARE = 0.25
 
 _buffers = threading.local()
 
@@ -119,9 +124,10 @@ def columns(layer, x, chunk):
 def padded_columns(layer, chunk):
     """Whether the chunk's column gradients come as large as its padded input block, rows
     ordered (kernel offset, channel) (PADDED_COLUMNS: one group, images first, 2-D, stride
-    1, and a block of its own or a whole image)."""
+    1, a block of its own or a whole image, and PADDED_TOP_SHARE)."""
     if chunk.images_last or layer.group != 1 or layer.num_spatial != 2 or \
-            tuple(layer.stride) != (1, 1):
+            tuple(layer.stride) != (1, 1) or \
+            layer.num_output > PADDED_TOP_SHARE * layer.channels * layer.kernel_count:
         return False
     if _direct(layer, chunk) and chunk.rows_in != (0, layer.in_spatial[0]):
         return False
