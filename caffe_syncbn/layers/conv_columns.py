@@ -197,7 +197,7 @@ def add_columns_to_image(layer, dcols, dx, chunk, padded=False):
         # [c0, c1), where each channel's cells past its outputs add zeros to the next
         size = block[0].size
         source = dcols.reshape(len(offsets), c * size)
-        flat = block.reshape(-1, copy=False)
+        flat = (images if direct else block).reshape(-1)     # both contiguous: a view
         width = block.shape[-1]
         starts = [i * layer.dilation[0] * width + j * layer.dilation[1] for i, j in offsets]
 
