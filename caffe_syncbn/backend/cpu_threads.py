@@ -229,7 +229,8 @@ def zeros(count, dtype):
 def batched_matmul(a, b, out=None):
     """``a @ b`` over leading axes that broadcast as numpy's matmul broadcasts them. numpy
     operands are split over threads, a product per part (or, for one product, by rows
-    or columns: ``matmul``); others (CuPy) are left to their library."""
+    or columns: ``matmul``), where they are large enough, and otherwise go to numpy's
+    matmul in one call; others (CuPy) are left to their library."""
     if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
         if out is None:
             return a @ b
