@@ -260,8 +260,11 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
         end = len(self.layers) - 1 if end is None else end
         if self._plan is not None:
             self._plan.enter_forward()
-            if self._input_shapes() != self._planned_inputs or not self._plan.holds():
-                self._apply_plan()             # new shapes since the last plan
+            # new shapes since the last plan; a pass that goes on from a later layer (as
+            # per-layer timing runs one) is checked where it started, from layer 0
+            if self._input_shapes() != self._planned_inputs or (
+                    start == 0 and not self._plan.holds()):
+                self._apply_plan()
         loss = 0.0
         for i in range(start, end + 1):
             if i in self._absorbed:

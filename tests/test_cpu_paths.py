@@ -91,6 +91,11 @@ GEOMETRIES = [
      'stride: 1', (2, 2, 5, 4, 3)),
     ('num_output: 2 kernel_size: 2 axis: 2', (2, 2, 2, 5, 4)),
     ('num_output: 5 kernel_size: 5 stride: 3', (2, 1, 20, 24)),
+    # column gradients as large as the padded input (conv_columns.PADDED_COLUMNS)
+    ('num_output: 3 kernel_size: 3 pad: 1', (2, 3, 9, 12)),
+    ('num_output: 4 kernel_size: 3 dilation: 2 pad: 2', (3, 2, 16, 16)),
+    ('num_output: 2 kernel_h: 3 kernel_w: 2 pad_h: 1', (2, 2, 12, 12)),
+    ('num_output: 2 kernel_size: 3', (2, 2, 12, 12)),
 ]
 # (COLUMN_BYTES, NARROW): one-row bands, single images, a few images, the whole batch;
 # the images first or last in the columns

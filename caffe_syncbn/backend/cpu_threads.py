@@ -229,7 +229,8 @@ def zeros(count, dtype):
 def batched_matmul(a, b, out=None):
     """``a @ b`` over leading axes that broadcast as numpy's matmul broadcasts them. numpy
     operands are split over threads, a product per part (or, for one product, by rows
-    or columns: ``matmul``); others (CuPy) are left to their library."""
+    or columns: ``matmul``), where they are large enough, and otherwise go to numpy's
+    matmul in one call; others (CuPy) are left to their library."""
     if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
         if out is None:
             return a @ b
@@ -242,15 +243,19 @@ def batched_matmul(a, b, out=None):
     if math.prod(lead) == 1:          # one product (a convolution of one group): no views
         matmul(a[(0,) * (a.ndim - 2)], b[(0,) * (b.ndim - 2)], out=out[(0,) * len(lead)])
         return out
+    threads()
+    _single_threaded_blas()
+    flops = out.size * a.shape[-1]
+    if flops < PARALLEL_GEMM_MIN_FLOPS or threads() == 1 or getattr(_running_part, 'active',
+                                                                    False):
+        np.matmul(a, b, out=out)        # one call: numpy runs the products in turn, in C
+        return out
     a = np.broadcast_to(a, lead + a.shape[-2:])
     b = np.broadcast_to(b, lead + b.shape[-2:])
     cells = list(np.ndindex(*lead))
-    threads()
-    _single_threaded_blas()
 
     def work(start, stop):
         for cell in cells[start:stop]:
             np.matmul(a[cell], b[cell], out=out[cell])
-    flops = out.size * a.shape[-1]
-    split(len(cells), work, parts=threads() if flops >= PARALLEL_GEMM_MIN_FLOPS else 1)
+    split(len(cells), work)
     return out

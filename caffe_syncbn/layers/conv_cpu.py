@@ -8,6 +8,7 @@ columns and writes its output straight into the top, or, for narrow outputs, wit
 images last, ``(C, *kernel, *output positions, images)``, where one GEMM per group
 covers the chunk and its output is copied into the top: each kernel offset's copy then
 runs over long contiguous rows, which numpy copies far faster than rows of a few values.
+The columns and their gradients go to and from the image in conv_columns.py.
 
 The backward makes the columns again instead of keeping them (they are K times the
 input), so memory holds one chunk's columns per thread, not a net's. Weight gradients
@@ -18,12 +19,12 @@ in order, so results do not depend on which thread ran what. A unit that runs al
 splits its GEMMs and copies over the threads instead.
 """
 import math
-import itertools
-import threading
 
 import numpy as np
 
 from ..backend import cpu_threads
+from .conv_columns import add_columns_to_image, columns, offset_major, padded_columns, \
+    padded_top, scratch, writes_images
 
 #: about how many bytes of columns one chunk makes
 COLUMN_BYTES = 2 << 20
@@ -35,23 +36,13 @@ MAX_COLUMN_BYTES = 16 << 20
 NARROW = 16
 #: above this many groups, the groups of an accumulating GEMM go to numpy's batched matmul
 FEW_GROUPS = 4
+#: weight gradients of at least this many positions per GEMM may be taken as their
+#: transpose (see _transposed)
+TRANSPOSED_MIN_POSITIONS = 256
 #: a backward runs its units on several threads when the batch has at least this many
 #: output positions: each thread's own weight-gradient sum costs about as much as that
 #: many positions' share of the GEMMs it parallelizes
 PARTIAL_SUM_MIN_POSITIONS = 256
-
-_buffers = threading.local()
-
-
-def scratch(name, shape, dtype):
-    """A buffer of the calling thread for ``name``; it grows to the largest size asked."""
-    pool = _buffers.__dict__.setdefault('pool', {})
-    size = int(math.prod(shape))
-    buffer = pool.get((name, dtype))
-    if buffer is None or buffer.size < size:
-        buffer = pool[(name, dtype)] = np.empty(size, dtype)
-    return buffer[:size].reshape(shape)
-
 
 class Chunk:
     """Images [first, last) and, along the first output axis, rows [row, row_end)."""
@@ -102,112 +93,6 @@ def chunks(layer, kernel_rows):
             for n in range(layer.batch) for r in range(0, rows, band)]
 
 
-# ---- columns ------------------------------------------------------------------------------
-def _padded_spatial(layer, chunk):
-    lo, hi = chunk.rows_in
-    return (hi - lo,) + tuple(s + 2 * p for s, p in zip(layer.in_spatial[1:], layer.pad[1:]))
-
-
-def _inside(layer, chunk):
-    """(the spatial slices of the padded rows that the image fills, its rows)."""
-    lo, hi = chunk.rows_in
-    pad, spatial = layer.pad, layer.in_spatial
-    top = max(lo, pad[0])
-    bottom = max(top, min(hi, pad[0] + spatial[0]))     # a band may lie in the padding
-    cells = (slice(top - lo, bottom - lo),) + tuple(
-        slice(p, p + s) for s, p in zip(spatial[1:], pad[1:]))
-    return cells, slice(top - pad[0], bottom - pad[0])
-
-
-def _input_block(layer, x, chunk):
-    """The chunk's rows of ``x`` (N, C, *spatial), zero-padded, in the chunk's order: a
-    view of x for one unpadded image."""
-    images = x[chunk.first:chunk.last]
-    if chunk.images == 1 and not any(layer.pad):
-        lo, hi = chunk.rows_in
-        return chunk.order(images[:, :, lo:hi])
-    block = scratch('block', chunk.shape((layer.channels,), _padded_spatial(layer, chunk)),
-                    x.dtype)
-    cells, rows = _inside(layer, chunk)
-    cells = chunk.cells(cells)
-    source = chunk.order(images[:, :, rows])
-
-    def fill(c0, c1):
-        if any(layer.pad):
-            block[c0:c1] = 0
-        block[c0:c1][cells] = source[c0:c1]
-    cpu_threads.split_rows(layer.channels, block[0].size, fill)
-    return block
-
-
-def _window(layer, offset, chunk):
-    """The cells of an input block that kernel offset ``offset`` reads, per output."""
-    return chunk.cells(tuple(slice(o * d, o * d + s * (n - 1) + 1, s) for o, d, s, n in
-                             zip(offset, layer.dilation, layer.stride, chunk.out_shape)))
-
-
-def _offsets(layer):
-    return list(itertools.product(*[range(k) for k in layer.kernel]))
-
-
-def _windows(layer, block, chunk):
-    """A strided view of an input block as the chunk's columns: (C, *kernel, images and
-    positions) in the chunk's order, each cell the input cell it reads."""
-    steps = block.strides[1:-1] if chunk.images_last else block.strides[2:]
-    image_step = (block.strides[-1] if chunk.images_last else block.strides[1],)
-    kernel = tuple(t * d for t, d in zip(steps, layer.dilation))
-    outputs = tuple(t * s for t, s in zip(steps, layer.stride))
-    strides = ((block.strides[0],) + kernel
-               + (outputs + image_step if chunk.images_last else image_step + outputs))
-    shape = chunk.shape((layer.channels,) + layer.kernel, chunk.out_shape)
-    return np.lib.stride_tricks.as_strided(block, shape, strides, writeable=False)
-
-
-def columns(layer, x, chunk):
-    """im2col: the chunk's columns ``(C, *kernel, images and positions)``, in a scratch
-    buffer, copied from a strided view of the input in one pass."""
-    windows = _windows(layer, _input_block(layer, x, chunk), chunk)
-    cols = scratch('columns', windows.shape, x.dtype)
-    c, rows = layer.channels, layer.kernel[0]
-
-    def copy(c0, c1):
-        cols[c0:c1] = windows[c0:c1]
-    if c >= cpu_threads.threads():
-        cpu_threads.split_rows(c, cols[0].size, copy)
-    else:          # few channels (a first layer): the kernel rows are split instead
-        cpu_threads.split_rows(rows, cols.size // rows,
-                               lambda i0, i1: np.copyto(cols[:, i0:i1], windows[:, i0:i1]))
-    return cols
-
-
-def add_columns_to_image(layer, dcols, dx, chunk):
-    """col2im: the chunk's column gradients ``dcols`` summed into ``dx`` (N, C, *spatial),
-    which holds zeros (or the sums of earlier bands of the same image)."""
-    c = layer.channels
-    source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
-    direct = chunk.images == 1 and not any(layer.pad)
-    images = dx[chunk.first:chunk.last]
-    if direct:
-        lo, hi = chunk.rows_in
-        block = chunk.order(images[:, :, lo:hi])
-    else:
-        block = scratch('block', chunk.shape((c,), _padded_spatial(layer, chunk)), dx.dtype)
-        cells, rows = _inside(layer, chunk)
-        cells = chunk.cells(cells)
-        target = chunk.order(images[:, :, rows])
-    offsets = _offsets(layer)
-
-    def add(c0, c1):
-        if not direct:
-            block[c0:c1] = 0
-        part = block[c0:c1]
-        for offset in offsets:
-            part[_window(layer, offset, chunk)] += source[(slice(c0, c1),) + offset]
-        if not direct:
-            target[c0:c1] += part[cells]
-    cpu_threads.split_rows(c, source[0].size, add)
-
-
 # ---- GEMMs --------------------------------------------------------------------------------
 def grouped_gemm(a, b, out, accumulate=False):
     """``out[g] = a[g] @ b[g]`` (or +=) for each group g of 3-D operands."""
@@ -224,9 +109,54 @@ def grouped_gemm(a, b, out, accumulate=False):
     cpu_threads.split(a.shape[0], work)
 
 
+def _transposed(dy, cols):
+    """Whether a weight gradient is taken as its transpose, cols @ dy^T: with more column
+    rows than outputs, the BLAS runs it up to twice as fast (16 x 144 from 1024 positions:
+    65 against 131 us), but adding it to the gradient then reads it across, about 1 ns a
+    value, which only enough positions pay for (64 x 576 from 64: 13 us saved, 40 spent)."""
+    return cols.shape[-2] > dy.shape[-2] and dy.shape[-1] >= TRANSPOSED_MIN_POSITIONS
+
+
+def add_weight_gradient(dy, cols, gradient):
+    """``gradient`` (G, O, K) += ``dy`` (G, O, P) @ ``cols`` (G, K, P)^T."""
+    if _transposed(dy, cols):
+        grouped_gemm(cols, dy.swapaxes(1, 2), gradient.swapaxes(1, 2), accumulate=True)
+    else:
+        grouped_gemm(dy, cols.swapaxes(1, 2), gradient, accumulate=True)
+
+
+def add_weight_gradients(dy, cols, gradient):
+    """``add_weight_gradient`` of each image's ``dy`` (images, G, O, P) and ``cols``
+    (images, G, K, P): the products in one batched GEMM, then added to ``gradient`` image
+    after image, in the order of one call per image."""
+    transposed = _transposed(dy, cols)
+    left, right = (cols, dy) if transposed else (dy, cols)
+    products = scratch('weight products', left.shape[:3] + (right.shape[2],), gradient.dtype)
+    cpu_threads.batched_matmul(left, right.swapaxes(2, 3), out=products)
+    target = gradient.swapaxes(1, 2) if transposed else gradient
+    products[0] += target
+    np.add.reduce(products, axis=0, out=target)
+
+
 def _image_matrix(array, chunk, image, groups):
     """Image ``image`` of the chunk in ``array`` (N, G * rows, P), as (G, rows, positions)."""
     return array[chunk.first + image, :, chunk.columns].reshape(groups, -1, chunk.positions)
+
+
+def _image_matrices(array, chunk, groups):
+    """The chunk's images in ``array`` (N, G * rows, P), as (images, G, rows, positions)."""
+    return array[chunk.first:chunk.last, :, chunk.columns].reshape(
+        chunk.images, groups, -1, chunk.positions)
+
+
+def _batched(weight, chunk):
+    """Whether the per-image GEMMs of a chunk with its images first go to one batched call:
+    when they are too small to split over threads (a Python call per GEMM costs as much as
+    LeNet's first convolution's 20 x 25 by 25 x 576) and their weight-gradient products
+    fit a column buffer."""
+    return (not chunk.images_last and chunk.images > 1
+            and weight.size * chunk.positions < cpu_threads.PARALLEL_GEMM_MIN_FLOPS
+            and weight.nbytes * chunk.images <= COLUMN_BYTES)
 
 
 def _gathered(array, chunk, groups):
@@ -299,6 +229,10 @@ def forward(layer, x, y):
             cols = columns(layer, x, chunk)
             if not chunk.images_last:
                 cols = cols.reshape(g, kernel_rows, chunk.images, chunk.positions)
+                if _batched(weight, chunk):
+                    cpu_threads.batched_matmul(weight, cols.transpose(2, 0, 1, 3),
+                                               out=_image_matrices(y, chunk, g))
+                    continue
                 for i in range(chunk.images):
                     grouped_gemm(weight, cols[:, :, i], _image_matrix(y, chunk, i, g))
                 continue
@@ -320,27 +254,42 @@ def backward(layer, x, dy, dx, weight_grad):
     weight = layer.grouped_weight()
     g, outputs_per_group, kernel_rows = weight.shape
     units = _units(layer, g * kernel_rows)
+    by_offset = offset_major(layer, weight) if dx is not None and any(
+        padded_columns(layer, chunk) for unit in units for chunk in unit) else None
 
     def run(a, b, gradient):
         for chunk in (chunk for unit in units[a:b] for chunk in unit):
+            batched = _batched(weight, chunk)
             if chunk.images_last:        # (G, rows, positions * images) matrices, one GEMM each
                 top = [_gathered(dy, chunk, g)]
+            elif batched:                # (images, G, rows, positions), one batched GEMM
+                top = _image_matrices(dy, chunk, g)
             else:                        # one per image
                 top = [_image_matrix(dy, chunk, i, g) for i in range(chunk.images)]
             pieces = len(top)
             if weight_grad is not None:
                 cols = columns(layer, x, chunk).reshape(g, kernel_rows, pieces, -1)
-                for i, dy_piece in enumerate(top):
-                    grouped_gemm(dy_piece, cols[:, :, i].swapaxes(1, 2), gradient,
-                                 accumulate=True)
+                if batched:
+                    add_weight_gradients(top, cols.transpose(2, 0, 1, 3), gradient)
+                for i, dy_piece in enumerate([] if batched else top):
+                    add_weight_gradient(dy_piece, cols[:, :, i], gradient)
             if dx is not None:
-                if chunk.row == 0:
+                if chunk.row == 0 and not writes_images(layer, chunk):
                     dx[chunk.first:chunk.last] = 0
+                padded = padded_columns(layer, chunk)
+                source, positions = weight, chunk.positions
+                if padded:
+                    top = padded_top(layer, dy, chunk)
+                    source, positions = by_offset, top.shape[-1]
+                    top = top if batched else list(top)
                 dcols = scratch('columns', (g, kernel_rows, pieces,
-                                            chunk.images * chunk.positions // pieces), dy.dtype)
-                for i, dy_piece in enumerate(top):
-                    grouped_gemm(weight.swapaxes(1, 2), dy_piece, dcols[:, :, i])
-                add_columns_to_image(layer, dcols, dx, chunk)
+                                            chunk.images * positions // pieces), dy.dtype)
+                if batched:
+                    cpu_threads.batched_matmul(source.swapaxes(1, 2), top,
+                                               out=dcols.transpose(2, 0, 1, 3))
+                for i, dy_piece in enumerate([] if batched else top):
+                    grouped_gemm(source.swapaxes(1, 2), dy_piece, dcols[:, :, i])
+                add_columns_to_image(layer, dcols, dx, chunk, padded)
     _images_in_parallel(len(units), run, weight_grad, layer.batch * dy.shape[2])
 
 
@@ -366,8 +315,7 @@ def pointwise_backward(layer, x3, dy3, dx3, weight_grad):
         for n in range(a, b):
             dy = dy3[n].reshape(g, -1, dy3.shape[2])
             if weight_grad is not None:
-                grouped_gemm(dy, x3[n].reshape(g, -1, x3.shape[2]).swapaxes(1, 2),
-                             gradient, accumulate=True)
+                add_weight_gradient(dy, x3[n].reshape(g, -1, x3.shape[2]), gradient)
             if dx3 is not None:
                 grouped_gemm(weight.swapaxes(1, 2), dy, dx3[n].reshape(g, -1, dx3.shape[2]))
     _images_in_parallel(layer.batch, run, weight_grad, layer.batch * dy3.shape[2])
