@@ -27,9 +27,9 @@ same bit for bit on any number of threads.
 
 Memory: the batch runs in chunks of images, or of bands of tile rows of one image, whose
 V and M take about CHUNK_BYTES (at least MIN_TILES tiles, up to MAX_CHUNK_BYTES). The
-forward writes M over V, one frequency's product at a time through a buffer of a 16th
-of M, so each thread holds the wider of the two, in the buffer of conv_cpu's columns (a
-net that runs both engines keeps one of them); the tile transforms go by bands of tile
+forward writes each frequency of M over that of V (through a buffer of one frequency),
+so each thread holds the wider of the two, in the buffer of conv_cpu's columns (a net
+that runs both engines keeps one of them); the tile transforms go by bands of tile
 rows, whose temporaries take about TRANSFORM_BYTES. The backward holds V and dM side by
 side and transforms the input again rather than keeping V.
 
@@ -355,16 +355,25 @@ def _accumulate_products(a, b, out):
     cpu_threads.split(len(cells), work)
 
 
+def _in_slots(slots, shape):
+    """A (4, 4, ...) array of ``shape`` whose frequency f starts slot f of ``slots``
+    (16 rows, each as wide as V's and M's frequencies)."""
+    return slots[:, :math.prod(shape[2:])].reshape(shape)
+
+
 def _products_over_tiles(u, v, m, groups):
-    """``m`` = ``v`` U, frequency by frequency, where ``m`` (4, 4, ..., K) starts where
-    ``v`` (4, 4, ..., C) starts: each product goes into a buffer first, then over the
-    frequencies of ``v`` already used, in their order where K <= C, in reverse order
-    where K > C."""
+    """``m`` = ``v`` U, where each frequency of ``m`` shares a slot with that of ``v``
+    (``_in_slots``): each thread's products go into a buffer first, then over the
+    frequency of ``v`` they used."""
     v, m = _per_group(v, groups), _per_group(m, groups)
-    product = scratch('per group', m.shape[1:], m.dtype)
-    for f in range(16) if m.shape[-1] <= v.shape[-1] else range(15, -1, -1):
-        cpu_threads.batched_matmul(v[f], u[f].swapaxes(1, 2), out=product)
-        m[f] = product
+
+    def work(start, stop):
+        product = scratch('per group', m.shape[1:], m.dtype)
+        for f in range(start, stop):
+            cpu_threads.batched_matmul(v[f], u[f].swapaxes(1, 2), out=product)
+            m[f] = product
+    wide = m.size * v.shape[-1] >= cpu_threads.PARALLEL_GEMM_MIN_FLOPS
+    cpu_threads.split(16, work, parts=None if wide else 1)
 
 
 def forward(layer, x4, y3):
@@ -378,11 +387,10 @@ def forward(layer, x4, y3):
     def run(first, last):
         for chunk in todo[first:last]:
             n0, n1, t0, t1 = chunk
-            shared = _buffers(layer, chunk, 'columns',
-                              max(layer.channels, layer.num_output)).ravel()
-            v, m = (shared[:math.prod(shape)].reshape(shape) for shape in (
-                _tile_shape(layer, chunk, layer.channels),
-                _tile_shape(layer, chunk, layer.num_output)))
+            slots = _buffers(layer, chunk, 'columns',
+                             max(layer.channels, layer.num_output)).reshape(16, -1)
+            v, m = (_in_slots(slots, _tile_shape(layer, chunk, channels))
+                    for channels in (layer.channels, layer.num_output))
             _input_tiles(layer, x4, chunk, v)
             _products_over_tiles(u, v, m, layer.group)
             if layer.bias_term:     # A^T M A adds M[1, 1] to each of a tile's four outputs
