@@ -1,6 +1,7 @@
 """Winograd F(2x2, 3x3) (layers/winograd_cpu.py): finite-difference gradients, float32
 results within the stated bound of float64 im2col for every class of shape, results that
-do not depend on the thread count or the chunking, and which layers it runs."""
+do not depend on the thread count, the chunking or the bands of the tile transforms, what
+a forward allocates, and which layers it runs."""
 import threading
 import tracemalloc
 
