@@ -125,3 +125,29 @@ def test_cpu_suite_nets_build_and_retinaface_runs_small():
     prob = net.blobs['face_rpn_cls_prob_stride32'].data.reshape(1, 2, 2, 2, 2)
     assert np.allclose(prob.sum(axis=1), 1, atol=1e-5)
     assert np.isfinite(net.blobs['data'].diff).all()
+
+
+def test_resnet101_prototxt_is_its_generators_in_the_released_layout():
+    """The committed ResNet-101 is what make_resnet101.py writes; the generator writes the
+    released ResNet-50 (examples/) as it is, and ResNet-101 builds with the stages' shapes
+    and torchvision's 44,549,160 learned values (convolutions, classifier, and the Scale
+    layers' gamma and beta, which torchvision's BatchNorm holds)."""
+    from caffe_syncbn import TEST, Net
+    from caffe_syncbn.cli.timing import timing_net_param
+    nets = ROOT / 'benchmarks' / 'nets'
+
+    def written(*args):
+        return subprocess.run([sys.executable, str(nets / 'make_resnet101.py')] + list(args),
+                              capture_output=True, text=True, check=True).stdout
+    assert written() == (nets / 'resnet101_deploy.prototxt').read_text()
+    released = ROOT / 'examples' / 'resnet50' / 'ResNet-50-deploy.prototxt'
+    assert written('50') == released.read_text()
+    stages = {'res2c': 256, 'res3b3': 512, 'res4b22': 1024, 'res5c': 2048}
+    net = Net(timing_net_param(str(nets / 'resnet101_deploy.prototxt'), 2), TEST,
+              memory_plan='share', keep=list(stages))
+    for k, (name, channels) in enumerate(stages.items()):
+        assert net.blobs[name].shape == (2, channels, 56 >> k, 56 >> k)
+    assert net.blobs['prob'].shape == (2, 1000)
+    assert sum(blob.data.size for layer in net.layers for blob in layer.blobs
+               if layer.type in ('Convolution', 'InnerProduct', 'Scale')) == 44549160
+    assert sum(layer.type == 'Convolution' for layer in net.layers) == 104

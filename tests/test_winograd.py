@@ -1,6 +1,10 @@
 """Winograd F(2x2, 3x3) (layers/winograd_cpu.py): finite-difference gradients, float32
 results within the stated bound of float64 im2col for every class of shape, results that
-do not depend on the thread count or the chunking, and which layers it runs."""
+do not depend on the thread count, the chunking or the bands of the tile transforms, what
+a forward allocates, and which layers it runs."""
+import threading
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -169,6 +173,45 @@ def test_chunks_cover_every_tile_once(monkeypatch):
         for n0, n1, t0, t1 in winograd_cpu.chunks(layer):
             covered[n0:n1, t0:t1] += 1
         assert (covered == 1).all()
+
+
+@pytest.mark.parametrize('body, shape', [SHAPES[0], SHAPES[6], SHAPES[-2], SHAPES[-1]])
+def test_the_same_bits_in_bands_of_any_height(body, shape, forced, monkeypatch):
+    """The tile transforms by bands of one tile row against one band a chunk, which the
+    bound tests check."""
+    whole = _run(body, shape, np.float32)[1]
+    monkeypatch.setattr(winograd_cpu, 'TRANSFORM_BYTES', 1)
+    for got, want in zip(_run(body, shape, np.float32)[1], whole):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize('outputs, channels', [(32, 64), (64, 32)])
+def test_the_forward_writes_m_over_v(outputs, channels, forced, monkeypatch):
+    """What a forward allocates (numpy's arrays, as tracemalloc sees them): one chunk's V
+    or M, whichever is wider, with the weights' U, the products of a few frequencies on
+    their way and small bands of transforms, not V and M side by side. It runs in a
+    thread of its own, whose buffers start empty."""
+    monkeypatch.setattr(winograd_cpu, 'TRANSFORM_BYTES', 1 << 12)
+    layer, bottom, top = build_layer(_conv_text('num_output: %d pad: 1' % outputs),
+                                     [_randn(1, channels, 40, 40)], dtype=np.float32)
+    assert len(winograd_cpu.chunks(layer)) == 1          # the image in one chunk
+    wider, narrower = (16 * 20 * 20 * 4 * c for c in sorted((outputs, channels))[::-1])
+    peaks = []
+
+    def forward():
+        tracemalloc.start()
+        layer.forward(bottom, top)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    before = cpu_threads.threads()
+    cpu_threads.set_threads(1)
+    try:
+        thread = threading.Thread(target=forward)
+        thread.start()
+        thread.join()
+    finally:
+        cpu_threads.set_threads(before)
+    assert wider <= peaks[0] < wider + narrower
 
 
 # ---------------------------------------------------------------- which layers it runs

@@ -26,9 +26,12 @@ thread. The chunks (below) do not depend on the thread count, so the results are
 same bit for bit on any number of threads.
 
 Memory: the batch runs in chunks of images, or of bands of tile rows of one image, whose
-V and M take about CHUNK_BYTES (at least MIN_TILES tiles, up to MAX_CHUNK_BYTES), held in
-the same per-thread buffers as conv_cpu's columns, so a net that runs both engines keeps
-one set of them. The backward transforms the input again rather than keeping V.
+V and M take about CHUNK_BYTES (at least MIN_TILES tiles, up to MAX_CHUNK_BYTES). The
+forward writes each frequency of M over that of V (through a buffer of one frequency),
+so each thread holds the wider of the two, in the buffer of conv_cpu's columns (a net
+that runs both engines keeps one of them); the tile transforms go by bands of tile
+rows, whose temporaries take about TRANSFORM_BYTES. The backward holds V and dM side by
+side and transforms the input again rather than keeping V.
 
 Accuracy: in float32, each value (a top cell, a bottom diff cell, a weight diff) differs
 from the exact one by at most ERROR_BOUND = 2^-19 (32 units of float32 rounding) times
@@ -51,6 +54,7 @@ environment variable CAFFE_SYNCBN_WINOGRAD forces it: ``on`` wherever it applies
 ``off`` never, ``auto`` (the default) by the rule. ``engine: CAFFE`` in a layer's
 convolution_param keeps im2col for that layer.
 """
+import math
 import os
 
 import numpy as np
@@ -88,6 +92,9 @@ CHUNK_BYTES = 16 << 20
 #: more than MAX_CHUNK_BYTES (and one row of tiles in any case)
 MIN_TILES = 512
 MAX_CHUNK_BYTES = 32 << 20
+#: the tile transforms go through a chunk by bands of tile rows whose temporaries take
+#: about this many bytes: they stay small whatever the chunk
+TRANSFORM_BYTES = 2 << 20
 
 BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
 G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
@@ -229,38 +236,47 @@ def _weights(layer):
     return u.reshape(16, g, w.shape[0] // g, w.shape[1])
 
 
+def _bands(first, last, row_bytes):
+    """[first, last) cut into bands of tile rows of about TRANSFORM_BYTES, ``row_bytes``
+    each (at least one row a band)."""
+    band = max(1, TRANSFORM_BYTES // max(1, row_bytes))
+    return [(a, min(last, a + band)) for a in range(first, last, band)]
+
+
 def _input_tiles(layer, x4, chunk, v):
     """v (4, 4, tile rows, tile cols, images, C) = B^T d B of the chunk's input tiles."""
     n0, n1, t0, t1 = chunk
     cols = v.shape[3]
     source = x4[n0:n1].transpose(2, 3, 0, 1)
+    block_row = (2 * cols + 2) * (n1 - n0) * layer.channels * x4.itemsize
 
     def work(a, b):              # each thread copies the input rows its tiles read
-        part = scratch('block', (2 * (b - a) + 2, 2 * cols + 2, n1 - n0, layer.channels),
-                       x4.dtype)
-        _fill(part, source, 2 * (t0 + a) - layer.pad[0], -layer.pad[1])
-        half = scratch('winograd rows', (4, len(part), cols) + part.shape[2:], x4.dtype)
-        _transform(half, part, BT, 1)                 # d B, then B^T (d B)
-        for s in range(4):
-            _transform(v[:, s, a:b], half[s], BT, 0)
+        for first, last in _bands(a, b, 2 * block_row):
+            part = scratch('block', (2 * (last - first) + 2, 2 * cols + 2, n1 - n0,
+                                     layer.channels), x4.dtype)
+            _fill(part, source, 2 * (t0 + first) - layer.pad[0], -layer.pad[1])
+            column = scratch('winograd rows', (len(part), cols) + part.shape[2:], x4.dtype)
+            for s in range(4):                        # column s of d B, then B^T (d B)
+                _combine(column, BT[s], lambda j: _tile_cells(part, 1, j, cols))
+                _transform(v[:, s, first:last], column, BT, 0)
     cpu_threads.split_rows(t1 - t0, v[0, 0, 0].size * 16, work)
 
 
 def _output_tiles(m, target, a, b):
-    """``target`` (output rows, W, images, K) = A^T M A of the tile rows [a, b). Each
-    cell of the tiles is summed in a buffer, then copied into the (transposed) target
-    in one pass."""
-    part = m[:, :, a:b]
-    half = scratch('winograd rows', (2, 4) + part.shape[2:], m.dtype)
-    cells = scratch('winograd cells', part.shape[2:], m.dtype)
-    for j in range(2):                                # M A, then A^T (M A)
-        for r in range(4):
-            _combine(half[j, r], AT[j], lambda s: part[r, s])
-    for i in range(2):
-        for j in range(2):
-            out = target[2 * a + i:2 * b:2, j::2]
-            _combine(cells, AT[i], lambda r: half[j, r])
-            out[...] = cells[:out.shape[0], :out.shape[1]]
+    """``target`` (output rows, W, images, K) = A^T M A of the tile rows [a, b), by bands
+    of them. Each cell of the tiles is summed in a buffer, then copied into the
+    (transposed) target in one pass."""
+    for first, last in _bands(a, b, 4 * m[0, 0, 0].nbytes):
+        part = m[:, :, first:last]
+        half = scratch('winograd rows', (4,) + part.shape[2:], m.dtype)
+        cells = scratch('winograd cells', part.shape[2:], m.dtype)
+        for j in range(2):                            # column j of M A, then A^T (M A)
+            for r in range(4):
+                _combine(half[r], AT[j], lambda s: part[r, s])
+            for i in range(2):
+                out = target[2 * first + i:2 * last:2, j::2]
+                _combine(cells, AT[i], lambda r: half[r])
+                out[...] = cells[:out.shape[0], :out.shape[1]]
 
 
 def _top_tiles(layer, dy4, chunk, dm):
@@ -314,9 +330,14 @@ def _input_gradient(layer, dv, dx4, chunk):
 
 
 # ---- the layer's passes -------------------------------------------------------------------
-def _buffers(layer, chunk, name, channels):
+def _tile_shape(layer, chunk, channels):
+    """(4, 4, tile rows, tile cols, images, ``channels``) of a chunk's transforms."""
     n0, n1, t0, t1 = chunk
-    return scratch(name, (4, 4, t1 - t0, tiles(layer)[1], n1 - n0, channels), layer.dtype)
+    return (4, 4, t1 - t0, tiles(layer)[1], n1 - n0, channels)
+
+
+def _buffers(layer, chunk, name, channels):
+    return scratch(name, _tile_shape(layer, chunk, channels), layer.dtype)
 
 
 def _per_group(array, groups):
@@ -334,22 +355,44 @@ def _accumulate_products(a, b, out):
     cpu_threads.split(len(cells), work)
 
 
+def _in_slots(slots, shape):
+    """A (4, 4, ...) array of ``shape`` whose frequency f starts slot f of ``slots``
+    (16 rows, each as wide as V's and M's frequencies)."""
+    return slots[:, :math.prod(shape[2:])].reshape(shape)
+
+
+def _products_over_tiles(u, v, m, groups):
+    """``m`` = ``v`` U, where each frequency of ``m`` shares a slot with that of ``v``
+    (``_in_slots``): each thread's products go into a buffer first, then over the
+    frequency of ``v`` they used."""
+    v, m = _per_group(v, groups), _per_group(m, groups)
+
+    def work(start, stop):
+        product = scratch('per group', m.shape[1:], m.dtype)
+        for f in range(start, stop):
+            cpu_threads.batched_matmul(v[f], u[f].swapaxes(1, 2), out=product)
+            m[f] = product
+    wide = m.size * v.shape[-1] >= cpu_threads.PARALLEL_GEMM_MIN_FLOPS
+    cpu_threads.split(16, work, parts=None if wide else 1)
+
+
 def forward(layer, x4, y3):
     """``y3`` (N, K, OH*OW) = the convolution of ``x4`` (N, C, H, W), bias included.
     Several chunks run on several threads at once, each in its own buffers (fewer
     waits for each other than splitting every pass); a chunk alone splits its passes."""
-    u, g = _weights(layer), layer.group
+    u = _weights(layer)
     y4 = y3.reshape(y3.shape[:2] + tuple(layer.out_spatial))
     todo = chunks(layer)
 
     def run(first, last):
         for chunk in todo[first:last]:
             n0, n1, t0, t1 = chunk
-            v = _buffers(layer, chunk, 'columns', layer.channels)
+            slots = _buffers(layer, chunk, 'columns',
+                             max(layer.channels, layer.num_output)).reshape(16, -1)
+            v, m = (_in_slots(slots, _tile_shape(layer, chunk, channels))
+                    for channels in (layer.channels, layer.num_output))
             _input_tiles(layer, x4, chunk, v)
-            m = _buffers(layer, chunk, 'per group', layer.num_output)
-            cpu_threads.batched_matmul(_per_group(v, g), u.swapaxes(2, 3),
-                                       out=_per_group(m, g))
+            _products_over_tiles(u, v, m, layer.group)
             if layer.bias_term:     # A^T M A adds M[1, 1] to each of a tile's four outputs
                 m[1, 1] += layer.blobs[1].data
             target = y4[n0:n1, :, 2 * t0:2 * t1].transpose(2, 3, 0, 1)
