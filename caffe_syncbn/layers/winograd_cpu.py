@@ -16,14 +16,14 @@ backward is the exact adjoint of the same linear maps: dM = A dy A^T, then dV = 
 (16 GEMMs) and dx = B dV B^T added back where the tiles overlap; dU = dM V^T (16 GEMMs
 summed over the tiles) and dw = G^T dU G.
 
-B^T and A^T hold only 0 and +-1, so the tile transforms are additions and subtractions of
-strided views of a chunk's arrays, laid out (tile rows, tile cols, images, channels) so
-that each pass runs along images * channels contiguous values. The forward runs its
-chunks on several threads at once, each in its own buffers. The backward sums the weight
-gradient over the chunks in their order, one chunk after the other: its passes split
-the tile rows over the threads, its GEMMs the frequencies and groups, each product on one
-thread. The chunks (below) do not depend on the thread count, so the results are the
-same bit for bit on any number of threads.
+B^T and A^T hold only 0 and +-1, so the tile transforms (winograd_tiles.py) are additions
+and subtractions of strided views of a chunk's arrays, laid out (tile rows, tile cols,
+images, channels) so that each pass runs along images * channels contiguous values. The
+forward runs its chunks on several threads at once, each in its own buffers. The
+backward sums the weight gradient over the chunks in their order, one chunk after the
+other: its passes split the tile rows over the threads, its GEMMs the frequencies and
+groups, each product on one thread. The chunks (below) do not depend on the thread
+count, so the results are the same bit for bit on any number of threads.
 
 Memory: the batch runs in chunks of images, or of bands of tile rows of one image, whose
 V and M take about CHUNK_BYTES (at least MIN_TILES tiles, up to MAX_CHUNK_BYTES). The
@@ -62,6 +62,8 @@ import numpy as np
 from ..backend import cpu_threads
 from ..errors import CaffeError
 from .conv_cpu import scratch
+from .winograd_tiles import (AT, BT, KRON_G, add_back, adjoint, combine, fill, tile_cells,
+                             transform)
 
 MODE_VARIABLE = 'CAFFE_SYNCBN_WINOGRAD'
 MODES = ('auto', 'on', 'off')
@@ -95,13 +97,6 @@ MAX_CHUNK_BYTES = 32 << 20
 #: the tile transforms go through a chunk by bands of tile rows whose temporaries take
 #: about this many bytes: they stay small whatever the chunk
 TRANSFORM_BYTES = 2 << 20
-
-BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
-G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
-AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
-#: G w G^T of a kernel w is KRON_G @ w.reshape(9): row 4 r + s, column 3 a + b
-KRON_G = np.kron(G, G)
-
 
 def mode():
     """CAFFE_SYNCBN_WINOGRAD: 'auto' (unset), 'on' or 'off'."""
@@ -149,84 +144,6 @@ def chunks(layer):
             for n in range(layer.batch) for t in range(0, rows, band)]
 
 
-# ---- passes over strided views ------------------------------------------------------------
-def _combine(out, coefficients, term, accumulate=False):
-    """``out`` (+)= sum_i coefficients[i] * term(i), for coefficients 0 and +-1; a sum
-    of two terms is written in one pass."""
-    terms = [(k, i) for i, k in enumerate(coefficients) if k]
-    if not accumulate:
-        (k, i), terms = terms[0], terms[1:]
-        if terms and k > 0:
-            (k1, i1), terms = terms[0], terms[1:]
-            (np.add if k1 > 0 else np.subtract)(term(i), term(i1), out=out)
-        elif terms and terms[0][0] > 0:
-            (_, i1), terms = terms[0], terms[1:]
-            np.subtract(term(i1), term(i), out=out)
-        elif k > 0:
-            np.copyto(out, term(i))
-        else:
-            np.negative(term(i), out=out)
-    for k, i in terms:
-        (np.add if k > 0 else np.subtract)(out, term(i), out=out)
-
-
-def _along(array, axis, index):
-    """``array[..., index, ...]`` with ``index`` on ``axis``."""
-    return array[(slice(None),) * (axis % array.ndim) + (index,)]
-
-
-def _tile_cells(array, axis, j, count):
-    """Cell j of each of ``count`` 4-cell tiles at steps of 2 along ``axis``."""
-    return _along(array, axis, slice(j, j + 2 * count, 2))
-
-
-def _transform(out, source, matrix, axis):
-    """out[r] = sum_j matrix[r, j] * (cell j of each tile of ``source`` along ``axis``),
-    for the rows r of ``matrix``; ``source`` holds 2 * tiles + 2 cells along ``axis``."""
-    count = out.shape[1:][axis]
-    for r in range(matrix.shape[0]):
-        _combine(out[r], matrix[r], lambda j: _tile_cells(source, axis, j, count))
-
-
-def _adjoint(target, term, matrix, axis, count):
-    """The adjoint of ``_transform``: ``target`` (2 * count + 2 cells along ``axis``) =
-    sum_j cell j of each tile <- sum_r matrix[r, j] * term(r), tiles overlapping."""
-    for j in range(matrix.shape[1]):
-        cells = _tile_cells(target, axis, j, count)
-        if j < 2:                    # the first two cells of each tile are written first
-            _combine(cells, matrix[:, j], term)
-        else:
-            if j == 2:
-                _along(target, axis, slice(2 * count, 2 * count + 2))[...] = 0
-            _combine(cells, matrix[:, j], term, accumulate=True)
-
-
-def _fill(block, source, row, col):
-    """``block`` (rows, cols, ...) = the cells of ``source`` (H, W, ...) from (row, col)
-    on, zero outside it."""
-    rows, cols = block.shape[:2]
-    h, w = source.shape[:2]
-    r0, r1 = min(rows, max(0, -row)), max(0, min(rows, h - row))
-    c0, c1 = min(cols, max(0, -col)), max(0, min(cols, w - col))
-    for index in (np.s_[:r0], np.s_[max(r0, r1):], np.s_[:, :c0], np.s_[:, max(c0, c1):]):
-        block[index] = 0
-    if r1 > r0 and c1 > c0:
-        block[r0:r1, c0:c1] = source[row + r0:row + r1, col + c0:col + c1]
-
-
-def _add_back(block, target, row, col, whole):
-    """``target`` (H, W, ...) += the cells of ``block`` that fall inside it, ``block``
-    starting at (row, col); ``whole``: the block covers the target, which it sets."""
-    rows, cols = block.shape[:2]
-    h, w = target.shape[:2]
-    r0, r1 = max(0, -row), min(rows, h - row)
-    c0, c1 = max(0, -col), min(cols, w - col)
-    if whole:
-        target[row + r0:row + r1, col + c0:col + c1] = block[r0:r1, c0:c1]
-    elif r1 > r0 and c1 > c0:
-        target[row + r0:row + r1, col + c0:col + c1] += block[r0:r1, c0:c1]
-
-
 # ---- the transforms of a chunk: (tile rows, tile cols, images, channels) arrays ----------
 def _weights(layer):
     """U (16, G, K/G, C/G): G w G^T of every 3x3 kernel."""
@@ -254,11 +171,11 @@ def _input_tiles(layer, x4, chunk, v):
         for first, last in _bands(a, b, 2 * block_row):
             part = scratch('block', (2 * (last - first) + 2, 2 * cols + 2, n1 - n0,
                                      layer.channels), x4.dtype)
-            _fill(part, source, 2 * (t0 + first) - layer.pad[0], -layer.pad[1])
+            fill(part, source, 2 * (t0 + first) - layer.pad[0], -layer.pad[1])
             column = scratch('winograd rows', (len(part), cols) + part.shape[2:], x4.dtype)
             for s in range(4):                        # column s of d B, then B^T (d B)
-                _combine(column, BT[s], lambda j: _tile_cells(part, 1, j, cols))
-                _transform(v[:, s, first:last], column, BT, 0)
+                combine(column, BT[s], lambda j: tile_cells(part, 1, j, cols))
+                transform(v[:, s, first:last], column, BT, 0)
     cpu_threads.split_rows(t1 - t0, v[0, 0, 0].size * 16, work)
 
 
@@ -272,10 +189,10 @@ def _output_tiles(m, target, a, b):
         cells = scratch('winograd cells', part.shape[2:], m.dtype)
         for j in range(2):                            # column j of M A, then A^T (M A)
             for r in range(4):
-                _combine(half[r], AT[j], lambda s: part[r, s])
+                combine(half[r], AT[j], lambda s: part[r, s])
             for i in range(2):
                 out = target[2 * first + i:2 * last:2, j::2]
-                _combine(cells, AT[i], lambda r: half[r])
+                combine(cells, AT[i], lambda r: half[r])
                 out[...] = cells[:out.shape[0], :out.shape[1]]
 
 
@@ -287,13 +204,13 @@ def _top_tiles(layer, dy4, chunk, dm):
 
     def work(a, b):
         part = scratch('block', (2 * (b - a), 2 * cols, n1 - n0, layer.num_output), dy4.dtype)
-        _fill(part, source, 2 * (t0 + a), 0)
+        fill(part, source, 2 * (t0 + a), 0)
         half = scratch('winograd rows', (4, len(part), cols) + part.shape[2:], dy4.dtype)
         for s in range(4):                            # dy A^T, then A (dy A^T)
-            _combine(half[s], AT[:, s], lambda j: part[:, j::2])
+            combine(half[s], AT[:, s], lambda j: part[:, j::2])
         for s in range(4):
             for r in range(4):
-                _combine(dm[r, s, a:b], AT[:, r], lambda i: half[s][i::2])
+                combine(dm[r, s, a:b], AT[:, r], lambda i: half[s][i::2])
     cpu_threads.split_rows(t1 - t0, dm[0, 0, 0].size * 16, work)
 
 
@@ -312,18 +229,18 @@ def _input_gradient(layer, dv, dx4, chunk):
 
     def first(a, b):
         for r in range(4):
-            _adjoint(half[r, a:b], lambda s: dv[r, s, a:b], BT, 1, cols)
+            adjoint(half[r, a:b], lambda s: dv[r, s, a:b], BT, 1, cols)
         for i in range(2):
-            _combine(block[2 * a + i:2 * b:2], BT[:, i], lambda r: half[r, a:b])
+            combine(block[2 * a + i:2 * b:2], BT[:, i], lambda r: half[r, a:b])
         if b == rows:
             block[2 * rows:] = 0
 
     def second(a, b):
         for i in range(2, 4):
-            _combine(block[2 * a + i:2 * b + i:2], BT[:, i], lambda r: half[r, a:b],
+            combine(block[2 * a + i:2 * b + i:2], BT[:, i], lambda r: half[r, a:b],
                      accumulate=True)
         done = 0 if a == 0 else 2 * a + 2
-        _add_back(block[done:2 * b + 2], target, 2 * t0 - layer.pad[0] + done,
+        add_back(block[done:2 * b + 2], target, 2 * t0 - layer.pad[0] + done,
                   -layer.pad[1], whole)
     for work in (first, second):
         cpu_threads.split_rows(rows, half[0, 0].size * 4, work)
