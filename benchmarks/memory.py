@@ -22,6 +22,11 @@ ratio to 'off', measured in the same runs.
 --max-batch-in BUDGET (e.g. 8G, 512M) finds, per plan, the largest batch whose peak
 resident memory over one step stays within BUDGET: doubling, then bisection, each probe
 a process of its own.
+
+--step-rounds N times the plans in one process instead: a net per plan, a warm-up step
+each, then N rounds of one step of each net, in alternating order; it prints the median
+step of each plan as a ratio to the first plan's (the step times of the other modes come
+from single steps of separate processes, which the first steps' allocations weigh on).
 """
 import argparse
 import os
@@ -179,6 +184,35 @@ def max_batches(args):
     return 0
 
 
+def alternate_steps(args):
+    from caffe_reference import as_training
+
+    from caffe_syncbn import TRAIN, Net
+    from caffe_syncbn.cli.timing import timing_net_param
+    param = with_input_size(timing_net_param(args.model, args.batch), args.input_size)
+    param = as_training(param) if args.as_training else param
+    nets = {plan: Net(param, TRAIN, memory_plan=plan) for plan in args.memory_plan}
+    times = {plan: [] for plan in nets}
+    load = os.getloadavg()
+    for round_index in range(args.step_rounds + 1):
+        order = list(nets) if round_index % 2 == 0 else list(nets)[::-1]
+        for plan in order:
+            start = time.perf_counter()
+            nets[plan].forward_prefilled()
+            nets[plan].backward_from()
+            if round_index:                       # the first round warms up
+                times[plan].append(time.perf_counter() - start)
+    first = statistics.median(times[args.memory_plan[0]])
+    print('TRAIN steps of %s, batch %s, one process, medians of %d alternating rounds; load '
+          'average %.2f %.2f %.2f' % (os.path.basename(args.model), args.batch or "the "
+                                      "prototxt's", args.step_rounds, *load))
+    for plan, steps in times.items():
+        print('%-12s %8.3f s %7.3f  (%s)' % (plan, statistics.median(steps),
+                                            statistics.median(steps) / first,
+                                            ' '.join('%.3f' % t for t in steps)))
+    return 0
+
+
 def byte_count(text):
     units = {'K': 2 ** 10, 'M': 2 ** 20, 'G': 2 ** 30}
     try:
@@ -218,6 +252,8 @@ def main(argv=None):
                              'has none (caffe_reference.as_training)')
     parser.add_argument('--max-batch-in', type=byte_count, metavar='BUDGET',
                         help='the largest batch per plan whose peak stays within BUDGET (8G)')
+    parser.add_argument('--step-rounds', type=int, metavar='N',
+                        help='time the plans in one process, N alternating rounds')
     args = parser.parse_args(argv)
     if args.steps < 1 or args.pairs < 1:
         parser.error('--steps and --pairs must be at least 1')
@@ -226,6 +262,8 @@ def main(argv=None):
     from caffe_syncbn.cli.common import run_main
     if args.max_batch_in:
         run_main(lambda: max_batches(args))
+    elif args.step_rounds:
+        run_main(lambda: alternate_steps(args))
     elif args.compare_caffe or len(args.memory_plan) > 1:
         run_main(lambda: compare_plans(args))
     else:

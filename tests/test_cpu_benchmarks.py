@@ -66,6 +66,10 @@ def test_net_time_forward_only_and_memory_report():
     for line in ('after imports:', 'after building:', 'after step 1:', 'params:      data',
                  'activations: data', 'kept by layers'):
         assert line in out, out
+    out = run('memory.py', LENET, '--batch', 2, '--memory-plan', 'off,share', '--step-rounds', 2)
+    times = re.findall(r'^(off|share) +([\d.]+) s +([\d.]+)  \(([\d. ]+)\)$', out, re.M)
+    assert [plan for plan, *_ in times] == ['off', 'share'] and times[0][2] == '1.000', out
+    assert all(len(steps.split()) == 2 for *_, steps in times), out
 
 
 def test_gemm_share_counts_every_multiply_add_of_a_step():
