@@ -316,6 +316,8 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
                 blob.reshape(value.shape)
             blob.data[...] = value
         start_i, end_i = self._index(start, 0), self._index(end, len(self.layers) - 1)
+        if self._plan is not None and (start_i, end_i) != (0, len(self.layers) - 1):
+            self._check_partial_pass(start_i, end_i, backward=False)
         self.forward_prefilled(start_i, end_i)
         names = self.outputs if end is None else self.top_names[self._layer_names[end_i]]
         return {name: self.blobs[name].data for name in list(names) + list(blobs or [])}
@@ -327,6 +329,9 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
                 raise CaffeError("backward(): '%s' is not an output of net '%s'" % (name, self.name))
             self.blobs[name].diff[...] = self.context.xp.asarray(value)
         start_i, end_i = self._index(start, len(self.layers) - 1), self._index(end, 0)
+        if self._plan is not None and not self._plan.forward_only and \
+                (start_i, end_i) != (len(self.layers) - 1, 0):
+            self._check_partial_pass(start_i, end_i, backward=True)
         self.backward_from(start_i, end_i)
         names = self.inputs if end is None else self.bottom_names[self._layer_names[end_i]]
         return {name: self.blobs[name].diff for name in list(names) + list(diffs or [])}

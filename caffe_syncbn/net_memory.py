@@ -3,9 +3,9 @@ plan of a net that runs forward only or backward, 'auto''s choice, and the arena
 import collections
 import logging
 
-from .blob import format_bytes
+from .blob import format_bytes, storage_of
 from .caffe_pb2 import TEST
-from .errors import CaffeError, quote
+from .errors import CaffeError, name_list, quote
 from .memory_plan import AUTO_SAVING, forward_plan, train_plan
 
 log = logging.getLogger('caffe_syncbn')
@@ -76,6 +76,54 @@ class PlannedMemory:
             self._recomputers = recomputers
             return full
         return lean
+
+    def _check_partial_pass(self, start, end, backward):
+        """A pycaffe pass over layers [start, end] (backward: from start down to end) under a
+        plan: it must not cut a chain that one layer runs, nor read a blob (in the forward)
+        or a diff (in the backward) that a part of the net outside the pass wrote into
+        shared storage, nor read a blob that recompute writes again outside the pass."""
+        first, last = min(start, end), max(start, end)
+        names = self._layer_names
+        for head, chain in enumerate(self._chains):
+            if chain and head <= last and first <= chain[-1] \
+                    and not first <= head <= chain[-1] <= last:
+                raise CaffeError("layer %s runs %s with it under memory_plan '%s': a pass "
+                                 "starts and ends outside such a chain; or pass "
+                                 "memory_plan='off'" % (quote(names[head]), name_list(
+                                     [names[k] for k in chain]), self.memory_plan))
+        arena = self._plan.arena
+        passed = range(first, last + 1)
+        if not backward:
+            outside = {id(top) for tops in self._tops[:first] for top in tops}
+            for i in passed:
+                for j, blob in enumerate(self._bottoms[i]):
+                    if id(blob) in outside and storage_of(blob.data) is arena:
+                        self._not_kept(i, 'blob', self.net_param.layer[i].bottom[j])
+            return
+        steps = 2 * len(self.layers)
+        for i, groups in self._plan.refills.items():
+            if i > last and any(steps - 1 - g.last <= last for g in groups):
+                raise CaffeError("layer %s writes again, before its backward, a blob the "
+                                 "backward of layers up to %s reads under memory_plan "
+                                 "'recompute'; start the pass there or pass memory_plan='off'"
+                                 % (quote(self._layer_names[i]), quote(self._layer_names[last])))
+        later = {id(bottom) for bottoms in self._bottoms[last + 1:] for bottom in bottoms}
+        for i in reversed(passed):
+            for j, blob in enumerate(self._tops[i]):
+                if id(blob) in later and blob.diff_if_made is not None and \
+                        storage_of(blob.diff_if_made) is arena:
+                    self._not_kept(i, 'the diff of blob', self.net_param.layer[i].top[j])
+
+    def _not_kept(self, i, what, name):
+        """Layer i needs the shared blob ``name``, said as the prototxt names it (a Split's
+        top by the blob it splits)."""
+        layers = self.net_param.layer
+        splits = {top: lp.bottom[0] for lp in layers if lp.type == 'Split' for top in lp.top}
+        while name in splits:
+            name = splits[name]
+        raise CaffeError("layer %s reads %s %s, which the memory plan shares and a part of "
+                         "the net outside this pass writes; pass keep=[%s] or memory_plan='off'"
+                         % (quote(self._layer_names[i]), what, quote(name), quote(name)))
 
     def _input_shapes(self):
         return [self.blobs[name].shape for name in self.inputs]

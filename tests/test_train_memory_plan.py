@@ -214,7 +214,6 @@ def test_auto_takes_recompute_only_where_it_saves_a_tenth():
         'inplace_abn'                     # forward only: nothing to recompute
 
 
-
 def test_recompute_runs_the_concat_again_on_the_cuda_kernels(monkeypatch):
     """The same head on the kernels of cuda/ (emulated): the batch norm's fused chain, AVE
     pooling and Interp on the kernels, the Concat written again, against 'off' on the host."""
@@ -232,3 +231,56 @@ def test_recompute_runs_the_concat_again_on_the_cuda_kernels(monkeypatch):
                           'label': rs.randint(0, 8, (2, 1, 64, 64)).astype(float)}, tol=1e-4)
     assert any(nets[1]._layer_names[g.rerun] == 'cat' for g in nets[1]._plan.groups
                if g.rerun is not None)
+
+
+def test_a_partial_pass_that_needs_what_the_plan_shares_says_which_blob_to_keep():
+    """pycaffe's forward(start=...) and backward(start=...) under a plan: a pass that would
+    read a blob or diff an earlier part of the net wrote into shared storage, cut a chain
+    that one layer runs, or miss recompute's refills, stops with one line; kept blobs make
+    the same pass run as with every blob kept."""
+    rs = np.random.RandomState(5)
+    inputs = {'x': rs.standard_normal((2, 3, 16, 16)),
+              'label': rs.randint(0, 8, (2, 1, 64, 64)).astype(float)}
+    off, planned = twin_nets(_text_param(PYRAMID), plan='inplace_abn', keep=['cat', 'c2'])
+    for net in (off, planned):
+        net.forward(**inputs)
+    with pytest.raises(caffe.CaffeError, match=r"^layer 'cat' reads blob 'c1', which the "
+                                                r"memory plan shares .*keep=\['c1'\]"):
+        planned.forward(start='cat')
+    with pytest.raises(caffe.CaffeError, match=r"^layer 'bn1' runs 'scale1', 'relu1' with it "
+                                                r"under memory_plan 'inplace_abn'"):
+        planned.forward(start='scale1')
+    with pytest.raises(caffe.CaffeError, match=r"^layer 'bn1' runs"):
+        planned.forward(end='bn1')
+    with pytest.raises(caffe.CaffeError, match=r"^layer 'pool' reads the diff of blob 'p'"):
+        planned.backward(start='pool')
+    got = planned.forward(start='conv2', end='conv2')
+    np.testing.assert_array_equal(got['c2'], off.forward(start='conv2', end='conv2')['c2'])
+    top_diff = rs.standard_normal(off.blobs['c2'].shape)
+    for net in (off, planned):
+        net.blobs['c2'].diff[...] = top_diff
+        net.backward(start='conv2')
+    for a, b in zip(off.learnable_params, planned.learnable_params):
+        np.testing.assert_allclose(b.diff, a.diff, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(planned.blobs['x'].diff, off.blobs['x'].diff, rtol=1e-4, atol=1e-6)
+    recomputing = caffe.Net(_text_param(FORK), caffe.TRAIN, memory_plan='recompute',
+                            keep=['a', 'b'])
+    recomputing.forward(x=inputs['x'][:, :, :8, :8])
+    recomputing.backward(start='convB')    # the first to read bn1's output writes it again
+    with pytest.raises(caffe.CaffeError, match=r"^layer 'convB' writes again, before its "
+                                                r"backward, a blob the backward of layers up "
+                                                r"to 'convA' reads"):
+        recomputing.backward(start='convA')
+
+
+FORK = '''name: "fork"
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "c1" convolution_param { num_output: 8 kernel_size: 3 pad: 1 } }
+layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "c1" }
+layer { name: "scale1" type: "Scale" bottom: "c1" top: "c1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "convA" type: "Convolution" bottom: "c1" top: "a" convolution_param { num_output: 8 kernel_size: 3 pad: 1 } }
+layer { name: "convB" type: "Convolution" bottom: "c1" top: "b" convolution_param { num_output: 8 kernel_size: 3 pad: 1 } }
+layer { name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }
+layer { name: "loss" type: "Reduction" bottom: "s" top: "loss" reduction_param { operation: SUMSQ } loss_weight: 1 }
+'''
