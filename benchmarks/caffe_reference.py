@@ -36,13 +36,30 @@ def _error(message):
 
 def blas_env(threads):
     """The environment of a measured run: ``threads`` BLAS threads for either OpenBLAS
-    (numpy's and the one Caffe links), our package importable."""
+    (numpy's and the one Caffe links), both on the kernels numpy's OpenBLAS chose for this
+    CPU (``blas_core``), our package importable."""
     env = dict(os.environ)
     if threads:
         for name in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
             env[name] = str(threads)
+    env.setdefault('OPENBLAS_CORETYPE', blas_core())
     env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
     return env
+
+
+def blas_core():
+    """The kernels numpy's OpenBLAS runs on this CPU ('SkylakeX', 'Haswell', ...).
+
+    An older OpenBLAS may not know a newer CPU and fall back to its SSE3 kernels
+    ('Prescott'): Debian 12's 0.3.21, which the reference Caffe links, does so on Xeons of
+    2023 and later, and its GEMMs then run at a third of their speed. Naming the core in
+    OPENBLAS_CORETYPE puts both programs on the same kernels; `caffe_time` reports the
+    one Caffe ran."""
+    import numpy  # noqa: F401  (loads the OpenBLAS that threadpoolctl asks)
+    from threadpoolctl import threadpool_info
+    cores = [info.get('architecture') for info in threadpool_info()
+             if info.get('internal_api') == 'openblas']
+    return next((core for core in cores if core), '')
 
 
 def run_measured(command, env, timeout=1800):
@@ -104,8 +121,10 @@ def caffe_time(caffe, prototxt, iterations, env):
     """`caffe time` of ``prototxt`` (TRAIN, forward+backward): totals in ms, per-layer ms
     {name: forward + backward} and the peak in KiB."""
     _, log, peak = run_measured([caffe, 'time', '-model', prototxt, '-iterations',
-                                 str(iterations), '-phase', 'TRAIN'], env)
-    result = {'peak_kb': peak, 'layers': {}}
+                                 str(iterations), '-phase', 'TRAIN'],
+                                dict(env, OPENBLAS_VERBOSE='2'))
+    core = re.search(r'^Core: (\S+)', log, re.M)
+    result = {'peak_kb': peak, 'layers': {}, 'blas_core': core.group(1) if core else '?'}
     for key, pattern in _CAFFE_TOTALS.items():
         found = re.search(pattern, log)
         if not found:

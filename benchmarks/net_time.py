@@ -86,8 +86,9 @@ def compare_runs(caffe_binary, model, batch, iterations, pairs, threads, memory_
         ours_command = [sys.executable, os.path.abspath(__file__), prototxt, '--json',
                         '--iterations', str(iterations), '--memory-plan', memory_plan]
         print('%s, batch %s, TRAIN forward+backward, %d iterations per run, %d BLAS '
-              'thread(s) each; load average %.2f %.2f %.2f'
-              % (model, batch or "the prototxt's", iterations, threads, *os.getloadavg()))
+              'thread(s) each, OPENBLAS_CORETYPE=%s; load average %.2f %.2f %.2f'
+              % (model, batch or "the prototxt's", iterations, threads,
+                 env['OPENBLAS_CORETYPE'] or '(unset)', *os.getloadavg()))
         print('  pair ours ms  Caffe ms  ratio   ours MiB  Caffe MiB  ratio')
         for pair in range(pairs):
             order = ('ours', 'caffe') if pair % 2 == 0 else ('caffe', 'ours')
@@ -104,6 +105,8 @@ def compare_runs(caffe_binary, model, batch, iterations, pairs, threads, memory_
                     for key in ('forward_ms', 'backward_ms', 'total_ms', 'peak_kb')}
               for who, results in runs.items()}
     print(_row('median', median['ours'], median['caffe']))
+    print("  Caffe's OpenBLAS ran its %s kernels" % ', '.join(sorted(
+        {r['blas_core'] for r in runs['caffe']})))
     return runs, median['ours'], median['caffe']
 
 

@@ -284,3 +284,22 @@ def test_signal_effect_none_ignores_the_signal_as_caffe_does():
     finally:
         requests.close()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_command_line_loads_onnx_only_for_an_export(tmp_path):
+    """`caffe-syncbn time` and the other commands run without the onnx package in the
+    process (14 MiB of a small net's peak); to-onnx loads it, and without it says how to
+    get it in one line."""
+    script = ('import sys; import caffe_syncbn.cli, caffe_syncbn.cli.timing; '
+              'print("onnx" in sys.modules)')
+    loaded = subprocess.run([sys.executable, '-c', script], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert loaded == ['False']
+    script = ('import sys; sys.modules["onnx"] = None; '
+              'from caffe_syncbn.export import to_onnx; to_onnx(sys.argv[1])')
+    failed = subprocess.run([sys.executable, '-c', script, str(tmp_path / 'x.prototxt')],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert failed.returncode != 0
+    assert failed.stderr.strip().splitlines()[-1] == (
+        "caffe_syncbn.errors.CaffeError: ONNX export needs the onnx package: "
+        "pip install 'caffe-syncbn[onnx]'")
