@@ -9,18 +9,7 @@ import pytest
 from caffe_syncbn.backend import cpu_threads
 from caffe_syncbn.layers import conv_cpu, norm_cpu, norm_math
 from caffe_syncbn.testing import build_layer
-
-
-@pytest.fixture(params=[1, 2, 3], ids=lambda n: '%d threads' % n)
-def threads(request):
-    before = cpu_threads.threads()
-    cpu_threads.set_threads(request.param)
-    yield request.param
-    cpu_threads.set_threads(before)
-
-
-def _randn(*shape, seed=0):
-    return np.random.RandomState(seed).standard_normal(shape)
+from conftest import randn
 
 
 # ---------------------------------------------------------------- the thread pool
@@ -64,9 +53,9 @@ def test_nested_splits_finish(threads):
 def test_matmul_and_accumulate(threads, monkeypatch, m, k, n):
     monkeypatch.setattr(cpu_threads, 'PARALLEL_GEMM_MIN_FLOPS', 1)
     monkeypatch.setattr(cpu_threads, 'ACCUMULATE_CHUNK_BYTES', 4096)
-    a, b = _randn(m, k), _randn(k, n, seed=1)
+    a, b = randn(m, k), randn(k, n, seed=1)
     np.testing.assert_allclose(cpu_threads.matmul(a, b), a @ b, rtol=1e-12, atol=1e-12)
-    out = _randn(m, n, seed=2)
+    out = randn(m, n, seed=2)
     expected = out + a @ b
     cpu_threads.matmul(a, b, out=out, accumulate=True)
     np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
@@ -91,6 +80,12 @@ GEOMETRIES = [
      'stride: 1', (2, 2, 5, 4, 3)),
     ('num_output: 2 kernel_size: 2 axis: 2', (2, 2, 2, 5, 4)),
     ('num_output: 5 kernel_size: 5 stride: 3', (2, 1, 20, 24)),
+    # col2im by the stride's phases (conv_columns.by_phases): AlexNet's first layer, a
+    # padded stride 2, a stride along the rows alone, a kernel smaller than the stride
+    ('num_output: 4 kernel_size: 11 stride: 4 pad: 2', (2, 3, 27, 23)),
+    ('num_output: 3 kernel_size: 3 stride: 2 pad: 1', (2, 2, 9, 10)),
+    ('num_output: 2 kernel_size: 3 stride_h: 1 stride_w: 2', (2, 2, 6, 9)),
+    ('num_output: 2 kernel_size: 2 stride: 3 pad: 1', (1, 2, 8, 7)),
     # column gradients as large as the padded input (conv_columns.PADDED_COLUMNS)
     ('num_output: 3 kernel_size: 3 pad: 1', (2, 3, 9, 12)),
     ('num_output: 4 kernel_size: 3 dilation: 2 pad: 2', (3, 2, 16, 16)),
@@ -109,12 +104,12 @@ def _conv_text(body):
 
 
 def _run_convolution(body, shape, host):
-    layer, bottom, top = build_layer(_conv_text(body), [_randn(*shape)])
+    layer, bottom, top = build_layer(_conv_text(body), [randn(*shape)])
     for i, blob in enumerate(layer.blobs):
-        blob.data[...] = _randn(*blob.shape, seed=3 + i)
+        blob.data[...] = randn(*blob.shape, seed=3 + i)
     layer.host = host             # False: the array code of conv.py (the GPU path)
     layer.forward(bottom, top)
-    top[0].diff[...] = _randn(*top[0].shape, seed=4)
+    top[0].diff[...] = randn(*top[0].shape, seed=4)
     for blob in layer.blobs:
         blob.diff[...] = 1.0              # param diffs accumulate
     layer.backward(top, [True], bottom)
@@ -140,7 +135,7 @@ def test_host_convolution_matches_the_array_path(body, shape, chunking, partial_
 
 
 def test_host_convolution_chunks_cover_the_batch(monkeypatch):
-    layer, _, _ = build_layer(_conv_text('num_output: 2 kernel_size: 3'), [_randn(3, 2, 9, 7)])
+    layer, _, _ = build_layer(_conv_text('num_output: 2 kernel_size: 3'), [randn(3, 2, 9, 7)])
     for budget in (1, 300, 10 ** 4, 10 ** 9):
         monkeypatch.setattr(conv_cpu, 'COLUMN_BYTES', budget)
         monkeypatch.setattr(conv_cpu, 'MIN_POSITIONS', 1)
@@ -153,7 +148,7 @@ def test_host_convolution_chunks_cover_the_batch(monkeypatch):
 def test_host_convolution_in_place_1x1():
     """A 1x1 convolution with as many outputs as inputs may run in place."""
     text = _conv_text('num_output: 3 kernel_size: 1').replace('top: "y"', 'top: "x"')
-    x = _randn(2, 3, 4, 4)
+    x = randn(2, 3, 4, 4)
     layer, bottom, _ = build_layer(text, [x])
     expected = (np.einsum('oc,nchw->nohw', layer.blobs[0].data.reshape(3, 3), x)
                 + layer.blobs[1].data.reshape(1, 3, 1, 1))
@@ -197,7 +192,7 @@ def test_fill_in_chunks_draws_what_one_draw_gives(filler, monkeypatch):
 @pytest.mark.parametrize('ties', [False, True])
 def test_host_max_pooling_matches_the_array_path(body, shape, ties, threads, monkeypatch):
     from caffe_syncbn.layers import pooling_cpu
-    x = np.round(_randn(*shape)) if ties else _randn(*shape)       # ties: many equal values
+    x = np.round(randn(*shape)) if ties else randn(*shape)       # ties: many equal values
     text = ('name: "p" type: "Pooling" bottom: "x" top: "y" top: "mask" pooling_param { '
             'pool: MAX %s }' % body)
     results = []
@@ -205,7 +200,7 @@ def test_host_max_pooling_matches_the_array_path(body, shape, ties, threads, mon
         monkeypatch.setattr(pooling_cpu, 'MAX_CELLS', cells)
         layer, bottom, top = build_layer(text, [x])
         layer.forward(bottom, top)
-        top[0].diff[...] = _randn(*top[0].shape, seed=5)
+        top[0].diff[...] = randn(*top[0].shape, seed=5)
         layer.backward(top, [True], bottom)
         results.append([top[0].data.copy(), top[1].data.copy(), bottom[0].diff.copy()])
     (y, mask, dx), (y_ref, mask_ref, dx_ref) = results
@@ -221,8 +216,8 @@ def test_global_average_pooling_adds_in_the_order_of_the_window_sums(shape):
     from caffe_syncbn.layers.pooling import Pool2d
     pool = Pool2d('AVE', shape[2:], shape[2:], (1, 1), (0, 0), True, ValueError)
     assert pool.whole
-    x = (_randn(*shape) * 10).astype(np.float32)
-    dy = _randn(shape[0], shape[1], 1, 1, seed=3).astype(np.float32)
+    x = (randn(*shape) * 10).astype(np.float32)
+    dy = randn(shape[0], shape[1], 1, 1, seed=3).astype(np.float32)
     y, dx = pool.forward(x, 0, None), pool.backward(dy, 0).copy()
     pool.whole = False
     np.testing.assert_array_equal(y, pool.forward(x, 0, None))
@@ -247,18 +242,18 @@ def _run_norm(text, shape, phase, in_place, host, learned=(True, True)):
     from caffe_syncbn.testing import layer_param
     layer = create_layer(layer_param(text), LayerContext(phase=phase, dtype=np.float64))
     x = Blob(shape, np.float64)
-    x.data[...] = _randn(*shape) * 3 + 5
+    x.data[...] = randn(*shape) * 3 + 5
     top = x if in_place else Blob((), np.float64)
     layer.setup([x], [top])
     layer.reshape([x], [top])
     for i, blob in enumerate(layer.blobs):
-        blob.data[...] = np.abs(_randn(*blob.shape, seed=i + 1)) + 0.5
+        blob.data[...] = np.abs(randn(*blob.shape, seed=i + 1)) + 0.5
     layer.engine = norm_cpu if host else norm_math
     if len(layer.blobs) == 4:
         layer.param_propagate_down = list(learned) + [False, False]
     layer.forward([x], [top])
     y = top.data.copy()
-    top.diff[...] = _randn(*shape, seed=9)
+    top.diff[...] = randn(*shape, seed=9)
     layer.backward([top], [True], [x])
     return [y, x.diff] + [b.diff for b in layer.blobs] + [b.data for b in layer.blobs]
 
@@ -281,7 +276,7 @@ def test_host_batch_norm_matches_the_array_path(body, phase, in_place, learned, 
 
 def test_host_batch_norm_keeps_x_hat_only_in_place_when_its_backward_reads_it():
     text = 'name: "bn" type: "BatchNorm" bottom: "x" top: "%s" %s'
-    x = _randn(2, 3, 4, 4)
+    x = randn(2, 3, 4, 4)
     for top, param, kept in [('x', '', True), ('y', '', False),
                              ('x', 'batch_norm_param { use_global_stats: true }', False)]:
         layer, bottom, tops = build_layer(text % (top, param), [x])
@@ -299,10 +294,10 @@ def test_host_lrn_matches_the_array_path(body, threads, monkeypatch):
     text = 'name: "n" type: "LRN" bottom: "x" top: "y" lrn_param { %s }' % body
     results = []
     for host in (True, False):
-        layer, bottom, top = build_layer(text, [_randn(2, 7, 3, 5)])
+        layer, bottom, top = build_layer(text, [randn(2, 7, 3, 5)])
         layer.host = host
         layer.forward(bottom, top)
-        top[0].diff[...] = _randn(*top[0].shape, seed=3)
+        top[0].diff[...] = randn(*top[0].shape, seed=3)
         layer.backward(top, [True], bottom)
         results.append([top[0].data.copy(), bottom[0].diff.copy()])
     for got, want in zip(*results):

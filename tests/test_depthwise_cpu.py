@@ -7,6 +7,7 @@ import pytest
 
 from caffe_syncbn.backend import cpu_threads
 from caffe_syncbn.testing import build_layer, check_gradient
+from conftest import randn
 
 KINDS = ['Convolution', 'Deconvolution']
 # (convolution_param but num_output and group, which are the channels; input shape):
@@ -25,18 +26,12 @@ PROPAGATION = [((True, True), True), ((False, True), True), ((True, False), Fals
                ((False, False), True)]
 
 
-@pytest.fixture(params=[1, 2, 3], ids=lambda n: '%d threads' % n)
-def threads(request, monkeypatch):
-    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 256)        # blocks of a plane or two
+@pytest.fixture
+def small_blocks(threads, monkeypatch):
+    """conftest's thread counts, with blocks of a plane or two."""
+    monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 256)
     monkeypatch.setattr(cpu_threads, 'PARALLEL_MIN_ELEMENTS', 1)
-    before = cpu_threads.threads()
-    cpu_threads.set_threads(request.param)
-    yield request.param
-    cpu_threads.set_threads(before)
-
-
-def _randn(*shape, seed=0):
-    return np.random.RandomState(seed).standard_normal(shape)
+    return threads
 
 
 def _text(kind, body, channels, bottoms=1):
@@ -50,15 +45,15 @@ def _run(text, shape, propagate_down=(True, True), weight_gradient=True, dtype=n
          depthwise=True):
     """The tops, the bottoms' diffs and the params' diffs of one pass over two bottoms, by
     the depthwise passes or (``depthwise`` False) by im2col and the grouped GEMMs."""
-    layer, bottom, top = build_layer(text, [_randn(*shape, seed=i) for i in range(2)],
+    layer, bottom, top = build_layer(text, [randn(*shape, seed=i) for i in range(2)],
                                      dtype=dtype)
     assert layer.depthwise            # the layer's own choice
     layer.depthwise = depthwise
     for i, blob in enumerate(layer.blobs):
-        blob.data[...] = _randn(*blob.shape, seed=3 + i)
+        blob.data[...] = randn(*blob.shape, seed=3 + i)
     layer.forward(bottom, top)
     for i, t in enumerate(top):
-        t.diff[...] = _randn(*t.shape, seed=4 + i)
+        t.diff[...] = randn(*t.shape, seed=4 + i)
     for blob in layer.blobs + bottom:
         blob.diff[...] = 1.0            # param diffs accumulate; unpropagated ones stay
     layer.param_propagate_down = [weight_gradient, True]
@@ -70,7 +65,7 @@ def _run(text, shape, propagate_down=(True, True), weight_gradient=True, dtype=n
 @pytest.mark.parametrize('body, shape', SHAPES)
 @pytest.mark.parametrize('kind', KINDS)
 def test_depthwise_passes_match_the_grouped_gemms(kind, body, shape, propagate_down,
-                                                  weight_gradient, threads):
+                                                  weight_gradient, small_blocks):
     text = _text(kind, body, shape[1], bottoms=2)
     expected = _run(text, shape, propagate_down, weight_gradient, depthwise=False)
     for a, b in zip(_run(text, shape, propagate_down, weight_gradient), expected):
@@ -80,13 +75,13 @@ def test_depthwise_passes_match_the_grouped_gemms(kind, body, shape, propagate_d
 @pytest.mark.parametrize('body, shape', SHAPES[1:])
 @pytest.mark.parametrize('kind', KINDS)
 def test_depthwise_gradients(kind, body, shape):
-    check_gradient(_text(kind, body, shape[1]), [_randn(*shape)])
+    check_gradient(_text(kind, body, shape[1]), [randn(*shape)])
 
 
 @pytest.mark.parametrize('kind', KINDS)
 def test_depthwise_gradients_of_two_bottoms(kind):
-    check_gradient(_text(kind, SHAPES[0][0], 3, bottoms=2), [_randn(2, 3, 4, 5),
-                                                             _randn(2, 3, 4, 5, seed=1)])
+    check_gradient(_text(kind, SHAPES[0][0], 3, bottoms=2), [randn(2, 3, 4, 5),
+                                                             randn(2, 3, 4, 5, seed=1)])
 
 
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
@@ -114,7 +109,7 @@ def test_layers_that_are_not_depthwise_keep_the_gemms(kind):
                         ('num_output: 4 kernel_size: 3', (1, 4, 5, 5)),
                         ('num_output: 4 group: 4 kernel_size: 3', (1, 4, 5, 5, 5))):    # 3-D
         layer, _, _ = build_layer('name: "d" type: "%s" bottom: "x" top: "y" '
-                                  'convolution_param { %s }' % (kind, body), [_randn(*shape)])
+                                  'convolution_param { %s }' % (kind, body), [randn(*shape)])
         assert not layer.depthwise
 
 
@@ -127,13 +122,13 @@ def test_depthwise_layers_in_place(kind, monkeypatch):
     text = _text(kind, 'kernel_size: 3 pad: 1', 3)
     results = []
     for in_place in (False, True):
-        layer, bottom, top = build_layer(text, [_randn(2, 3, 5, 4)])
+        layer, bottom, top = build_layer(text, [randn(2, 3, 5, 4)])
         for i, blob in enumerate(layer.blobs):
-            blob.data[...] = _randn(*blob.shape, seed=3 + i)
+            blob.data[...] = randn(*blob.shape, seed=3 + i)
         top = bottom if in_place else top
         layer.forward(bottom, top)
         results.append(top[0].data.copy())
-        top[0].diff[...] = _randn(2, 3, 5, 4, seed=1)
+        top[0].diff[...] = randn(2, 3, 5, 4, seed=1)
         layer.backward(top, [True], bottom)
         results.append(bottom[0].diff.copy())
     for got, want in zip(results[2:], results[:2]):

@@ -185,7 +185,12 @@ def add_columns_to_image(layer, dcols, dx, chunk, padded=False):
         cells = chunk.cells(cells)
         target = chunk.order(images[:, :, rows])
     offsets = _offsets(layer)
-    if not padded:
+    if not padded and by_phases(layer, chunk):
+        source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
+
+        def add_offsets(c0, c1):
+            _add_by_phases(layer, block[c0:c1], source[c0:c1], chunk)
+    elif not padded:
         source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
 
         def add_offsets(c0, c1):
@@ -214,3 +219,33 @@ def add_columns_to_image(layer, dcols, dx, chunk, padded=False):
         elif not direct:
             target[c0:c1] += block[c0:c1][cells]
     cpu_threads.split_rows(c, block[0].size * len(offsets), add)
+
+
+def by_phases(layer, chunk):
+    """Whether col2im adds a chunk's column gradients by the stride's phases
+    (``_add_by_phases``): a 2-D convolution of stride above 1 along its rows, without
+    dilation, its images first (with the images last, a window's rows are contiguous)."""
+    return layer.num_spatial == 2 and layer.stride[1] > 1 and \
+        tuple(layer.dilation) == (1, 1) and not chunk.images_last
+
+
+def _add_by_phases(layer, part, source, chunk):
+    """col2im of a strided convolution: ``source`` (C, *kernel, images, *outputs) added
+    into ``part`` (C, images, *spatial). A kernel offset's window has the stride's step
+    along a row, which numpy adds element by element. The cells that leave the same
+    remainders by the stride (a phase) lie one cell apart in a buffer of their own, and
+    the offsets that a whole number of strides separate add to the same phase, each
+    window there a block of contiguous rows: each offset is added to its phase, then
+    each phase to ``part`` once (stride**2 strided adds, not one per offset)."""
+    (sy, sx), (height, width) = layer.stride, part.shape[-2:]
+    rows, columns = chunk.out_shape
+    phases = scratch('phases', (sy, sx) + part.shape[:-2] + (-(-height // sy), -(-width // sx)),
+                     part.dtype)
+    phases[...] = 0
+    for ky, kx in _offsets(layer):
+        iy, ix = ky // sy, kx // sx
+        phases[ky % sy, kx % sx, ..., iy:iy + rows, ix:ix + columns] += source[:, ky, kx]
+    for py in range(min(sy, height)):
+        for px in range(min(sx, width)):
+            cells = part[..., py::sy, px::sx]
+            cells += phases[py, px, ..., :cells.shape[-2], :cells.shape[-1]]
