@@ -303,3 +303,25 @@ def test_the_command_line_loads_onnx_only_for_an_export(tmp_path):
     assert failed.stderr.strip().splitlines()[-1] == (
         "caffe_syncbn.errors.CaffeError: ONNX export needs the onnx package: "
         "pip install 'caffe-syncbn[onnx]'")
+
+
+@pytest.mark.parametrize('field, flag, plan', [(None, None, 'auto'), ('share', None, 'share'),
+                                               ('share', 'off', 'off'), (None, 'recompute',
+                                                                         'recompute')])
+def test_train_takes_the_plan_of_the_flag_then_the_solver_file_then_auto(
+        tmp_path, monkeypatch, logger_kept, field, flag, plan):
+    from caffe_syncbn.cli import commands
+    solver = caffe_pb2.SolverParameter(net='net.prototxt', max_iter=1)
+    if field:
+        solver.memory_plan = field
+    path = tmp_path / 'solver.prototxt'
+    path.write_text(str(solver))
+    asked = []
+
+    def get_solver(*args, **kwargs):
+        asked.append(kwargs['memory_plan'])
+        raise CaffeError('stop here')
+    monkeypatch.setattr(commands, 'get_solver', get_solver)
+    with pytest.raises(CaffeError, match='stop here'):
+        main(['train', '-solver', str(path)] + (['-memory_plan', flag] if flag else []))
+    assert asked == [plan]

@@ -2,8 +2,11 @@
 (a blob's data until the last backward that reads it), their arena filled with NaN bytes
 first, and every gradient stays bitwise what the net with every blob kept gives: on every
 golden net, ResNet-50, and 10 solver iterations under SyncBN on 2 devices."""
+import re
+
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 import caffe_syncbn as caffe
 from caffe_syncbn import memory_plan
@@ -158,6 +161,25 @@ def test_ten_solver_iterations_under_syncbn_on_two_devices_are_bitwise_those_of_
 def test_get_solver_names_the_memory_plans():
     with pytest.raises(caffe.CaffeError, match=r"^memory_plan 'all': expected one of off, share"):
         get_solver(solver_param('SyncBN'), devices='cpu:1', memory_plan='all')
+
+
+def test_the_solver_file_names_the_plan_and_the_caller_overrides_it(tmp_path):
+    """SolverParameter's memory_plan (a field of ours): the plan of every net the solver
+    builds, unless get_solver (or -memory_plan) names one; a bad one names the file."""
+    param = solver_param('SyncBN')
+    param.memory_plan = 'share'
+    path = tmp_path / 'solver.prototxt'
+    path.write_text(text_format.MessageToString(param))
+    assert {net.memory_plan for net in get_solver(str(path), devices='cpu:2').replicas} == \
+        {'share'}
+    assert get_solver(str(path), devices=None).net.memory_plan == 'share'
+    assert get_solver(str(path), devices=None, memory_plan='off').net.memory_plan == 'off'
+    param.ClearField('memory_plan')
+    assert get_solver(param, devices=None).net.memory_plan == 'off'      # pycaffe's default
+    path.write_text(text_format.MessageToString(param) + 'memory_plan: "tiny"\n')
+    with pytest.raises(caffe.CaffeError, match=r"^%s: memory_plan 'tiny': expected one of "
+                                                r"off, share" % re.escape(str(path))):
+        get_solver(str(path), devices='cpu:1')
 
 
 PYRAMID = '''name: "pyramid"

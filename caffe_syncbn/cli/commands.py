@@ -103,13 +103,14 @@ def _parser(command):
         p.flag('batch', type=positive_int('rows'), metavar='N',
                help="the batch size (default: the prototxt's)")
     if command in ('train', 'test', 'time'):
-        p.flag('memory_plan', choices=MEMORY_PLANS, default='auto',
+        p.flag('memory_plan', choices=MEMORY_PLANS,
                help="share: storage shared by liveness, the blobs' of a net that runs "
                     "forward only, the diffs' of one that trains; inplace_abn: share, and "
                     'batch norms run the Scale and ReLU after them and keep only their '
                     'output; recompute: inplace_abn, and outputs written again for the '
-                    'backward; auto (default): recompute where it saves a tenth of the '
-                    'memory, else inplace_abn; off: every blob keeps its own, as in Caffe')
+                    'backward; auto (the default, unless the solver file sets '
+                    'memory_plan): recompute where it saves a tenth of the memory, else '
+                    'inplace_abn; off: every blob keeps its own, as in Caffe')
         p.flag('level', type=int, metavar='N', help='the NetState level')
         p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
                help="NetState stages separated by ',' (the flag may repeat)")
@@ -194,6 +195,11 @@ def _report(link, exc):
     print('[rank %d] %s' % (link.rank, text), file=sys.stderr, flush=True)
 
 
+#: the memory plan of train, test and time where neither -memory_plan nor the solver file
+#: names one
+DEFAULT_PLAN = 'auto'
+
+
 def _train(args):
     if args.weights and args.snapshot:
         raise CaffeError('%s train: give -weights (to finetune) or -snapshot (to resume), not '
@@ -201,12 +207,14 @@ def _train(args):
     weights = _paths(args.weights)
     _require_files([('-solver', args.solver), ('-snapshot', args.snapshot)] +
                    [('-weights', path) for path in weights])
-    devices = train_devices(args, load_solver_param(args.solver))
+    param = load_solver_param(args.solver)
+    devices = train_devices(args, param)
     # as caffe train: -weights replace the solver's weights, and -snapshot drops them
     solver = get_solver(args.solver, devices=devices, sync_bn=args.sync_bn, level=args.level,
                         stages=args.stage, weights=weights if args.weights or args.snapshot
                         else None, mode='async' if args.async_updates else 'sync',
-                        max_staleness=args.max_staleness, memory_plan=args.memory_plan)
+                        max_staleness=args.max_staleness,
+                        memory_plan=args.memory_plan or param.memory_plan or DEFAULT_PLAN)
     solver.nan_effect = args.nan_effect
     requests = None
     try:
@@ -256,7 +264,8 @@ def test(args):
 
     net = _build_on(devices, lambda: Net(args.model, TEST if args.phase == 'TEST' else TRAIN,
                                          level=args.level or 0, stages=args.stage,
-                                         memory_plan=args.memory_plan), weights)
+                                         memory_plan=args.memory_plan or DEFAULT_PLAN),
+                   weights)
     if net.inputs:
         log.warning('Input blobs %s are not filled by the net; they stay zero',
                     ', '.join(net.inputs))
@@ -285,7 +294,7 @@ def time_command(args):
     devices = select_device(args)
     net = _build_on(devices, lambda: build_timing_net(args.model, args.batch, args.phase,
                                                       args.level or 0, args.stage,
-                                                      args.memory_plan))
+                                                      args.memory_plan or DEFAULT_PLAN))
     log.info('Performing Forward')
     log.info('Initial loss: %g', net.forward_prefilled())
     log.info('Performing Backward')

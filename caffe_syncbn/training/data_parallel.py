@@ -74,7 +74,7 @@ class DataParallelSolver(Solver):
 
     def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None,
                  level=None, stages=(), weights=None, mode='sync', max_staleness=None,
-                 link='auto', memory_plan='off'):
+                 link='auto', memory_plan=None):
         if mode not in MODES:
             raise CaffeError('mode %r: expected one of %s' % (mode, ', '.join(MODES)))
         if mode == 'async' and sync_bn:

@@ -47,18 +47,17 @@ class Solver:
     from the param's ``type``. ``net``/``test_nets`` are built from the param unless given.
     ``dtype`` and ``xp`` choose the float type and backend of the nets it builds;
     ``strategy`` where the passes and updates run (see the module docstring; ``OneNet``
-    unless given); ``memory_plan`` the Net's memory plan for the nets it builds ('off',
-    as pycaffe's, keeps every diff).
+    unless given); ``memory_plan`` the Net's memory plan for the nets it builds (None:
+    the solver file's ``memory_plan``, else 'off', which keeps every diff as pycaffe's).
     """
 
     rule_class = None
 
     def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None,
-                 memory_plan='off'):
-        if memory_plan not in MEMORY_PLANS:
+                 memory_plan=None):
+        if memory_plan is not None and memory_plan not in MEMORY_PLANS:
             raise CaffeError('memory_plan %s: expected one of %s'
                              % (quote(memory_plan), ', '.join(MEMORY_PLANS)))
-        self.memory_plan = memory_plan
         self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
             self.param = upgrade_solver_param(copy_message(solver))
@@ -66,6 +65,10 @@ class Solver:
         else:
             self.source = os.fspath(solver)
             self.param = load_solver_param(self.source)
+        self.memory_plan = memory_plan or self.param.memory_plan or 'off'
+        if self.memory_plan not in MEMORY_PLANS:
+            raise CaffeError('%s: memory_plan %s: expected one of %s' % (
+                self.source, quote(self.memory_plan), ', '.join(MEMORY_PLANS)))
         self.xp = xp
         self.dtype = np.dtype(dtype or (net.context.dtype if net is not None else np.float32))
         p = self.param

@@ -41,7 +41,7 @@ def get_solver_class(type_name):
 
 
 def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
-               weights=None, mode='sync', max_staleness=None, memory_plan='off'):
+               weights=None, mode='sync', max_staleness=None, memory_plan=None):
     """The solver a solver prototxt (or SolverParameter) asks for, running on ``devices``:
     'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0' (replicas sharing a GPU).
     ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN. ``level`` and
@@ -49,8 +49,9 @@ def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, s
     the solver's own ``weights``, as caffe train's -level, -stage and -weights do. ``mode``
     'async' makes asynchronous updates, with replicas at most ``max_staleness`` updates
     ahead of the slowest (None: no bound). Under mpiexec or srun, every process's devices
-    join one run. ``memory_plan`` is the nets' (Net's ``memory_plan``): 'off' keeps every
-    blob's diff, as pycaffe's solver does; 'share' shares the activations' diffs.
+    join one run. ``memory_plan`` is the nets' (Net's ``memory_plan``); None takes the
+    solver file's ``memory_plan``, else 'off', which keeps every blob's diff as pycaffe's
+    solver does.
 
     ``devices=None``: pycaffe's single-device solver of the file's type (``add_callback``
     works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype`` and
