@@ -23,10 +23,12 @@ def nan_buffers(monkeypatch):
 
 
 def golden_nets():
-    index = GOLDEN / 'index.json'
-    if not index.exists():
+    """The golden cases of BVLC Caffe and of the PSPNet fork that are nets or layers."""
+    indexes = [GOLDEN / name for name in ('index.json', 'psp_index.json')]
+    if not indexes[0].exists():
         return ['<no golden data>']
-    return [case['name'] for case in json.loads(index.read_text())['cases']
+    return [case['name'] for index in indexes if index.exists()
+            for case in json.loads(index.read_text())['cases']
             if case['kind'] in ('layer', 'net') and not case['name'].startswith(('data_', 'datum_'))
             and (GOLDEN / (case['name'] + '.prototxt')).exists()]
 

@@ -12,6 +12,7 @@ from caffe_syncbn import caffe_pb2
 from caffe_syncbn.blob import Blob
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import LayerContext
+from caffe_syncbn.memory_plan import MEMORY_PLANS
 from caffe_syncbn.training.rules import RULES
 from caffe_syncbn.formats.solverstate import SolverState, read_solver_state, write_solver_state
 from caffe_syncbn.netparam.solver_param import load_solver_param
@@ -586,10 +587,10 @@ def check_iteration(solver, ref, k, cancelled, prefix=''):
         assert_close(ours, theirs, 'running mean of %s net of the %s bias (iteration %d)' % (c.bn, c.conv, k))
 
 
-def golden_solver(name, tmp_path):
+def golden_solver(name, tmp_path, memory_plan='off'):
     param = load_solver_param(name + '.solver.prototxt')
     param.snapshot_prefix = str(tmp_path / name)    # never write into the shared folder
-    return get_solver_class(param.type)(param)
+    return get_solver_class(param.type)(param, memory_plan=memory_plan)
 
 
 def cancelled_biases(solver, ours, caffe):
@@ -603,12 +604,15 @@ def cancelled_biases(solver, ours, caffe):
     return found
 
 
+@pytest.mark.parametrize('memory_plan', MEMORY_PLANS)
 @pytest.mark.parametrize('name', solver_cases())
-def test_golden_solver(name, tmp_path, monkeypatch):
+def test_golden_solver(name, memory_plan, tmp_path, monkeypatch):
+    """12 iterations of real Caffe's solver, under every memory plan."""
     require(GOLDEN / (name + '.npz'))
     monkeypatch.chdir(GOLDEN)
     ref = np.load(GOLDEN / (name + '.npz'))
-    solver = golden_solver(name, tmp_path)
+    solver = golden_solver(name, tmp_path, memory_plan)
+    assert solver.net.memory_plan in (memory_plan, 'inplace_abn', 'recompute')
     solver.net.copy_from(name + '.caffemodel')
     for key in ref.files:
         if key.startswith('init_param/'):

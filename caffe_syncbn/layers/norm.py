@@ -288,7 +288,7 @@ class BN(_ChannelNorm):
         return not self.affine_frozen
 
     def new_chain(self):
-        return Chain(affine_owner=self, beta_index=self.BIAS)
+        return Chain(affine_owner=self, beta_index=self.BIAS, learns=not self.affine_frozen)
 
     def affine(self):
         return self.stat(self.SLOPE), self.stat(self.BIAS)
