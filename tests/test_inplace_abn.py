@@ -276,7 +276,7 @@ def train(plan, steps=10):
     return weights, chains
 
 
-@pytest.mark.parametrize('plan', ['share', 'recompute', 'auto'])
+@pytest.mark.parametrize('plan', ['share', 'inplace_abn', 'recompute', 'auto'])
 def test_four_devices_equal_one_device_on_the_whole_batch_under_a_plan(plan):
     check_replicas_equal_one('cpu:1', 'cpu:4', (7, 0, 6, 3), memory_plan=plan)
 
