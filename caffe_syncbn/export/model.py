@@ -15,8 +15,10 @@ from ..layer import TEST, LayerContext
 from ..net import Net
 from ..netparam.graph import filter_net, net_state
 from ..netparam.upgrade import load_net_param
-# the rule modules register their rules as they are imported
-from . import conv, detection, forks, neuron, norm, shape, vision  # noqa: F401
+# the rule modules register their rules as they are imported (shape's under another
+# name: this module's functions name blob shapes so)
+from . import conv, detection, forks, neuron, norm, vision  # noqa: F401
+from . import shape as shape_rules  # noqa: F401
 from .graph import Graph, LayerExport, Unsupported, rule_for, ruled_types
 
 MIN_OPSET = 17
