@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.backend import cpu_threads
-from caffe_syncbn.layers import conv_cpu, norm_cpu, norm_math
+from caffe_syncbn.layers import conv_columns, conv_cpu, norm_cpu, norm_math
 from caffe_syncbn.testing import build_layer
 from conftest import randn
 
@@ -116,13 +116,15 @@ def _run_convolution(body, shape, host):
     return [top[0].data, bottom[0].diff] + [blob.diff for blob in layer.blobs]
 
 
+@pytest.mark.parametrize('phases', [True, False], ids=['phases', 'windows'])
 @pytest.mark.parametrize('partial_sums', [True, False])
 @pytest.mark.parametrize('chunking', CHUNKINGS, ids=lambda c: 'bytes %d narrow %d' % c)
 @pytest.mark.parametrize('body, shape', GEOMETRIES)
-def test_host_convolution_matches_the_array_path(body, shape, chunking, partial_sums, threads,
-                                                monkeypatch):
+def test_host_convolution_matches_the_array_path(body, shape, chunking, partial_sums, phases,
+                                                threads, monkeypatch):
     """Every chunking, on 1 to 3 threads, with the weight gradient summed per thread or
-    the units run in turn."""
+    the units run in turn, strided col2im by phases wherever it may or never."""
+    monkeypatch.setattr(conv_columns, 'PHASE_OFFSETS', 0 if phases else 10 ** 9)
     monkeypatch.setattr(conv_cpu, 'PARTIAL_SUM_MIN_POSITIONS', 0 if partial_sums else 10 ** 9)
     monkeypatch.setattr(conv_cpu, 'COLUMN_BYTES', chunking[0])
     monkeypatch.setattr(conv_cpu, 'MIN_POSITIONS', 1)

@@ -26,6 +26,12 @@ PADDED_COLUMNS = 1.6
 #: top and the larger GEMM take what col2im saves)
 PADDED_TOP_SHARE = 0.25
 
+#: col2im goes by the stride's phases where each phase takes at least this many kernel
+#: offsets: zeroing the phases and adding them to the image cost about what a few strided
+#: adds do (backward of AlexNet's 11 x 11 / 4 conv1: 0.93 of the time by windows, ResNet-50's
+#: 7 x 7 / 2: 0.95; a 3 x 3 / 2 took 1.08)
+PHASE_OFFSETS = 4
+
 _buffers = threading.local()
 
 
@@ -224,9 +230,11 @@ def add_columns_to_image(layer, dcols, dx, chunk, padded=False):
 def by_phases(layer, chunk):
     """Whether col2im adds a chunk's column gradients by the stride's phases
     (``_add_by_phases``): a 2-D convolution of stride above 1 along its rows, without
-    dilation, its images first (with the images last, a window's rows are contiguous)."""
+    dilation, its images first (with the images last, a window's rows are contiguous),
+    with PHASE_OFFSETS kernel offsets or more to each phase."""
     return layer.num_spatial == 2 and layer.stride[1] > 1 and \
-        tuple(layer.dilation) == (1, 1) and not chunk.images_last
+        tuple(layer.dilation) == (1, 1) and not chunk.images_last and \
+        layer.kernel_count >= PHASE_OFFSETS * math.prod(layer.stride)
 
 
 def _add_by_phases(layer, part, source, chunk):
