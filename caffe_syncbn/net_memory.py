@@ -87,8 +87,8 @@ class PlannedMemory:
         for head, chain in enumerate(self._chains):
             if chain and head <= last and first <= chain[-1] \
                     and not first <= head <= chain[-1] <= last:
-                raise CaffeError("layer %s runs %s with it under memory_plan '%s': a pass "
-                                 "starts and ends outside such a chain; or pass "
+                raise CaffeError("layer %s runs %s with it under memory_plan '%s': start "
+                                 "and end the pass outside that chain, or pass "
                                  "memory_plan='off'" % (quote(names[head]), name_list(
                                      [names[k] for k in chain]), self.memory_plan))
         arena = self._plan.arena
