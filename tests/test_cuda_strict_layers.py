@@ -135,7 +135,6 @@ def test_max_pooling_backward_float16_sums_in_float32():
     shape, k_, s, p = (1, 9, 9), (5, 5), (1, 1), (2, 2)
     values = np.zeros(shape)
     values[0, 4, 4] = 1
-    x = device(values, np.float16)
     _, index64, _ = pool_reference(values, k_, s, p, 'max')
     index = index64.astype(np.int32)
     dy = device(np.random.RandomState(32).uniform(1, 2, index.shape), np.float16)

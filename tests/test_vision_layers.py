@@ -9,7 +9,6 @@ from google.protobuf import text_format
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.fillers import set_random_seed
 from caffe_syncbn.layer import TEST, TRAIN
 from caffe_syncbn.layers import conv as conv_module
 from caffe_syncbn.layers.im2col import col2im, im2col
