@@ -19,7 +19,6 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 
-
 class GemmMeter:
     """Wraps numpy.matmul, which the numpy layers look up at each call: multiply-adds,
     seconds and shapes of every GEMM while ``active``."""

@@ -40,7 +40,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 MIB = 1024.0 * 1024.0
 
 
-
 def _stored(blob):
     """The arrays a blob holds (its diff only once made: asking for it would make it)."""
     return [blob.data] + ([blob.diff_if_made] if blob.diff_if_made is not None else [])

@@ -56,7 +56,6 @@ def create_layer(param, ctx):
     return layer_class(param.type, param)(param, ctx)
 
 
-
 class LayerContext:
     """What a layer may know about the place it runs in.
 

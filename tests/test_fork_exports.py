@@ -10,7 +10,6 @@ from caffe_syncbn.errors import CaffeError
 from onnx_helpers import assert_close, highest_common_opset, input_layer, parse, run, weights_of
 
 
-
 def test_fork_fields_have_the_fork_numbers():
     fields = caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
     numbers = {name: fields[name].number for name in (

@@ -28,6 +28,7 @@ def nan_buffers(monkeypatch):
     monkeypatch.setattr(memory_plan, 'new_buffer',
                         lambda xp, nbytes: xp.full(nbytes, 0xFF, np.uint8))
 
+
 HEADS = {   # the layers after conv1, written in place or apart
     'BatchNorm+Scale': '''
 layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "%(bn)s" }

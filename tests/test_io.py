@@ -441,7 +441,6 @@ def test_net_save_and_load(tmp_path, suffix):
     np.testing.assert_allclose(out['prob'], ref['data/prob'], rtol=1e-4, atol=1e-5)
 
 
-
 def test_opencv_reads_a_saved_caffemodel(tmp_path):
     """OpenCV's independent Caffe importer loads what Net.save() writes."""
     cv2 = pytest.importorskip('cv2')

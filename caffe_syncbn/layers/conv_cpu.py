@@ -44,6 +44,7 @@ TRANSPOSED_MIN_POSITIONS = 256
 #: many positions' share of the GEMMs it parallelizes
 PARTIAL_SUM_MIN_POSITIONS = 256
 
+
 class Chunk:
     """Images [first, last) and, along the first output axis, rows [row, row_end)."""
 

@@ -98,6 +98,7 @@ MAX_CHUNK_BYTES = 32 << 20
 #: about this many bytes: they stay small whatever the chunk
 TRANSFORM_BYTES = 2 << 20
 
+
 def mode():
     """CAFFE_SYNCBN_WINOGRAD: 'auto' (unset), 'on' or 'off'."""
     value = os.environ.get(MODE_VARIABLE, 'auto').strip().lower() or 'auto'

@@ -15,7 +15,6 @@ from .upgrade import upgrade_net_param
 log = logging.getLogger('caffe_syncbn')
 
 
-
 def upgrade_file(source, target):
     """Write ``source`` (a net prototxt, a binary caffemodel or a solver prototxt) to
     ``target`` in the current format, atomically, in the form it came in (text or binary).

@@ -24,6 +24,7 @@ from ..netparam.graph import filter_net, insert_splits
 from ..weights.copy import copy_weights
 from ..weights.norm_forms import fit_norm_weights, norm_units
 
+
 def snapshot_names(prefix, iteration, hdf5):
     """The weights' and the solver state's file names of a snapshot, as Caffe names them."""
     start = '%s_iter_%d' % (prefix, iteration)

@@ -18,7 +18,6 @@ from .save import shared_param_slots
 log = logging.getLogger('caffe_syncbn')
 
 
-
 def arrays_of(stored):
     """{layer name: [numpy arrays]} of a StoredWeights whose shared params, if it is an
     HDF5 file, were filled in (``with_shared_params``)."""
