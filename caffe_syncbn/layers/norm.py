@@ -282,13 +282,18 @@ class BN(_ChannelNorm):
     def fixed_param_mults(self, index):
         return (0.0, 0.0) if index >= 2 or self.affine_frozen else None
 
+    def wants_param_gradient(self, index):
+        # frozen, slope and bias are fixed even where force_backward asks for every
+        # param's gradient: the forks' BN learns nothing, alone or running a chain
+        return not self.affine_frozen and super().wants_param_gradient(index)
+
     def uses_batch_formula(self):
         """The forks' BN applies the batch-statistics formula in TEST too (with the running
         x_hat); frozen, dx = dy * slope / std."""
         return not self.affine_frozen
 
     def new_chain(self):
-        return Chain(affine_owner=self, beta_index=self.BIAS, learns=not self.affine_frozen)
+        return Chain(affine_owner=self, beta_index=self.BIAS)
 
     def affine(self):
         return self.stat(self.SLOPE), self.stat(self.BIAS)

@@ -23,11 +23,10 @@ RECOVERY_RATIO = 64.0
 class Chain:
     """What a batch norm absorbed: the Scale (``affine_owner``, whose blobs are gamma and
     beta) unless the norm has its own, the ReLU's negative slope (None: no ReLU), and the
-    top the chain writes. ``learns``: False for a norm whose own gamma and beta are fixed
-    whatever the ParamSpecs and force_backward say (the forks' frozen BN)."""
+    top the chain writes."""
 
-    def __init__(self, affine_owner=None, beta_index=None, learns=True):
-        self.affine_owner, self.beta_index, self.learns = affine_owner, beta_index, learns
+    def __init__(self, affine_owner=None, beta_index=None):
+        self.affine_owner, self.beta_index = affine_owner, beta_index
         self.negative_slope = None
         self.top = None
         self.warned = False
@@ -60,13 +59,12 @@ class Chain:
         return owner.blobs[self.beta_index].data.reshape(-1).astype(STAT)
 
     def wants_gamma_gradient(self):
-        return self.affine_owner is not None and self.learns and \
-            self.affine_owner.wants_param_gradient(0)
+        return self.affine_owner is not None and self.affine_owner.wants_param_gradient(0)
 
     def add_param_gradients(self, sum_g, sum_g_x_hat):
         """d gamma += sum(g * x_hat), d beta += sum(g), as the affine part's owner wants."""
         owner = self.affine_owner
-        if owner is None or not self.learns:
+        if owner is None:
             return
         for index, values in ((0, sum_g_x_hat), (self.beta_index, sum_g)):
             if index is not None and values is not None and owner.wants_param_gradient(index):
