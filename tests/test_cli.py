@@ -10,7 +10,7 @@ import pytest
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
-from caffe_syncbn.cli import main
+from caffe_syncbn.cli import commands, main
 from caffe_syncbn.cli.commands import parse
 from caffe_syncbn.errors import CaffeError
 
@@ -310,7 +310,6 @@ def test_the_command_line_loads_onnx_only_for_an_export(tmp_path):
                                                                          'recompute')])
 def test_train_takes_the_plan_of_the_flag_then_the_solver_file_then_auto(
         tmp_path, monkeypatch, logger_kept, field, flag, plan):
-    from caffe_syncbn.cli import commands
     solver = caffe_pb2.SolverParameter(net='net.prototxt', max_iter=1)
     if field:
         solver.memory_plan = field

@@ -191,16 +191,15 @@ def add_columns_to_image(layer, dcols, dx, chunk, padded=False):
         cells = chunk.cells(cells)
         target = chunk.order(images[:, :, rows])
     offsets = _offsets(layer)
-    if not padded and by_phases(layer, chunk):
+    if not padded:
         source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
-
-        def add_offsets(c0, c1):
-            _add_by_phases(layer, block[c0:c1], source[c0:c1], chunk)
-    elif not padded:
-        source = dcols.reshape(chunk.shape((c,) + layer.kernel, chunk.out_shape))
+        phases = by_phases(layer, chunk)
 
         def add_offsets(c0, c1):
             part = block[c0:c1]
+            if phases:
+                _add_by_phases(layer, part, source[c0:c1], chunk, offsets)
+                return
             for offset in offsets:
                 part[_window(layer, offset, chunk)] += source[(slice(c0, c1),) + offset]
     else:
@@ -237,7 +236,7 @@ def by_phases(layer, chunk):
         layer.kernel_count >= PHASE_OFFSETS * math.prod(layer.stride)
 
 
-def _add_by_phases(layer, part, source, chunk):
+def _add_by_phases(layer, part, source, chunk, offsets):
     """col2im of a strided convolution: ``source`` (C, *kernel, images, *outputs) added
     into ``part`` (C, images, *spatial). A kernel offset's window has the stride's step
     along a row, which numpy adds element by element. The cells that leave the same
@@ -250,7 +249,7 @@ def _add_by_phases(layer, part, source, chunk):
     phases = scratch('phases', (sy, sx) + part.shape[:-2] + (-(-height // sy), -(-width // sx)),
                      part.dtype)
     phases[...] = 0
-    for ky, kx in _offsets(layer):
+    for ky, kx in offsets:
         iy, ix = ky // sy, kx // sx
         phases[ky % sy, kx % sx, ..., iy:iy + rows, ix:ix + columns] += source[:, ky, kx]
     for py in range(min(sy, height)):

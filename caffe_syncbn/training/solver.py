@@ -55,9 +55,6 @@ class Solver:
 
     def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None,
                  memory_plan=None):
-        if memory_plan is not None and memory_plan not in MEMORY_PLANS:
-            raise CaffeError('memory_plan %s: expected one of %s'
-                             % (quote(memory_plan), ', '.join(MEMORY_PLANS)))
         self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
             self.param = upgrade_solver_param(copy_message(solver))
@@ -66,9 +63,10 @@ class Solver:
             self.source = os.fspath(solver)
             self.param = load_solver_param(self.source)
         self.memory_plan = memory_plan or self.param.memory_plan or 'off'
-        if self.memory_plan not in MEMORY_PLANS:
-            raise CaffeError('%s: memory_plan %s: expected one of %s' % (
-                self.source, quote(self.memory_plan), ', '.join(MEMORY_PLANS)))
+        if self.memory_plan not in MEMORY_PLANS:        # named by the caller or by the file
+            raise CaffeError('%smemory_plan %s: expected one of %s' % (
+                '' if memory_plan else self.source + ': ', quote(self.memory_plan),
+                ', '.join(MEMORY_PLANS)))
         self.xp = xp
         self.dtype = np.dtype(dtype or (net.context.dtype if net is not None else np.float32))
         p = self.param
