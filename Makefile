@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test gpu-test gpu-check proto-check clean kernel-asan kernel-tsan
+.PHONY: demo test gpu-test gpu-check gpu-bundle proto-check clean kernel-asan kernel-tsan
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,15 +18,22 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=600 -n auto tests
 
-# the goldens must run there, not skip: point CAFFE_SYNCBN_SHARED at a copy of ../shared
+# the goldens must run there, not skip: they come from CAFFE_SYNCBN_SHARED, else the bundle of
+# `make gpu-bundle`, else ../shared
 gpu-test:
 	CAFFE_SYNCBN_REQUIRE_DATA=1 PYTHONPATH=. python3 -m pytest -q -m gpu --timeout=900 tests
 
-# Everything that needs a GPU in one command of at most 10 minutes: the GPU tests, the demo
-# net trained on gpu:0,0 against cpu:2, the GPU benchmarks; a report in $OUT, else out/gpu
-# (docs/gpu.md, "make gpu-check"). Like gpu-test, it needs no registry and no venv.
+# Everything that needs a GPU, in two stages of one device call each (STAGE=1: the kernels,
+# the GPU tests, the demo net trained on gpu:0,0 against cpu:2; STAGE=2: the GPU benchmarks;
+# no STAGE: both); a report in $OUT, else out/gpu (docs/gpu.md, "make gpu-check"). Like
+# gpu-test, it needs no registry and no venv.
 gpu-check:
-	PYTHONPATH=. python3 tools/gpu_check.py $(GPU_CHECK_FLAGS)
+	PYTHONPATH=. python3 tools/gpu_check.py $(if $(STAGE),--stage $(STAGE)) $(GPU_CHECK_FLAGS)
+
+# Before a device call: the goldens, corpus and wheels a GPU machine lacks, into the
+# git-ignored .gpu-bundle/ that travels as `carry`; prints each stage's call (docs/gpu.md).
+gpu-bundle:
+	$(PYTHON) tools/gpu_bundle.py $(GPU_BUNDLE_FLAGS)
 
 proto-check: $(STAMP)
 	$(PY) tools/gen_proto.py --check

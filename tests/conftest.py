@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get('CAFFE_SYNCBN_SHARED', ROOT.parent / 'shared'))
+#: the reference data: CAFFE_SYNCBN_SHARED, else the bundle of `make gpu-bundle` (on a GPU
+#: machine the checkout stands alone), else ../shared, as tools/gpu_check.py looks
+BUNDLE = ROOT / '.gpu-bundle'
+SHARED = Path(os.environ['CAFFE_SYNCBN_SHARED']) if os.environ.get('CAFFE_SYNCBN_SHARED') \
+    else BUNDLE if BUNDLE.is_dir() else ROOT.parent / 'shared'
 GOLDEN = SHARED / 'golden'
 CORPUS = SHARED / 'corpus'
 #: where the data must be there (CI, `make gpu-test`), its absence fails instead of skipping

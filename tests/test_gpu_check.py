@@ -2,21 +2,28 @@
 GPU in one line, the CPU half of the training comparison runs through `caffe-syncbn train`,
 the report is written into one flat folder, and the exit status says that something was
 missing. The loss parser and the comparison are checked on the log of that run, and
-benchmarks/efficiency.py against the calculation of docs/training.md."""
+benchmarks/efficiency.py against the calculation of docs/training.md. The budget and the
+report's files are checked on a driver whose steps are small commands, and the
+compile-kernels step through a stand-in CuPy."""
+import importlib
 import math
 import re
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 
-from caffe_syncbn.backend import gpu_count
+from caffe_syncbn.backend import cuda_kernels, gpu_count
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / 'tools'))
 sys.path.insert(0, str(ROOT / 'benchmarks'))
 
+import gpu_check  # noqa: E402
 from efficiency import step_on_many  # noqa: E402
+from gpu_check_report import verdict  # noqa: E402
 from gpu_check_training import ITERATIONS, TOLERANCE, compare_losses, losses  # noqa: E402
 
 MB = 1e6
@@ -33,13 +40,14 @@ def cpu_run(tmp_path_factory):
 
 def test_the_report_is_written_and_the_reference_trains(cpu_run):
     result, out = cpu_run
-    assert sorted(p.name for p in out.iterdir()) == ['report.md', 'train-reference.log'], \
+    assert sorted(p.name for p in out.iterdir()) == ['report.md', 'steps.log'], \
         result.stdout[-3000:] + result.stderr[-3000:]
     report = (out / 'report.md').read_text()
     for heading in ('# make gpu-check', '## Preflight', '## Steps', '### train-reference'):
         assert re.search('^%s$' % re.escape(heading), report, re.M), report
-    rows = re.findall(r'^\| ([\w-]+) \| (\w+) \| \d+ \| ([\w.-]+) \|', report, re.M)
-    assert rows == [('train-reference', 'passed', 'train-reference.log')], report
+    rows = re.findall(r'^\| ([\w-]+) \| (\w+) \| \d+ \| ([\w.:-]+) \|', report, re.M)
+    assert rows == [('train-reference', 'passed', 'steps.log:1')], report
+    assert (out / 'steps.log').read_text().startswith('==== train-reference (limit ')
     assert re.search(r'^\| commit \| \S', report, re.M), report
     assert re.search(r'^`\S*python\S* -m caffe_syncbn train .*-sync_bn -cpu_devices 2`$', report,
                      re.M), report
@@ -60,7 +68,7 @@ def test_the_missing_gpu_is_one_line_and_fails_the_run(cpu_run):
 
 def test_the_loss_parser_reads_a_real_training_log(cpu_run):
     _, out = cpu_run
-    text = (out / 'train-reference.log').read_text()
+    text = (out / 'steps.log').read_text()
     parsed = losses(text)
     assert sorted(parsed) == list(range(ITERATIONS + 1))
     # every iteration also prints "Train net output #0: loss = ...": those are not losses here
@@ -72,7 +80,7 @@ def test_the_loss_parser_reads_a_real_training_log(cpu_run):
 
 def test_the_comparison_allows_rounding_and_catches_more(cpu_run):
     _, out = cpu_run
-    reference = losses((out / 'train-reference.log').read_text())
+    reference = losses((out / 'steps.log').read_text())
     passed, note, rows = compare_losses(reference, dict(reference))
     assert passed and len(rows) == ITERATIONS + 1 and max(r[3] for r in rows) == 0, note
     for iteration, limit in ((0, TOLERANCE['first']), (ITERATIONS, TOLERANCE['any'])):
@@ -108,3 +116,92 @@ def test_efficiency_is_the_calculation_of_docs_training():
     slow, added = step_on_many(0.25, 100, 260 * MB, 40e-6, 1.2e9, 25 * MB)
     assert added['unhidden gradients'] == pytest.approx(2 * 260 * MB / 1.2e9 - 0.65 * 0.25)
     assert 0.40 < 0.25 / slow < 0.50
+
+
+def test_the_budget_counts_from_the_first_step_and_the_logs_stay_one_file(tmp_path,
+                                                                           monkeypatch):
+    real = time.monotonic
+    waited = [0.0]
+    monkeypatch.setattr(time, 'monotonic', lambda: real() + waited[0])
+
+    def slow_preflight(check, commit=None, pspnet=None):
+        waited[0] += 600         # a cold machine importing CuPy: longer than the whole budget
+
+    def prints(number):
+        return lambda check: [[sys.executable, '-c', 'print("step %d ran")' % number]]
+    steps = [gpu_check.Step('step-%d' % n, (1,), 30, 'prints its number', prints(n),
+                            [r' ran$'], needs=()) for n in range(9)]
+    monkeypatch.setattr(gpu_check, 'STEPS', steps)
+    monkeypatch.setattr(gpu_check, 'preflight', slow_preflight)
+    monkeypatch.setattr(gpu_check.signal, 'signal', lambda *args: None)
+    assert gpu_check.main(['--stage', '1', '--budget', '300', '--out', str(tmp_path)]) == 0
+    # nine steps, and still two files: the device tools return at most 8, flat
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['report.md', 'steps.log']
+    report = (tmp_path / 'report.md').read_text().splitlines()
+    assert report[2].startswith('**PASSED**'), report
+    log = (tmp_path / 'steps.log').read_text().splitlines()
+    rows = [re.match(r'^\| (step-\d) \| (\w+) \| \d+ \| steps\.log:(\d+) \|', line)
+            for line in report]
+    rows = [row.groups() for row in rows if row]
+    assert [(name, status) for name, status, _ in rows] == \
+        [('step-%d' % n, 'passed') for n in range(9)]
+    for name, _, line in rows:          # each row points at its section of the one log
+        assert log[int(line) - 1].startswith('==== %s (limit 30 s) ====' % name)
+        assert log[int(line) + 1] == '%s ran' % name.replace('-', ' ')
+
+
+def test_the_first_line_says_unfinished_until_every_step_is_done():
+    check = types.SimpleNamespace(missing=[], planned=['gpu-tests', 'train-gpu'],
+                                  results=[{'step': 'gpu-tests', 'status': 'passed'}])
+    assert verdict(check).startswith('**UNFINISHED**: 1 of 2 steps done')
+    check.results.append({'step': 'train-gpu', 'status': 'skipped'})
+    assert verdict(check) == '**FAILED**: skipped: train-gpu.'
+    check.missing.append('goldens: /x/golden is missing or empty')
+    assert verdict(check).startswith('**FAILED**: the preflight misses goldens; skipped: ')
+
+
+class StandInModule:
+    """cupy.RawModule: records the (source, options) key of each compilation."""
+    compiled, asked = [], []
+
+    def __init__(self, code, options):
+        self.key = (code, options)
+
+    def compile(self):
+        StandInModule.compiled.append(self.key)
+
+    def get_function(self, name):
+        StandInModule.asked.append(self.key)
+        return name
+
+
+class StandInDevice:
+    def __init__(self, device_id=0):
+        self.id = device_id
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_compile_kernels_fills_the_cache_the_layers_read(monkeypatch):
+    # CuPy's kernel cache keys on the source text and the options: the step's compilations
+    # must be the very ones cuda_kernels makes when a layer first asks for a kernel
+    stand_in = types.SimpleNamespace(RawModule=StandInModule,
+                                     cuda=types.SimpleNamespace(Device=StandInDevice))
+    monkeypatch.setitem(sys.modules, 'cupy', stand_in)
+    monkeypatch.setitem(sys.modules, 'gpu_check_kernels', None)
+    del sys.modules['gpu_check_kernels']        # imported afresh, on the stand-in
+    monkeypatch.setattr(StandInModule, 'compiled', [])
+    monkeypatch.setattr(StandInModule, 'asked', [])
+    monkeypatch.setattr(cuda_kernels, '_compiled', {})
+    lines = []
+    importlib.import_module('gpu_check_kernels').compile_all(lines.append)
+    stems = cuda_kernels.kernel_stems()
+    assert len(StandInModule.compiled) == len(set(StandInModule.compiled)) == len(stems) >= 9
+    assert [line.split(':')[0] for line in lines] == stems
+    for stem in stems:
+        cuda_kernels.kernel(stem, 'any_kernel_f32')
+    assert set(StandInModule.asked) == set(StandInModule.compiled)

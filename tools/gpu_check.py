@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
-"""`make gpu-check`: every check that needs a GPU, in one command of at most 10 minutes, with
+"""`make gpu-check`: every check that needs a GPU, in two stages of one device call each, with
 a markdown report.
 
-    PYTHONPATH=. python3 tools/gpu_check.py [--out DIR] [--only STEP,...] [--budget 570]
+    PYTHONPATH=. python3 tools/gpu_check.py [--stage 1|2 | --only STEP,...] [--dry-run]
+                                            [--out DIR] [--budget SECONDS] [--commit SHA]
 
-Steps, the most important first, each a process of its own with its own time limit (cut
-to what is left of --budget): the GPU tests with the goldens; the demo net trained with
--sync_bn on the CPU (cpu:2) and on gpu:0,0, loss for loss; the SyncBN kernel, ResNet-50 and
-PSPNet-50 benchmarks; the expected efficiency on 8 and 16 GPUs from the measured step.
-A preflight first writes one line per missing thing (CuPy, a device, NCCL, the goldens of
-CAFFE_SYNCBN_SHARED, ...); the steps that cannot run without it are skipped, the others run.
+Stage 1 is the proof: every CUDA kernel module compiled once into one CuPy cache that the
+later steps share, the GPU tests with the goldens, and the demo net trained with -sync_bn on
+gpu:0,0 against cpu:2, loss for loss. Stage 2 runs the benchmarks: SyncBN, ResNet-50,
+PSPNet-50, and the expected efficiency on 8 and 16 GPUs from the measured step. Without
+--stage or --only, every step runs. Each step is a process of its own with its own time
+limit, cut to what is left of --budget (by default the sum of the limits), which starts
+counting after the preflight. --dry-run prints the plan and starts nothing.
+
+A preflight first writes one line per missing thing (CuPy, a device, NCCL, the goldens and
+the PSPNet-50 prototxt of the reference data: CAFFE_SYNCBN_SHARED, else the bundle of `make
+gpu-bundle` in the checkout, else ../shared); the steps that cannot run without it are
+skipped, the others run, and the run fails.
 
 The report goes to $OUT when set, else out/gpu/: report.md, rewritten after every step (a
-killed run still leaves one), and one log per step, all in one flat folder. The exit
-status is 0 only when nothing was missing and every step passed. --only picks steps
-(preflight always runs): on a machine without a GPU, --only train-reference runs the CPU
-half of the training comparison.
+killed run still leaves one), and steps.log, the output of every step; two files in one
+flat folder, as the device tools return it. The exit status is 0 only when nothing was
+missing and every step passed. On a machine without a GPU, --only train-reference runs the
+CPU half of the training comparison.
 """
 import argparse
 import os
@@ -33,21 +40,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'tools'))
 
-from gpu_check_report import environment, preflight, write_report  # noqa: E402
+from gpu_check_report import (environment, preflight, shared_folder, verdict,  # noqa: E402
+                              write_report)
 from gpu_check_training import (ITERATIONS, compare_runs,  # noqa: E402
                                 prepare_training, train_command)
 
 PYTHON = sys.executable
 PSPNET = os.path.join('corpus', 'hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt')
+LOG = 'steps.log'
+STAGES = {1: 'the proof: the kernels compile, the GPU tests pass with the goldens, -sync_bn '
+             'trains on gpu:0,0 as on cpu:2',
+          2: 'the benchmarks: SyncBN, ResNet-50 and PSPNet-50 against torch, the expected '
+             'efficiency'}
 
 
 class Step:
-    """One step: ``commands(check)`` gives its argv lists (or raises Skip), ``figures`` the
-    patterns of the output lines that go into the report, ``needs`` what the preflight must
-    have found."""
+    """One step of the ``stages`` it belongs to: ``commands(check)`` gives its argv lists (or
+    raises Skip), ``figures`` the patterns of the output lines that go into the report,
+    ``needs`` what the preflight must have found, ``what`` its line of the plan."""
 
-    def __init__(self, name, seconds, commands, figures, needs=('gpu',), env=None, after=None):
-        self.name, self.seconds, self.commands, self.figures = name, seconds, commands, figures
+    def __init__(self, name, stages, seconds, what, commands, figures, needs=('gpu',), env=None,
+                 after=None):
+        self.name, self.stages, self.seconds, self.what = name, stages, seconds, what
+        self.commands, self.figures = commands, figures
         self.needs, self.env, self.after = needs, env or {}, after
 
 
@@ -55,9 +70,13 @@ class Skip(Exception):
     """A step that cannot run: its message goes into the report."""
 
 
+def compile_kernels(check):
+    return [[PYTHON, 'tools/gpu_check_kernels.py']]
+
+
 def gpu_tests(check):
     workers = ['-n', '4'] if check.found.get('xdist') else []
-    limit = ['--timeout=300'] if check.found.get('timeout') else []
+    limit = ['--timeout=120'] if check.found.get('timeout') else []
     return [[PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-m', 'gpu'] + limit +
             workers + ['tests/gpu']]
 
@@ -131,32 +150,57 @@ def efficiency(check):
 
 
 STEPS = [
-    Step('gpu-tests', 240, gpu_tests,
-         [r'\d+ (passed|failed|error)', r'^(FAILED|ERROR|SKIPPED) '],
+    Step('compile-kernels', (1, 2), 35, 'every cuda/*.cu module compiled once, into the CuPy '
+         'cache (CUPY_CACHE_DIR) that the later steps share', compile_kernels,
+         [r'^\w+: compiled', r'^compiled ']),
+    Step('gpu-tests', (1,), 195, 'pytest -m gpu tests/gpu, 4 workers, CAFFE_SYNCBN_REQUIRE_DATA=1',
+         gpu_tests, [r'\d+ (passed|failed|error)', r'^(FAILED|ERROR|SKIPPED) '],
          env={'CAFFE_SYNCBN_REQUIRE_DATA': '1'}),
-    Step('train-reference', 45, train('cpu'), [r'Iteration %d, loss' % ITERATIONS],
+    Step('train-reference', (1,), 30, 'the demo net trained %d iterations with -sync_bn on '
+         '-cpu_devices 2' % ITERATIONS, train('cpu'), [r'Iteration %d, loss' % ITERATIONS],
          needs=('cv2',)),
-    Step('train-gpu', 75, train('gpu'), [r'Iteration %d, loss' % ITERATIONS],
-         needs=('gpu', 'cv2'), after=compare_runs),
-    Step('syncbn', 50, syncbn_benchmark, [r'^device:', r'^8x256', r'copy bandwidth'],
-         after=syncbn_ratios),
-    Step('resnet50', 90, resnet50_benchmark,
-         [r'^net:', r'images/s', r'^ratio', r'^peak GPU', r'skipped'], after=resnet50_ratios),
-    Step('pspnet', 120, pspnet_benchmark,
+    Step('train-gpu', (1,), 70, 'the same on -gpu 0,0, loss for loss against train-reference',
+         train('gpu'), [r'Iteration %d, loss' % ITERATIONS], needs=('gpu', 'cv2'),
+         after=compare_runs),
+    Step('syncbn', (2,), 50, 'benchmarks/syncbn_gpu.py, 8x256x128x128', syncbn_benchmark,
+         [r'^device:', r'^8x256', r'copy bandwidth'], after=syncbn_ratios),
+    Step('resnet50', (2,), 90, 'benchmarks/train_gpu.py, ResNet-50 at batch 32, TF32 off and on',
+         resnet50_benchmark, [r'^net:', r'images/s', r'^ratio', r'^peak GPU', r'skipped'],
+         after=resnet50_ratios),
+    Step('pspnet', (2,), 130, 'train_gpu.py, PSPNet-50 at 473 with -sync_bn: gpu:0,0 against '
+         'gpu:0, then --fit', pspnet_benchmark,
          [r'^net:', r'^devices:', r'images/s', r'^peak GPU', r'^batch norms', r'^free GPU',
           r'^fit '], after=pspnet_ratios),
-    Step('efficiency', 15, efficiency, [r'.'], needs=()),
+    Step('efficiency', (2,), 15, 'benchmarks/efficiency.py from the one-replica PSPNet step',
+         efficiency, [r'.'], needs=()),
 ]
+
+
+def planned(stage=None, only=None):
+    """The steps of ``stage`` (1, 2), or those named in ``only``, or all, in their order."""
+    return [step for step in STEPS if (stage is None or stage in step.stages) and
+            (only is None or step.name in only)]
+
+
+def plan_lines(steps, stage=None):
+    """--dry-run's lines: the stage, each step with its limit, and last the total."""
+    lines = ['stage %d: %s' % (stage, STAGES[stage])] if stage else []
+    lines += ['%-16s %4d s  %s' % (step.name, step.seconds, step.what) for step in steps]
+    return lines + ['total: %d s' % sum(step.seconds for step in steps)]
 
 
 class Check:
     """One run: where it writes, what the preflight found, each step's result."""
 
-    def __init__(self, out, work, shared, budget):
-        self.out, self.work, self.shared = out, work, shared
-        self.deadline = time.monotonic() + budget
+    def __init__(self, out, work, shared, planned):
+        self.out, self.work, self.shared, self.planned = out, work, shared, planned
+        self.deadline = None             # set by start_budget, once the preflight is done
         self.found, self.missing, self.results, self.outputs = {}, [], [], {}
         self.env = environment()
+        self.kernel_cache = os.environ.get('CUPY_CACHE_DIR') or os.path.join(work, 'kernels')
+
+    def start_budget(self, seconds):
+        self.deadline = time.monotonic() + seconds
 
     def say(self, line):
         print('[gpu-check] %s' % line, flush=True)
@@ -203,10 +247,19 @@ def run_logged(command, env, seconds, log, prefix):
     return status, ''.join(lines)
 
 
+def open_section(log, step):
+    """Append the step's heading to the run's log: 'steps.log:LINE', where its section starts."""
+    with open(log, 'a+') as f:
+        f.seek(0)
+        line = sum(1 for _ in f) + 1
+        f.write('==== %s (limit %d s) ====\n' % (step.name, step.seconds))
+    return '%s:%d' % (os.path.basename(log), line)
+
+
 def run_step(check, step):
-    result = {'step': step.name, 'commands': [], 'figures': [], 'log': step.name + '.log'}
+    result = {'step': step.name, 'commands': [], 'figures': [], 'log': '-'}
     check.results.append(result)
-    log = os.path.join(check.out, result['log'])
+    log = os.path.join(check.out, LOG)
     start = time.monotonic()
     lacking = [need for need in step.needs if not check.found.get(need)]
     left = check.deadline - time.monotonic()
@@ -216,17 +269,18 @@ def run_step(check, step):
         if left < 5:
             raise Skip('no time left of --budget')
         commands = step.commands(check)
-        open(log, 'w').close()
     except Skip as why:
-        result.update(status='skipped', note=str(why), seconds=0.0, log='-')
+        result.update(status='skipped', note=str(why), seconds=0.0)
         return result
     except Exception as exc:         # a failed preparation is this step's failure, not the run's
         result.update(status='failed', note='%s: %s' % (type(exc).__name__, exc),
-                      seconds=time.monotonic() - start, log='-')
+                      seconds=time.monotonic() - start)
         return result
+    result['log'] = open_section(log, step)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]),
-        CAFFE_SYNCBN_SHARED=check.shared, PYTHONUNBUFFERED='1', **step.env)
+        CAFFE_SYNCBN_SHARED=check.shared, CUPY_CACHE_DIR=check.kernel_cache,
+        PYTHONUNBUFFERED='1', **step.env)
     output, status = '', 0
     for command in commands:         # after a failure too: a benchmark's next run still tells
         result['commands'].append(shlex.join(command))
@@ -258,43 +312,61 @@ def default_out():
     return os.environ.get('OUT') or os.path.join(ROOT, 'out', 'gpu')
 
 
-def main(argv=None):
+def parse(argv):
     names = [step.name for step in STEPS]
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--out', default=default_out(), help='report folder ($OUT, else out/gpu)')
-    p.add_argument('--only', help='steps to run, separated by commas: preflight, ' +
-                   ', '.join(names))
-    p.add_argument('--budget', type=float, default=570, help='seconds for all steps (570)')
+    chosen = p.add_mutually_exclusive_group()
+    chosen.add_argument('--stage', type=int, choices=sorted(STAGES),
+                        help='the steps of one stage: %s' % '; '.join(
+                            '%d, %s' % item for item in STAGES.items()))
+    chosen.add_argument('--only', help='steps to run, separated by commas: preflight, ' +
+                        ', '.join(names))
+    p.add_argument('--dry-run', action='store_true',
+                   help='print the planned steps, their time limits and the total; run nothing')
+    p.add_argument('--budget', type=float,
+                   help="seconds for all steps, counted from the first (the steps' limits "
+                   'added up)')
     p.add_argument('--commit', help='the commit to name in the report (default: git)')
     args = p.parse_args(argv)
-    chosen = names if not args.only else [n for n in args.only.split(',') if n != 'preflight']
-    unknown = sorted(set(chosen) - set(names))
+    args.only = args.only and [n for n in args.only.split(',') if n != 'preflight']
+    unknown = sorted(set(args.only or ()) - set(names))
     if unknown:
         p.error('unknown step %r (known: preflight, %s)' % (unknown[0], ', '.join(names)))
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    steps = planned(args.stage, args.only)
+    if args.dry_run:
+        print('\n'.join(plan_lines(steps, args.stage)))
+        return 0
     os.makedirs(args.out, exist_ok=True)
     # stopped from outside: the finally clauses end the running step's processes
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    shared = os.environ.get('CAFFE_SYNCBN_SHARED', os.path.join(os.path.dirname(ROOT), 'shared'))
     work = tempfile.mkdtemp(prefix='gpu-check-')
-    check = Check(os.path.abspath(args.out), work, os.path.abspath(shared), args.budget)
+    check = Check(os.path.abspath(args.out), work, shared_folder(), [s.name for s in steps])
+    open(os.path.join(check.out, LOG), 'w').close()
     try:
         preflight(check, commit=args.commit, pspnet=os.path.join(check.shared, PSPNET))
         for line in check.missing:
             check.say('missing: %s' % line)
         check.write()
-        for step in STEPS:
-            if step.name in chosen:
-                check.say('%s: starting' % step.name)
-                result = run_step(check, step)
-                check.say('%s: %s in %.0f s%s' % (step.name, result['status'], result['seconds'],
-                                                 ' (%s)' % result['note'] if result.get('note')
-                                                 else ''))
-                check.write()
+        check.start_budget(args.budget or sum(step.seconds for step in steps))
+        for step in steps:
+            check.say('%s: starting' % step.name)
+            result = run_step(check, step)
+            check.say('%s: %s in %.0f s%s' % (step.name, result['status'], result['seconds'],
+                                             ' (%s)' % result['note'] if result.get('note')
+                                             else ''))
+            check.write()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for r in check.results:
         check.say('%-16s %-8s %5.0f s  %s' % (r['step'], r['status'], r['seconds'],
                                               r.get('note', '')))
+    check.say(verdict(check).replace('**', ''))
     check.say('report: %s' % os.path.join(check.out, 'report.md'))
     failed = check.missing or any(r['status'] != 'passed' for r in check.results)
     return 1 if failed else 0

@@ -2,9 +2,12 @@
 
 The preflight asks a process of its own (this file, run as a script) what it can import and
 see, so that the driver never holds a CUDA context (nor torch) while the steps measure the
-GPU's memory. The report is markdown, written whole (to a temporary file, then renamed)
-after every step.
+GPU's memory. The reference data come from CAFFE_SYNCBN_SHARED, else from the bundle that
+`make gpu-bundle` leaves in the checkout (a GPU machine gets the checkout alone), else from
+../shared; the bundle's wheels are installed first. The report is markdown, written whole
+(to a temporary file, then renamed) after every step, and says first whether the run passed.
 """
+import glob
 import importlib.metadata
 import json
 import os
@@ -14,6 +17,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUNDLE = os.path.join(ROOT, '.gpu-bundle')
 PACKAGES = ('numpy', 'cupy-cuda13x', 'nvidia-nccl-cu13', 'nvidia-cudnn-cu13', 'torch',
             'protobuf', 'h5py', 'lmdb', 'opencv-python-headless', 'scipy', 'tqdm',
             'threadpoolctl', 'onnx', 'onnxruntime', 'pytest', 'pytest-timeout', 'pytest-xdist',
@@ -85,9 +89,10 @@ PROBES = {
 }
 
 
-def probe():
+def probe(extra=()):
     """{key: version or description, key + '_error': why not} for PROBES (a key whose
-    prerequisite is missing is not tried), and the installed packages' versions."""
+    prerequisite is missing is not tried), and the versions of the installed PACKAGES and
+    of the ``extra`` distributions (the bundle's wheels)."""
     found = {}
     for key, (find, _, needs) in PROBES.items():
         if needs and needs not in found:
@@ -97,7 +102,7 @@ def probe():
         except Exception as exc:            # ImportError, CUDA errors: each a missing thing
             found[key + '_error'] = ('%s: %s' % (type(exc).__name__, exc)).splitlines()[0]
     found['packages'] = {}
-    for name in PACKAGES:
+    for name in PACKAGES + tuple(extra):
         try:
             found['packages'][name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -124,48 +129,114 @@ def environment():
             'host': '%s, %d CPU cores' % (platform.node(), os.cpu_count() or 0)}
 
 
+def shared_folder():
+    """Where the goldens and the corpus are: CAFFE_SYNCBN_SHARED, else the bundle of
+    `make gpu-bundle` in the checkout, else ../shared (tests/conftest.py looks the same way)."""
+    if os.environ.get('CAFFE_SYNCBN_SHARED'):
+        return os.path.abspath(os.environ['CAFFE_SYNCBN_SHARED'])
+    if os.path.isdir(BUNDLE):
+        return BUNDLE
+    return os.path.join(os.path.dirname(ROOT), 'shared')
+
+
+def wheel_name(path):
+    """'cudnn_frontend-1.9.0-cp312-....whl' -> 'cudnn-frontend', its distribution's name."""
+    return os.path.basename(path).split('-')[0].replace('_', '-')
+
+
+def install_wheels(check):
+    """Install the wheels of ``check.shared``/wheels (the GPU machine has no registry) into the
+    run's work folder, on the path of the preflight and of every step; a failed install is a
+    missing thing. The names of the installed distributions."""
+    wheels = sorted(glob.glob(os.path.join(check.shared, 'wheels', '*.whl')))
+    if not wheels:
+        return []
+    target = os.path.join(check.work, 'site')
+    try:
+        result = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-index',
+                                 '--no-deps', '--no-compile', '--no-cache-dir', '--target',
+                                 target] + wheels, capture_output=True, text=True, timeout=300)
+        failure = result.returncode and (result.stderr.strip() or 'exit status %d'
+                                         % result.returncode).splitlines()[-1]
+    except subprocess.TimeoutExpired:
+        failure = 'pip took over 300 s'
+    if failure:
+        check.missing.append('wheels: installing %s failed: %s; the steps that need them fail'
+                             % (', '.join(map(os.path.basename, wheels)), failure))
+        return []
+    os.environ['PYTHONPATH'] = os.pathsep.join(
+        [target] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])
+    return [wheel_name(wheel) for wheel in wheels]
+
+
 def preflight(check, commit=None, pspnet=None):
     """Fill check.found (what each step needs) and check.missing (one line per missing
-    thing) from a probe process, the goldens and the PSPNet-50 prototxt."""
+    thing) from the bundle's wheels, a probe process, the goldens and the PSPNet-50
+    prototxt."""
+    extra = install_wheels(check)
     try:
-        result = subprocess.run([sys.executable, os.path.abspath(__file__)],
+        result = subprocess.run([sys.executable, os.path.abspath(__file__)] + extra,
                                 capture_output=True, text=True, timeout=120, cwd=ROOT)
         found = json.loads(result.stdout) if result.returncode == 0 else \
             {'gpu_error': 'the probe failed: %s' % result.stderr.strip()[-300:]}
     except subprocess.TimeoutExpired:   # a driver that hangs: every GPU step would too
         found = {'gpu_error': 'the probe (importing CuPy, asking for devices) took over 120 s'}
     check.env.update(commit=commit or git_commit() or 'unknown (not a git checkout: pass '
-                     '--commit)', packages=found.pop('packages', {}))
+                     '--commit)', packages=found.pop('packages', {}),
+                     shared=check.shared + (' (the bundle of make gpu-bundle)'
+                                            if check.shared == BUNDLE else ''))
     for key, (_, cost, _) in PROBES.items():
         if key in found:
             check.found[key] = check.env[key] = found[key]
         elif cost and key + '_error' in found:
             check.missing.append('%s: %s; %s' % (key, found.get(key + '_error', 'not probed'),
                                                  cost))
+    fix = 'run `make gpu-bundle` before sending the checkout, or set CAFFE_SYNCBN_SHARED'
     goldens = os.path.join(check.shared, 'golden')
     if os.path.isdir(goldens) and os.listdir(goldens):
         check.found['goldens'] = goldens
     else:
-        check.missing.append('goldens: %s is missing or empty (set CAFFE_SYNCBN_SHARED to a copy '
-                             'of ../shared); the GPU tests that need them fail' % goldens)
+        check.missing.append('goldens: %s is missing or empty (%s); the GPU tests that need '
+                             'them fail' % (goldens, fix))
     if pspnet and os.path.isfile(pspnet):
         check.found['pspnet'] = pspnet
     else:
-        check.missing.append('PSPNet-50: %s is missing; the pspnet and efficiency steps are '
-                             'skipped' % pspnet)
+        check.missing.append('PSPNet-50: %s is missing (%s); the pspnet and efficiency steps '
+                             'are skipped' % (pspnet, fix))
 
 
 def _table(rows):
     return ['| %s |' % ' | '.join(str(cell).replace('|', '\\|') for cell in row) for row in rows]
 
 
+def verdict(check):
+    """The report's first line: FAILED (what the preflight missed, the steps that failed or
+    were skipped), else UNFINISHED (a run killed on the way leaves this), else PASSED."""
+    reasons = []
+    if check.missing:
+        reasons.append('the preflight misses %s' % ', '.join(line.split(':')[0]
+                                                             for line in check.missing))
+    for status in ('failed', 'skipped'):
+        steps = [r['step'] for r in check.results if r['status'] == status]
+        if steps:
+            reasons.append('%s: %s' % (status, ', '.join(steps)))
+    if reasons:
+        return '**FAILED**: %s.' % '; '.join(reasons)
+    if len(check.results) < len(check.planned):
+        return '**UNFINISHED**: %d of %d steps done (%s).' % (
+            len(check.results), len(check.planned), ', '.join(check.planned))
+    return '**PASSED**: the preflight found everything and every step passed (%s).' % (
+        ', '.join(check.planned) or 'no step was asked for')
+
+
 def report_lines(check):
     env = check.env
-    lines = ['# make gpu-check', '', '| | |', '|---|---|']
+    lines = ['# make gpu-check', '', verdict(check), '', '| | |', '|---|---|']
     lines += _table([('started', env['started']), ('commit', env.get('commit', '?')),
                      ('GPU', env.get('gpu', 'none')), ('CUDA', env.get('cuda', '-')),
                      ('NCCL', env.get('nccl', '-')), ('cuDNN (torch)', env.get('cudnn', '-')),
                      ('python', env['python']), ('host', env['host']),
+                     ('reference data', env.get('shared', '-')),
                      ('packages', ', '.join('%s %s' % item
                                             for item in sorted(env.get('packages', {}).items())))])
     lines += ['', '## Preflight', '']
@@ -195,4 +266,4 @@ def write_report(path, check):
 
 
 if __name__ == '__main__':
-    print(json.dumps(probe()))
+    print(json.dumps(probe(sys.argv[1:])))

@@ -90,9 +90,8 @@ def compare_losses(reference, candidate):
 
 
 def compare_runs(check):
-    """The train-gpu step's verdict: its log's losses against train-reference's."""
-    logs = [os.path.join(check.out, name + '.log') for name in ('train-reference', 'train-gpu')]
-    if not os.path.exists(logs[0]):
-        return False, 'no train-reference log to compare with: run that step too', []
-    reference, candidate = (losses(open(log, errors='replace').read()) for log in logs)
-    return compare_losses(reference, candidate)
+    """The train-gpu step's verdict: its output's losses against train-reference's."""
+    if 'train-reference' not in check.outputs:
+        return False, 'no train-reference output to compare with: run that step too', []
+    return compare_losses(losses(check.outputs['train-reference']),
+                          losses(check.outputs['train-gpu']))
