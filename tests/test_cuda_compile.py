@@ -60,8 +60,8 @@ def _compile_ptx(stem, tmp_path):
 
 def wanted_kernels():
     wanted = {}
-    for path in list((ROOT / 'caffe_syncbn' / 'layers').glob('*_gpu.py')) + \
-            [ROOT / 'caffe_syncbn' / 'comm' / 'streams.py']:
+    # every module of the package, wherever its launchers live (layers/*_gpu.py, the streams)
+    for path in sorted((ROOT / 'caffe_syncbn').rglob('*.py')):
         text = path.read_text()
         calls = _TYPED_CALL.findall(text) + [('syncbn', b) for b in _SYNCBN_CALL.findall(text)]
         for stem, base in calls:
