@@ -4,8 +4,12 @@
 ``fn(grid, block, args)``, on numpy arrays. What the emulation checks and what only a GPU
 shows: docs/gpu-emulation.md.
 
-Scalars must carry their C type as numpy scalars (np.int32, np.int64, np.float32,
-np.float64), as CuPy also wants them; None is a null pointer.
+Every launch is checked against the kernel's C signature, read from its preprocessed source,
+with CuPy 14's marshalling rules (docs/gpu-emulation.md, "What a launch may pass"): an array
+goes to a pointer to its dtype and must be C-contiguous, None is a null pointer, a numpy
+scalar is passed as its dtype, a Python int as int64, a Python float as float64, a Python bool
+as bool, and a scalar must be of the parameter's exact type. What CuPy would pass wrongly is
+a KernelError naming the kernel, the argument and both types.
 
 Environment (read when a kernel is first built or launched):
   CAFFE_SYNCBN_EMU_CUDA_DIR   the folder of the .cu files (default: the repo's cuda/);
@@ -34,13 +38,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cuda_signatures
 from caffe_syncbn.backend import cuda_kernels
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 HEADER = HERE / 'cuda_host_emulation.h'
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
-_ENTRY = re.compile(r'EMU_KERNEL_ENTRY\s+void\s+(?:EMU_LAUNCH_BOUNDS\(\s*(\d+)[^)]*\)\s*)?(\w+)\s*\(')
+_ENTRY = re.compile(r'EMU_KERNEL_ENTRY\s+void\s+(?:EMU_LAUNCH_BOUNDS\(\s*(\d+)[^)]*\)\s*)?'
+                    r'(\w+)\s*\(([^)]*)\)')
 #: the emulation keeps the launch geometry in globals: one launch at a time, whichever
 #: replica thread asks
 _LAUNCH_LOCK = threading.Lock()
@@ -90,19 +96,27 @@ def _compiler():
 
 
 def _entries(code):
-    """{kernel name: its __launch_bounds__ or None} of every extern "C" kernel, macro
-    instantiations included: the preprocessor expands the source with them marked."""
+    """{kernel name: (its __launch_bounds__ or None, its parameter list)} of every extern "C"
+    kernel, macro instantiations included: the preprocessor expands the source with them
+    marked."""
     cmd = [_compiler(), '-x', 'c++', '-std=c++20', '-E', '-P', '-DCAFFE_SYNCBN_HOST_EMULATION',
            '-D__global__=EMU_KERNEL_ENTRY',
            '-D__launch_bounds__(...)=EMU_LAUNCH_BOUNDS(__VA_ARGS__)', '-']
     result = subprocess.run(cmd, input=code, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError('preprocessing failed:\n%s' % result.stderr[-4000:])
-    return {name: int(bound) if bound else None for bound, name in _ENTRY.findall(result.stdout)}
+    return {name: (int(bound) if bound else None, params)
+            for bound, name, params in _ENTRY.findall(result.stdout)}
 
 
 def kernel_names(stem):
     return sorted(_entries(source(stem)))
+
+
+def signatures(stem):
+    """{kernel name: its cuda_signatures.Parameter tuple} of cuda/<stem>.cu."""
+    return {name: cuda_signatures.parse(name, params)
+            for name, (_, params) in _entries(source(stem)).items()}
 
 
 def _sanitizer():
@@ -183,23 +197,6 @@ class _Config(ctypes.Structure):
                 ('only_count', ctypes.c_uint), ('only_blocks', ctypes.POINTER(ctypes.c_uint))]
 
 
-_CTYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
-           np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
-
-
-def _c_arg(value):
-    if value is None:
-        return ctypes.c_void_p(None)
-    if isinstance(value, np.ndarray):
-        if not value.flags.c_contiguous:
-            raise ValueError('kernel arrays must be C-contiguous')
-        return ctypes.c_void_p(value.ctypes.data)
-    if isinstance(value, np.generic) and value.dtype in _CTYPES:
-        return _CTYPES[value.dtype](value.item())
-    raise TypeError('pass kernel scalars as numpy scalars with a C type, got %r (%s)'
-                    % (value, type(value).__name__))
-
-
 def _dims(value, what):
     dims = tuple(int(v) for v in (value if isinstance(value, (tuple, list)) else (value,)))
     if not 1 <= len(dims) <= 3:
@@ -213,8 +210,14 @@ class EmulatedKernel:
         if name not in entries:
             raise AttributeError('cuda/%s.cu has no kernel %r (it has %s)'
                                  % (stem, name, sorted(entries)))
-        self._address = ctypes.c_void_p.in_dll(self._lib, 'emu_' + name).value
-        self._bound = entries[name]
+        self._bound, params = entries[name]
+        try:
+            self.params = cuda_signatures.parse(name, params)
+        except cuda_signatures.SignatureError as error:
+            raise KernelError('cuda/%s.cu: %s' % (stem, error)) from None
+        prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_Config),
+                                     *[p.ctype for p in self.params])
+        self._launch = prototype(ctypes.c_void_p.in_dll(self._lib, 'emu_' + name).value)
         self.name = name
 
     def _check(self, grid, block):
@@ -235,6 +238,10 @@ class EmulatedKernel:
     def __call__(self, grid, block, args, blocks=None):
         """Launch over ``grid`` x ``block``; ``blocks`` (a list of (x, y, z)) runs only those
         blocks of the grid, for tests of huge grids over sparse arrays."""
+        try:
+            values = cuda_signatures.marshal(self.name, self.params, args)
+        except cuda_signatures.SignatureError as error:
+            raise KernelError(str(error)) from None
         grid, block = _dims(grid, 'grid'), _dims(block, 'block')
         self._check(grid, block)
         only = [_dims(b, 'block index') for b in blocks or ()]
@@ -245,10 +252,8 @@ class EmulatedKernel:
         config = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
                          _POLICIES[policy], seed, self.name.encode(), len(only),
                          (ctypes.c_uint * (3 * len(only) or 1))(*[i for b in only for i in b]))
-        c_args = [ctypes.pointer(config)] + [_c_arg(a) for a in args]
-        prototype = ctypes.CFUNCTYPE(ctypes.c_int, *[type(a) for a in c_args])
         with _LAUNCH_LOCK:
-            if prototype(self._address)(*c_args) != 0:
+            if self._launch(ctypes.pointer(config), *values) != 0:
                 raise KernelError(self._lib.emu_last_error().decode())
 
 

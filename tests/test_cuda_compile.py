@@ -1,7 +1,8 @@
 """Every cuda/*.cu compiles for a fixed architecture without a GPU, from the exact text NVRTC
 gets at run time (caffe_syncbn.backend.cuda_kernels.source), and has every kernel the Python
 wrappers ask for. nvcc --ptx (then ptxas, which checks the inline PTX) when nvcc is there,
-else CuPy's NVRTC when CuPy imports, else a skip that says which is missing."""
+else CuPy's NVRTC when CuPy imports, else a skip that says which is missing. NVRTC with the
+options CuPy gives it, from the nvidia-cuda-nvrtc wheel: tests/test_cuda_nvrtc.py."""
 import os
 import re
 import shutil
@@ -57,10 +58,10 @@ def _compile_ptx(stem, tmp_path):
     return ptx.decode() if isinstance(ptx, bytes) else ptx
 
 
-def _wanted_kernels():
+def wanted_kernels():
     wanted = {}
-    for path in list((ROOT / 'caffe_syncbn' / 'layers').glob('*_gpu.py')) + \
-            [ROOT / 'caffe_syncbn' / 'comm' / 'streams.py']:
+    # every module of the package, wherever its launchers live (layers/*_gpu.py, the streams)
+    for path in sorted((ROOT / 'caffe_syncbn').rglob('*.py')):
         text = path.read_text()
         calls = _TYPED_CALL.findall(text) + [('syncbn', b) for b in _SYNCBN_CALL.findall(text)]
         for stem, base in calls:
@@ -72,14 +73,14 @@ def _wanted_kernels():
 def test_there_are_kernels_and_every_wrapper_names_an_existing_file():
     assert {'syncbn', 'reduce', 'im2col', 'pooling', 'softmax_loss', 'interp', 'lrn',
             'detection'} <= set(STEMS)
-    assert set(_wanted_kernels()) <= set(STEMS)
+    assert set(wanted_kernels()) <= set(STEMS)
 
 
 @pytest.mark.parametrize('stem', STEMS)
 def test_compiles_with_the_kernels_the_wrappers_use(stem, tmp_path):
     ptx = _compile_ptx(stem, tmp_path)
     entries = set(re.findall(r'\.entry\s+(\w+)', ptx))
-    missing = _wanted_kernels().get(stem, set()) - entries
+    missing = wanted_kernels().get(stem, set()) - entries
     assert not missing, 'cuda/%s.cu lacks kernels %s' % (stem, sorted(missing))
 
 
