@@ -60,7 +60,7 @@ def _compile_ptx(stem, tmp_path):
 def _wanted_kernels():
     wanted = {}
     for path in list((ROOT / 'caffe_syncbn' / 'layers').glob('*_gpu.py')) + \
-            [ROOT / 'caffe_syncbn' / 'comm' / 'streams.py']:
+            [ROOT / 'caffe_syncbn' / 'backend' / 'cuda_runtime.py']:
         text = path.read_text()
         calls = _TYPED_CALL.findall(text) + [('syncbn', b) for b in _SYNCBN_CALL.findall(text)]
         for stem, base in calls:
