@@ -12,6 +12,7 @@ Every layer has four steps, as in Caffe:
 """
 import numpy as np
 
+from .backend import get_array_module
 from .blob import Blob
 from .caffe_pb2 import TEST, TRAIN  # noqa: F401  (the phases, as pycaffe names them here)
 from .errors import CaffeError, layer_error, quote
@@ -78,6 +79,8 @@ class LayerContext:
         self.comm = comm
         self.rng = rng if rng is not None else np.random.RandomState()
         self.feeder = feeder
+        #: the device checks of this pass (check_later) that the Net has not read yet
+        self.pending_checks = []
 
     @property
     def replicas(self):
@@ -91,11 +94,32 @@ class LayerContext:
         the average equal the loss of one device on the whole batch, even when the
         replicas hold uneven splits or different numbers of ignored labels.
         Alone (no communicator) this is exactly Caffe's ``max(1, count)``.
+
+        ``local_count`` is a number, or a 0-d array counted on a device: that count stays
+        there (a float64 0-d array comes back, summed over the replicas by a collective on
+        the device), where a host number would make the host wait for the device.
         """
-        if self.comm is None or self.comm.size == 1:
-            return max(1.0, float(local_count))
-        total = self.comm.allreduce_scalar(float(local_count), tag='loss normalizer')
-        return max(1.0, total) / self.comm.size
+        size = self.comm.size if self.comm is not None else 1
+        xp = get_array_module(local_count)
+        if xp is np:
+            if size == 1:
+                return max(1.0, float(local_count))
+            total = self.comm.allreduce_scalar(float(local_count), tag='loss normalizer')
+            return max(1.0, total) / size
+        count = local_count.astype(np.float64).reshape(1)
+        if size > 1:
+            self.comm.allreduce(count, tag='loss normalizer')
+        return xp.maximum(count[0], 1.0) / size
+
+    def check_later(self, layer, failed, message):
+        """Raise ``layer.error(message())`` if ``failed`` holds: at once for a host value;
+        for a 0-d bool array of a device, when the Net reads the pass's loss, with every
+        other check of the pass in one read, not a read (a wait for the device) each."""
+        if get_array_module(failed) is np:
+            if failed:
+                raise layer.error(message())
+            return
+        self.pending_checks.append((failed, layer, message))
 
 
 class BlobVec(list):
@@ -215,6 +239,16 @@ class Layer:
         lr_mult 0; a layer built outside a Net has no flags and wants them all)."""
         flags = self.param_propagate_down
         return index >= len(flags) or bool(flags[index])
+
+    def before_pass(self):
+        """A 1-D array of values this layer's next forward decides by, or None. The Net
+        reads every layer's at once at the start of a pass and hands each its host copy
+        (``decided``): on a GPU, one read while the device is idle rather than a wait for
+        the device inside each forward."""
+        return None
+
+    def decided(self, values):
+        """The host copy of what ``before_pass`` returned, before the pass's forward."""
 
     def allow_force_backward(self, bottom_index):
         """False for inputs that are indices or selectors, which have no gradient."""

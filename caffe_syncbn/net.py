@@ -10,7 +10,7 @@ import numpy as np
 
 from . import layers  # noqa: F401  (importing the package registers the built-in layer types)
 from . import caffe_pb2
-from .backend import mode_array_module
+from .backend import mode_array_module, to_numpy
 from .blob import Blob, format_bytes, memory_limit, storage_of
 from .errors import CaffeError, layer_error, name_list, naming, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
@@ -257,6 +257,10 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
 
     def forward_prefilled(self, start=0, end=None):
         """Run layers start..end (inclusive) on the blobs as they are; return the loss."""
+        return self.read_pass(self._forward(start, end))
+
+    def _forward(self, start, end):
+        """The forward of layers start..end; the loss, on the net's device."""
         end = len(self.layers) - 1 if end is None else end
         if self._plan is not None:
             self._plan.enter_forward()
@@ -265,6 +269,7 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
             if self._input_shapes() != self._planned_inputs or (
                     start == 0 and not self._plan.holds()):
                 self._apply_plan()
+        self._decide(start, end)
         loss = 0.0
         for i in range(start, end + 1):
             if i in self._absorbed:
@@ -276,9 +281,36 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
             layer.forward(bottoms, tops)
             for blob, w in zip(tops, self._loss_weights[i]):
                 if w:
-                    loss += w * float(blob.data.sum())
+                    loss = loss + w * blob.data.sum().astype(np.float64)
                     blob.diff[...] = w
         return loss
+
+    def _decide(self, start, end):
+        """Hand the layers of the pass what they decide by (Layer.before_pass), in one read."""
+        asked = [(layer, layer.before_pass()) for layer in self.layers[start:end + 1]]
+        asked = [(layer, values) for layer, values in asked if values is not None]
+        if not asked:
+            return
+        host = to_numpy(self.context.xp.concatenate([values for _, values in asked]))
+        offset = 0
+        for layer, values in asked:
+            layer.decided(host[offset:offset + values.size])
+            offset += values.size
+
+    def read_pass(self, loss):
+        """The pass's loss as a float, and its layers' checks (LayerContext.check_later),
+        in one read of the device; raises the first check that failed."""
+        checks = self.context.pending_checks
+        if not checks and isinstance(loss, float):     # numpy's float64 is a float
+            return float(loss)
+        xp = self.context.xp
+        values = to_numpy(xp.stack([xp.asarray(loss, dtype=np.float64)] +
+                                   [failed.astype(np.float64) for failed, _, _ in checks]))
+        self.context.pending_checks = []
+        for (_, layer, message), failed in zip(checks, values[1:]):
+            if failed:
+                raise layer.error(message())
+        return float(values[0])
 
     def backward_from(self, start=None, end=0, after_layer=None):
         """Run backward for layers start down to end (inclusive); ``after_layer(i)`` is called
@@ -337,9 +369,10 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
         return {name: self.blobs[name].diff for name in list(names) + list(diffs or [])}
 
     def forward_backward(self, after_layer=None):
-        loss = self.forward_prefilled()
+        """One forward and backward pass; its loss, read once both are queued."""
+        loss = self._forward(0, None)
         self.backward_from(after_layer=after_layer)
-        return loss
+        return self.read_pass(loss)
 
     def reshape(self):
         for layer, bottoms, tops in zip(self.layers, self._bottoms, self._tops):

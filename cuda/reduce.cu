@@ -1,6 +1,7 @@
-// The same-device communicator's kernels (caffe_syncbn/comm/same_device.py): several replicas
-// share one GPU, so an allreduce is a sum of R device buffers in fixed rank order, then a
-// copy of the sum back into each replica's buffer. Buffers are contiguous, of n values of
+// The same-device communicator's kernels (caffe_syncbn/comm/same_device.py, launched by
+// caffe_syncbn/backend/cuda_runtime.py): several replicas share one GPU, so an allreduce is
+// a sum of R device buffers in fixed rank order, then a copy of the sum back into each
+// replica's buffer. Buffers are contiguous, of n values of
 // type T: _f16 (summed in float32, rounded once per launch), _f32, _f64.
 //
 // Launch shapes: 1-D grid-stride, 256 threads per block, grid = min(ceil(n/V/256), 32*SMs),

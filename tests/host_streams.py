@@ -1,5 +1,6 @@
 """HostStreams: the CPU stand-in of the communicators' CupyStreams, over numpy arrays,
 with streams that can run their queued operations in any order a GPU could."""
+import contextlib
 import threading
 
 import numpy as np
@@ -62,6 +63,9 @@ class HostStreams:
 
     def handle(self, stream):
         return stream
+
+    def device_scope(self):
+        return contextlib.nullcontext()
 
     def pointer(self, array):
         return array.ctypes.data

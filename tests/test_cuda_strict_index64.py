@@ -155,7 +155,7 @@ def test_softmax_loss(dtype):
     grid = -(-total // 256)
     top = np.array([1.0], dtype)
     kernel('softmax_loss', 'softmax_loss_backward_' + SUFFIX[dtype])(
-        (grid,), (256,), [prob, labels] + args + [top, np.float64(1.0), dx],
+        (grid,), (256,), [prob, labels] + args + [top, np.array([1.0]), dx],
         blocks=last_blocks(grid))
     tail = total - (grid - 2) * 256            # the last blocks cover class 2's tail
     want = p[2, -tail:] - (lab[-tail:] == 2)
@@ -174,7 +174,7 @@ def test_softmax_loss_outer_times_classes_past_2_31():
     ps = fill(prob, first, total, 20)
     args = [np.int32(outer), np.int32(classes), np.int64(1), np.int32(0), np.int32(-1)]
     kernel('softmax_loss', 'softmax_loss_backward_f32')(
-        (grid,), (256,), [prob, labels] + args + [np.array([2.0], np.float32), np.float64(4.0), dx],
+        (grid,), (256,), [prob, labels] + args + [np.array([2.0], np.float32), np.array([4.0]), dx],
         blocks=last_blocks(grid))
     t = np.arange(first, total)
     want = (ps - (t % classes == labels[t // classes])) * 0.5

@@ -335,7 +335,7 @@ def test_softmax_loss(dtype, outer, classes, inner, launch, misaligned):
     top = device([0.5], dtype)
     dx = nan_filled(scores.shape, dtype, misaligned)
     k('softmax_loss', 'softmax_loss_backward', dtype)(*launch, [prob, labels] + args
-                                                      + [top, np.float64(3.0), dx])
+                                                      + [top, np.array([3.0]), dx])
     onehot = (np.arange(classes)[None, :, None] == lab[:, None, :])
     want_dx = (prob.astype(np.float64) - onehot) * 0.5 / 3.0 * (want_valid == 1)[:, None, :]
     assert_close(dx, want_dx, TOL[dtype], 'dx')

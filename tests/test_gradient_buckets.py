@@ -5,7 +5,7 @@ from counting_comm import CountingComm
 from test_data_parallel import batches, solver_param, train
 
 from caffe_syncbn import TRAIN, Net, caffe_pb2
-from caffe_syncbn.comm import Communicator
+from caffe_syncbn.comm import Communicator, ThreadComm
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.training import replicas, solvers, synchronous
 from caffe_syncbn.training.gradient_buckets import GradientBuckets
@@ -69,10 +69,10 @@ def test_gradients_are_reduced_while_backward_goes_on(monkeypatch):
     comms = []
 
     def counting(devices, link=None):
-        comms[:] = [CountingComm(c) for c in replicas.ThreadComm.create(len(devices))]
+        comms[:] = [CountingComm(c) for c in ThreadComm.create(len(devices))]
         return comms
 
-    monkeypatch.setattr(replicas, 'make_comms', counting)
+    monkeypatch.setattr(replicas, 'communicators', counting)
     monkeypatch.setattr(synchronous.Synchronous, 'gradient_bucket_bytes', 1)
     solver = solvers.get_solver(solver_param(), devices='cpu:2')
     data = iter(batches(1))

@@ -14,7 +14,7 @@ from threads import run_threads
 
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted
 from caffe_syncbn.comm.same_device import SameDeviceComm
-from caffe_syncbn.comm.streams import launch_copy, launch_sum
+from caffe_syncbn.backend.cuda_runtime import launch_copy, launch_sum
 
 run_members = run_threads
 

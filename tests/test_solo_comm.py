@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.comm import CommAborted, SoloComm
-from caffe_syncbn.training.replicas import make_comms
+from caffe_syncbn.comm import communicators
 
 
 class DeviceArray:
@@ -20,7 +20,7 @@ def test_one_device_of_any_kind_gets_a_solo_comm(monkeypatch):
         return real_import(name, *args, **kwargs)
     monkeypatch.setattr(builtins, '__import__', no_gpu_libraries)
     for device in (('gpu', 0), ('gpu', 3), ('cpu', 0)):
-        comms = make_comms([device])
+        comms = communicators([device])
         assert len(comms) == 1 and isinstance(comms[0], SoloComm)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import CaffeError
 from .base import CommAborted
-from .nccl import NcclComm, _Members, _nccl_module
+from .nccl import NcclComm, _Members, nccl_module
 from .thread import DEFAULT_TIMEOUT, GroupMember, _Call, new_group
 
 #: how often a process tells the others it is alive, and how long a silence may last
@@ -355,7 +355,7 @@ def nccl_across_processes(link, device_ids, nccl=None, streams_for=None):
     """One NCCL communicator over every GPU of every process, as Caffe's multi-node forks
     built it: process 0 makes the unique id, MPI broadcasts it, and each process joins with
     its GPUs at their global ranks (ncclCommInitRank, grouped: one thread inits them all)."""
-    nccl = nccl or _nccl_module()
+    nccl = nccl or nccl_module()
     processes = _Processes(link, link.allgather(len(device_ids)))
     uid = link.bcast_bytes(NcclComm.unique_id(nccl) if link.rank == 0 else b'')
     members = []

@@ -26,16 +26,14 @@ import contextlib
 
 import numpy as np
 
+from ..backend.device import RUNTIMES
 from .base import CommAborted, Communicator, Handle
-from .streams import CupyStreams
 from .thread import DEFAULT_TIMEOUT, _Call, _Group
 
 
-def _nccl_module():
-    from cupy.cuda import nccl
-    if not getattr(nccl, 'available', True):
-        raise RuntimeError('CuPy was built without NCCL: install a cupy-cuda13x wheel with NCCL')
-    return nccl
+def nccl_module():
+    """The NCCL module of the GPU runtime (cupy.cuda.nccl)."""
+    return RUNTIMES['gpu'].nccl()
 
 
 def _dtype_codes(nccl):
@@ -69,12 +67,12 @@ class NcclComm(Communicator):
     @classmethod
     def create_all(cls, device_ids, timeout=DEFAULT_TIMEOUT, nccl=None, streams_for=None):
         """Members for ``device_ids`` (distinct GPUs) driven by the threads of this process.
-        ``nccl``/``streams_for(device)`` replace cupy.cuda.nccl and CupyStreams (tests)."""
+        ``nccl``/``streams_for(device)`` replace the GPU runtime's NCCL module and streams."""
         devices = [int(d) for d in device_ids]
         if len(set(devices)) != len(devices):
             raise ValueError('NCCL needs one rank per GPU, got devices %s; replicas sharing a '
                              'GPU need SameDeviceComm' % devices)
-        nccl = nccl or _nccl_module()
+        nccl = nccl or nccl_module()
         raw = nccl.NcclCommunicator.initAll(devices)
         group, members = _Group(len(devices), float(timeout)), _Members(raw)
         return [cls(raw[r], r, len(devices), _streams(streams_for, d), nccl, group, members)
@@ -85,15 +83,15 @@ class NcclComm(Communicator):
         """Rank ``rank`` of ``nranks`` processes that share ``uid`` (from unique_id()), as
         unique_id() gave it: CuPy 14 takes the bytes its get_unique_id returns, and refuses
         anything else."""
-        nccl = nccl or _nccl_module()
+        nccl = nccl or nccl_module()
         streams = _streams(streams_for, device)
-        with _device_scope(streams):
+        with streams.device_scope():
             raw = nccl.NcclCommunicator(int(nranks), uid, int(rank))
         return cls(raw, int(rank), int(nranks), streams, nccl, None, _Members([raw]))
 
     @staticmethod
     def unique_id(nccl=None):
-        return (nccl or _nccl_module()).get_unique_id()
+        return (nccl or nccl_module()).get_unique_id()
 
     def __init__(self, raw, rank, size, streams, nccl, group, members):
         self._raw, self._nccl, self._streams = raw, nccl, streams
@@ -178,7 +176,7 @@ class NcclComm(Communicator):
         streams.wait_event(self._side, streams.record_event(current))
         handle = streams.handle(self._side)
         try:
-            with _device_scope(streams), self.group() if len(arrays) > 1 else _nothing():
+            with streams.device_scope(), self.group() if len(arrays) > 1 else _nothing():
                 for a in arrays:
                     ptr, code = streams.pointer(a), self._codes[a.dtype]
                     if op == 'allreduce':
@@ -247,18 +245,10 @@ def _sum_values(calls):
 
 
 def _streams(streams_for, device):
-    if streams_for is not None:
-        return streams_for(device)
+    runtime = RUNTIMES['gpu']
     if device is None:
-        import cupy
-        device = cupy.cuda.Device().id
-    return CupyStreams(device)
-
-
-def _device_scope(streams):
-    device = getattr(streams, 'device', None)
-    cupy = getattr(streams, 'cupy', None)
-    return cupy.cuda.Device(device) if cupy is not None else _nothing()
+        device = runtime.current_index()
+    return (streams_for or runtime.streams)(device)
 
 
 @contextlib.contextmanager

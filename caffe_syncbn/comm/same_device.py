@@ -17,15 +17,15 @@ Each replica works on its own stream. An allreduce of a device buffer:
 So the host never waits on the GPU, every member gets bitwise the same sum, and the
 GPU never waits on a host (an aborted collective leaves no kernel spinning).
 
-The stream operations go through a small backend (streams.py): ``CupyStreams`` on a
-GPU, and the tests' HostStreams, a CPU stand-in over numpy arrays that can defer every stream
-operation and run them later in a random interleaving that honours stream order and
-event waits, so CI tests the ordering logic without a GPU. Host (numpy) arrays and
+The stream operations go through a small backend: the GPU runtime's ``CupyStreams``
+(backend/cuda_runtime.py), and the tests' HostStreams, a CPU stand-in over numpy arrays
+that can defer every stream operation and run them later in a random interleaving that
+honours stream order and event waits, so CI tests the ordering logic without a GPU. Host (numpy) arrays and
 ``allreduce_scalar`` are summed on the host in rank order, as ThreadComm does.
 """
 import numpy as np
 
-from .streams import CupyStreams
+from ..backend.device import RUNTIMES
 from .thread import DEFAULT_TIMEOUT, GroupMember, _Call, new_group
 
 
@@ -63,9 +63,10 @@ class SameDeviceComm(GroupMember):
 
     @classmethod
     def create(cls, size, device=0, timeout=DEFAULT_TIMEOUT, streams=None):
-        """``size`` members on ``device``; ``streams`` defaults to CupyStreams(device)."""
+        """``size`` members on ``device``; ``streams`` defaults to the GPU runtime's."""
         group = new_group(size, timeout)
-        shared = _Shared(streams if streams is not None else CupyStreams(device), int(size))
+        shared = _Shared(streams if streams is not None else RUNTIMES['gpu'].streams(device),
+                         int(size))
         return [cls(group, shared, rank) for rank in range(size)]
 
     def __init__(self, group, shared, rank):

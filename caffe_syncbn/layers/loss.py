@@ -12,6 +12,7 @@ from .. import caffe_pb2
 from ..formats.blobs import read_blob_proto
 from ..layer import Layer, register
 from . import loss_gpu
+from .loss_gpu import bad_label_message
 
 FULL = caffe_pb2.LossParameter.FULL
 VALID = caffe_pb2.LossParameter.VALID
@@ -53,9 +54,8 @@ def class_labels(layer, label_blob, shape, num_classes, ignore_label):
     else:
         valid = label != ignore_label
     bad = valid & ((label < 0) | (label >= num_classes))
-    if bool(bad.any()):
-        raise layer.error('labels must lie in [0, %d) or equal ignore_label (%s), got %g'
-                          % (num_classes, ignore_label, float(raw[bad][0])))
+    layer.ctx.check_later(layer, bad.any(), lambda: bad_label_message(
+        num_classes, ignore_label, raw[bad][0]))
     return xp.where(valid, label, 0), valid
 
 
@@ -91,7 +91,7 @@ class LossLayer(Layer):
         elif mode == FULL:
             count = full_count
         elif mode == VALID:
-            count = full_count if valid is None else int(valid.sum())
+            count = full_count if valid is None else valid.sum()
         else:
             raise self.error('unknown loss normalization mode %r' % mode)
         return self.ctx.loss_normalizer(count)

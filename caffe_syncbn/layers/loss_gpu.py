@@ -4,7 +4,13 @@ The layer's normalizer (global over replicas) and loss top are used as on the CP
 import numpy as np
 
 from ..backend import cuda_kernels
-from ..backend.launch import BLOCK, contiguous, f64, grid_1d, i32, i64
+from ..backend.launch import BLOCK, contiguous, grid_1d, i32, i64
+
+
+def bad_label_message(num_classes, ignore_label, label):
+    """The error of a label out of range (``label`` read from the device only then)."""
+    return 'labels must lie in [0, %d) or equal ignore_label (%s), got %g' % (
+        num_classes, ignore_label, float(label))
 
 
 def _label_args(layer):
@@ -35,10 +41,9 @@ def forward(layer, bottom, top):
     layer.prob, layer._gpu_labels = prob, labels
     if len(top) > 1:
         top[1].data[...] = prob.reshape(bottom[0].shape)
-    if positions and bool((valid < 0).any()):        # one read-back, as the CPU check does
-        bad = labels.reshape(-1)[valid < 0][0]
-        raise layer.error('labels must lie in [0, %d) or equal ignore_label (%s), got %g'
-                          % (layer.classes, layer.ignore_label, float(bad)))
+    if positions:
+        layer.ctx.check_later(layer, (valid < 0).any(), lambda: bad_label_message(
+            layer.classes, layer.ignore_label, labels.reshape(-1)[valid < 0][0]))
     layer.normalizer_value = layer.normalizer(layer.mode, layer.outer, positions, valid > 0)
     layer.set_loss(top, loss.sum(), layer.normalizer_value)
 
@@ -55,5 +60,6 @@ def backward(layer, top, propagate_down, bottom):
             grid_1d(dx.size), (BLOCK,),
             (prob, layer._gpu_labels, i32(layer.outer), i32(layer.classes), i64(layer.inner))
             + _label_args(layer) + (contiguous(xp, top[0].diff.reshape(1)),
-                                    f64(layer.normalizer_value), dx))
+                                    xp.asarray(layer.normalizer_value, np.float64).reshape(1),
+                                    dx))
     bottom[0].diff[...] = dx.reshape(bottom[0].shape)

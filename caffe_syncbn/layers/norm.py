@@ -63,6 +63,8 @@ class _ChannelNorm(Layer):
 
     #: what this layer absorbed (Layer.absorb), or None
     chain = None
+    #: whether the chain may find x_hat from the output this pass, read before it (decided)
+    _recovery_decided = None
 
     def setup_channels(self, bottom, top):
         self.check_bottoms(bottom, exact=1)
@@ -120,6 +122,16 @@ class _ChannelNorm(Layer):
     def new_chain(self):
         return Chain()
 
+    def before_pass(self):
+        chain = self.chain
+        if chain is None or not chain.may_recover(self.output_survives,
+                                                  self.uses_batch_formula()):
+            return None
+        return chain.recovery_flag()
+
+    def decided(self, values):
+        self._recovery_decided = bool(values[0])
+
     def output(self, top):
         """The blob this layer's forward writes: its chain's top, or its own."""
         return self.chain.top if self.chain is not None else top[0]
@@ -160,9 +172,9 @@ class _ChannelNorm(Layer):
         buffer = None
         in_place = top[0] is bottom[0] or top[0].data is bottom[0].data
         # in place, the chain finds x_hat from its output if it can; apart, from its input
+        decided, self._recovery_decided = self._recovery_decided, None
         self._recovered = keep_x_hat and in_place and chain is not None and \
-            chain.recovers(self.name, self.output_survives, self.uses_batch_formula(),
-                           slope, bias)
+            chain.recovers(self.name, self.output_survives, self.uses_batch_formula(), decided)
         keep_x_hat = keep_x_hat and not self._recovered
         if keep_x_hat and in_place:           # the input is gone once y is written
             buffer = self._x_hat_buffer

@@ -13,6 +13,7 @@ recovered x_hat is within about 2 * eps * (|x_hat| + RECOVERY_RATIO) of the kept
 """
 import logging
 
+from ..backend import get_array_module, to_numpy
 from .norm_math import STAT
 
 log = logging.getLogger('caffe_syncbn')
@@ -71,18 +72,34 @@ class Chain:
                 blob = owner.blobs[index]
                 blob.diff += values.reshape(blob.shape).astype(blob.dtype)
 
-    def recovers(self, layer_name, survives, batch_formula, gamma, beta):
-        """Whether the backward may find x_hat from the output this step (see the module
-        docstring); says once why not when gamma is the reason. Without the batch formula
-        only gamma's gradient reads x_hat, and only where the ReLU passes a gradient: a
-        ReLU of slope 0 loses nothing it needs."""
-        if (self.negative_slope == 0 and batch_formula) or not survives:
-            return False
+    def may_recover(self, survives, batch_formula):
+        """Whether the backward may find x_hat from the output, as far as the chain's shape
+        tells: without the batch formula only gamma's gradient reads x_hat, and only where
+        the ReLU passes a gradient, so a ReLU of slope 0 loses nothing it needs."""
+        return survives and not (self.negative_slope == 0 and batch_formula)
+
+    def recovery_flag(self):
+        """Whether this step's gamma and beta let the backward find x_hat from the output
+        (see the module docstring): a 1-element bool array on their device, or None when
+        the norm's own affine part is absent (nothing to divide by)."""
+        gamma, beta = self.gamma(), self.beta()
         if gamma is None:
-            return True
-        ok = bool((abs(beta) <= RECOVERY_RATIO * abs(gamma)).all() and (gamma != 0).all())
-        if not ok and not self.warned:
+            return None
+        xp = get_array_module(gamma)
+        return xp.logical_and((abs(beta) <= RECOVERY_RATIO * abs(gamma)).all(),
+                              (gamma != 0).all()).reshape(1)
+
+    def recovers(self, layer_name, survives, batch_formula, decided=None):
+        """Whether the backward may find x_hat from the output this step; says once why not
+        when gamma is the reason. ``decided``: the host value of ``recovery_flag`` read
+        before the pass (Layer.before_pass), else it is read here."""
+        if not self.may_recover(survives, batch_formula):
+            return False
+        if decided is None:
+            flag = self.recovery_flag()
+            decided = True if flag is None else bool(to_numpy(flag)[0])
+        if not decided and not self.warned:
             self.warned = True
             log.info("layer '%s': a channel's gamma is (near) zero against its beta: the "
                      'backward keeps x_hat instead of finding it from the output', layer_name)
-        return ok
+        return decided

@@ -65,13 +65,9 @@ def _spread(g, axis, kernel, stride, size):
 
 
 def scatter_add(target, index, values):
-    """``target[index] += values`` where ``index`` (1-D) may repeat."""
-    xp = get_array_module(target)
-    if xp is np:
-        np.add.at(target, index, values)
-    else:
-        import cupyx
-        cupyx.scatter_add(target, index, values)
+    """``target[index] += values`` where ``index`` (1-D) may repeat (CuPy has ufunc.at
+    since version 12)."""
+    get_array_module(target).add.at(target, index, values)
 
 
 class Pool2d:

@@ -27,7 +27,7 @@ import weakref
 import numpy as np
 
 from .. import caffe_pb2
-from ..backend import activate_gpu, to_numpy
+from ..backend import to_numpy
 from ..comm.mpi import job_link
 from ..convert import to_syncbn
 from ..errors import CaffeError
@@ -53,18 +53,11 @@ def _share_cores(devices, link):
     processes on it): give each replica's BLAS calls its share, or R replicas x all cores
     of BLAS threads fight over the same cores."""
     processes = link.processes_on_this_node() if link is not None else 1
-    if len(devices) * processes < 2 or devices[0][0] != 'cpu':
+    if len(devices) * processes < 2 or devices[0].kind != 'cpu':
         return None
     from threadpoolctl import threadpool_limits
     return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // (len(devices) * processes)),
                              user_api='blas')
-
-
-def _backend(kind):
-    if kind == 'gpu':
-        import cupy
-        return cupy
-    return np
 
 
 class DataParallelSolver(Solver):
@@ -98,11 +91,11 @@ class DataParallelSolver(Solver):
         # the threads end when the solver is collected: nothing here holds the solver
         self._release = weakref.finalize(self, _release, strategy, self.replication,
                                          _share_cores(devices, link))
-        self.pool.run(self._activate_device)
+        self.pool.run(lambda rank: self.devices[rank].activate())
         self._seed = seed
         self._user_train_param = None
         self._testing = False
-        super().__init__(solver, dtype=dtype, xp=_backend(devices[0][0]), strategy=strategy,
+        super().__init__(solver, dtype=dtype, xp=devices[0].xp, strategy=strategy,
                          memory_plan=memory_plan)
         self.strategy.start()
 
@@ -130,11 +123,6 @@ class DataParallelSolver(Solver):
         return self.replication.process
 
     # ---- building -------------------------------------------------------------------------
-    def _activate_device(self, rank):
-        kind, index = self.devices[rank]
-        if kind == 'gpu':
-            activate_gpu(index)
-
     def create_net(self, net_param, phase):
         if phase == TRAIN:                   # caffe train -level/-stage: the train net only
             net_param.state.MergeFrom(self._train_state)
@@ -159,6 +147,11 @@ class DataParallelSolver(Solver):
         log_batches(readers, replication.input_layers, replication, self.param.iter_size)
         replication.start_pipeline(seed, per_replica=not self.strategy.lockstep)
         return self.strategy.train_net(lambda: self._alone(net_param, phase), root)
+
+    def on_net_device(self, fn):
+        """``fn()`` in replica 0's thread: its device current, its stream, and its queued
+        work done when ``fn`` returns (DevicePool)."""
+        return self.pool.run_on(0, fn)
 
     def _alone(self, net_param, phase):
         """A net of its own on replica 0's device (test nets, the asynchronous holder)."""

@@ -2,12 +2,12 @@
 the lines that name them in the log."""
 import os
 
-from ..backend import gpu_count
+from ..backend import Device, gpu_count
 from ..errors import CaffeError
 
 
 def parse_devices(devices):
-    """'cpu:4', 'cpu:0,1', ['cpu:0', 'cpu:1'], 'gpu:0,1', 'gpu:all', 'gpu:0,0' -> [(kind, index)]."""
+    """'cpu:4', 'cpu:0,1', ['cpu:0', 'cpu:1'], 'gpu:0,1', 'gpu:all', 'gpu:0,0' -> [Device]."""
     if isinstance(devices, str):
         kind, _, rest = devices.partition(':')
         kind = kind.strip().lower()
@@ -15,18 +15,20 @@ def parse_devices(devices):
             raise CaffeError("devices %r: expected 'cpu:N', 'cpu:i,j', 'gpu:i,j' or 'gpu:all'" % devices)
         if kind == 'cpu':
             if rest.isdigit() and ',' not in rest:
-                return [('cpu', i) for i in range(int(rest))] if int(rest) > 0 else _bad(devices)
-            return [('cpu', _index(i, devices)) for i in rest.split(',')] if rest else [('cpu', 0)]
+                count = int(rest)
+                return [Device('cpu', i) for i in range(count)] if count > 0 else _bad(devices)
+            return [Device('cpu', _index(i, devices)) for i in rest.split(',')] if rest \
+                else [Device('cpu', 0)]
         count = gpu_count()
         if count == 0:
             raise CaffeError('devices %r: no GPU is available here (CuPy missing or no CUDA '
                              'device); use CPU devices instead, e.g. cpu:4' % devices)
         if rest in ('all', ''):
-            return [('gpu', i) for i in range(count)]
+            return [Device('gpu', i) for i in range(count)]
         ids = [_index(i, devices) for i in rest.split(',')]
         if max(ids) >= count:
             raise CaffeError('devices %r: GPU %d does not exist (%d visible)' % (devices, max(ids), count))
-        return [('gpu', i) for i in ids]
+        return [Device('gpu', i) for i in ids]
     parsed = []
     for item in devices:             # in a list, 'cpu:4' is the device cpu:4, not four devices
         item = str(item)
@@ -57,9 +59,7 @@ def describe_devices(devices, replication=None):
 
 
 def gpu_name(index):
-    import cupy
-    name = cupy.cuda.runtime.getDeviceProperties(index)['name']
-    return name.decode() if isinstance(name, bytes) else str(name)
+    return Device('gpu', index).runtime.name(index)
 
 
 def _index(text, devices):
@@ -72,7 +72,7 @@ def _one(item):
     kind, _, index = str(item).partition(':')
     if kind not in ('cpu', 'gpu') or not index.isdigit():
         raise CaffeError("device %r: expected 'cpu:i' or 'gpu:i'" % (item,))
-    return (kind, int(index))
+    return Device(kind, int(index))
 
 
 def _bad(devices):

@@ -15,44 +15,13 @@ import threading
 
 import numpy as np
 
-from ..comm import SoloComm, ThreadComm, mpi
-from ..comm.base import CommAborted
-from ..comm.nccl import NcclComm
-from ..comm.same_device import SameDeviceComm
+from ..comm import CommAborted, SoloComm, communicators
 from ..errors import CaffeError
 from ..layer import LayerContext
 from ..net import Net
 from .input_pipeline import InputPipeline, split_batch
 
 ABORT_GRACE_SECONDS = 5.0
-
-
-def make_comms(devices, link=None):
-    """One communicator member per local device: none to speak of for one device alone,
-    threads on the CPU, NCCL across distinct GPUs, the same-GPU communicator when GPUs
-    repeat (NCCL refuses two ranks on one GPU). With a ``link`` to other processes: a
-    hierarchy on the CPU (threads here, MPI across), one NCCL communicator on GPUs."""
-    kinds = {kind for kind, _ in devices}
-    if len(kinds) > 1:
-        raise CaffeError('devices mix CPU and GPU: %s' % (devices,))
-    ids = [index for _, index in devices]
-    if link is not None:
-        if kinds == {'cpu'}:
-            return mpi.ProcessGroupComm.create(link, len(devices))
-        if len(set(ids)) != len(ids):
-            raise CaffeError('devices %s repeat a GPU; across processes every replica needs '
-                             'a GPU of its own (one NCCL rank per GPU)' % (devices,))
-        return mpi.nccl_across_processes(link, ids)
-    if len(devices) == 1:
-        return SoloComm.create()
-    if kinds == {'cpu'}:
-        return ThreadComm.create(len(devices))
-    if len(set(ids)) == 1:
-        return SameDeviceComm.create(len(ids), ids[0])
-    if len(set(ids)) != len(ids):
-        raise CaffeError('devices %s repeat some GPUs but not all; use distinct GPUs or one GPU '
-                         'repeated' % (devices,))
-    return NcclComm.create_all(ids)
 
 
 class Replicas:
@@ -66,7 +35,7 @@ class Replicas:
         #: how many replicas each process holds
         self.counts = link.allgather(len(devices)) if link else [len(devices)]
         if link is not None:
-            kinds = link.allgather(devices[0][0] == 'gpu')
+            kinds = link.allgather(devices[0].kind == 'gpu')
             if len(set(kinds)) > 1:
                 raise CaffeError('the processes of this job train on different kinds of device '
                                  '(%s); give every process -gpu or every one -cpu_devices'
@@ -74,7 +43,7 @@ class Replicas:
                                              for p, gpu in enumerate(kinds)))
         self.first, self.total = sum(self.counts[:self.process]), sum(self.counts)
         self.communicate = communicate
-        self.comms = make_comms(devices, link) if communicate else \
+        self.comms = communicators(devices, link) if communicate else \
             [SoloComm() for _ in devices]
         self.pool = DevicePool(devices, self.comms)
         self.nets, self.pipeline, self.input_layers = [], None, []
@@ -216,10 +185,17 @@ def _copies(rngs):
 class DevicePool:
     """One long-lived worker thread per device; ``run(fn)`` calls ``fn(rank)`` on each.
 
-    A worker thread keeps its device current (a CUDA context is per thread), so a
-    replica's work always happens on the same thread. If one replica raises, the pool
-    aborts the communicator, so replicas blocked in a collective raise promptly, and the
-    caller gets the ORIGINAL exception with its traceback.
+    A worker thread keeps its device current (a CUDA context is per thread) with a stream
+    of its own, so a replica's work always happens on the same thread and stream. A GPU
+    does not order one stream's work with another's, so every call is a hand-over both
+    ways: the caller's queued work is done before the replicas start, and each replica's
+    is done before its result comes back. Then the caller reads what the replicas wrote
+    (outputs, params for tests and snapshots) and writes what they will read (weights,
+    Input blobs) on whatever stream it has.
+
+    If one replica raises, the pool aborts the communicator, so replicas blocked in a
+    collective raise promptly, and the caller gets the ORIGINAL exception with its
+    traceback.
     """
 
     def __init__(self, devices, comms):
@@ -228,10 +204,23 @@ class DevicePool:
         self.size = len(self.devices)
         self._workers = [futures.ThreadPoolExecutor(1, thread_name_prefix='replica%d' % r)
                          for r in range(self.size)]
+        self._distinct = list(dict.fromkeys(self.devices))
+
+    def _finished(self, rank, fn, *args):
+        """``fn(*args)`` on replica ``rank``'s thread, its queued work done on return."""
+        result = fn(*args)
+        self.devices[rank].synchronize()
+        return result
+
+    def _hand_over(self):
+        for device in self._distinct:
+            device.synchronize()
 
     def run(self, fn):
         """``[fn(0), ..., fn(R-1)]``, each on its replica's thread."""
-        pending = [worker.submit(fn, rank) for rank, worker in enumerate(self._workers)]
+        self._hand_over()
+        pending = [worker.submit(self._finished, rank, fn, rank)
+                   for rank, worker in enumerate(self._workers)]
         done, not_done = futures.wait(pending, return_when=futures.FIRST_EXCEPTION)
         failure = next((f.exception() for f in pending if f.done() and f.exception() is not None
                         and not isinstance(f.exception(), CommAborted)), None)
@@ -251,11 +240,12 @@ class DevicePool:
 
     def submit(self, rank, fn, *args):
         """Start ``fn(*args)`` on one replica's thread; its Future."""
-        return self._workers[rank].submit(fn, *args)
+        self._hand_over()
+        return self._workers[rank].submit(self._finished, rank, fn, *args)
 
     def run_on(self, rank, fn):
         """``fn()`` on one replica's thread (no collectives: nothing to abort)."""
-        return self._workers[rank].submit(fn).result()
+        return self.submit(rank, fn).result()
 
     def close(self):
         for worker in self._workers:

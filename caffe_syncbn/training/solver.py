@@ -84,7 +84,7 @@ class Solver:
         self.net = net
         #: the layout of its weights and history in files: the net's own, or the user's prototxt
         self.snapshot_layout = self.make_snapshot_layout()
-        self.load_weights(net)
+        self.on_net_device(lambda: self.load_weights(net))
         if test_nets is None:
             with naming(self.source):
                 test_nets = [self.create_net(n, n.state.phase)
@@ -94,12 +94,13 @@ class Solver:
                              'test nets)' % (self.source, len(p.test_iter), len(test_nets)))
         self.test_nets = list(test_nets)
         for test_net in self.test_nets:
-            self.load_weights(test_net)
+            self.on_net_device(lambda: self.load_weights(test_net))
             test_net.share_weights_with(self.net)
         self.lr_policy = LearningRatePolicy(p, self.dtype, self.source)
         with naming(self.source):
             #: clipping, normalization, regularization and the rule, on the solver's net
-            self.updater = ParamUpdate(p, self.net, self.rule_class, self.dtype)
+            self.updater = self.on_net_device(
+                lambda: ParamUpdate(p, self.net, self.rule_class, self.dtype))
         self.rule = self.updater.rule
         #: Caffe's root_solver(): only the root logs, tests and snapshots
         self.is_root = True
@@ -129,6 +130,11 @@ class Solver:
 
     def make_snapshot_layout(self):
         return NetLayout(self.net)
+
+    def on_net_device(self, fn):
+        """``fn()`` where the solver's net works: here, in the caller's thread. (A
+        data-parallel solver runs it in replica 0's thread, on its device and stream.)"""
+        return fn()
 
     def load_weights(self, net):
         """The solver's ``weights`` entries (each a comma-separated list), as Caffe finetunes."""
@@ -367,17 +373,22 @@ class Solver:
             if self.requested_early_exit:
                 log.info('Test interrupted.')
                 return None
-            self.feed(net, test_net_id)
-            batch_loss = net.forward_prefilled()
+            batch_loss, outputs = self.on_net_device(lambda: self._test_batch(net, test_net_id))
             if self.param.test_compute_loss:
                 loss += d(batch_loss)
-            outputs = {name: to_numpy(net.blobs[name].data).astype(self.dtype) for name in net.outputs}
             sums = outputs if sums is None else {k: sums[k] + v for k, v in outputs.items()}
         if self.param.test_compute_loss:
             log.info('Test loss: %g', loss / d(max(iters, 1)))
         means = {k: v / d(iters) for k, v in (sums or {}).items()}
         self.log_outputs(net, 'Test', means)
         return {k: (v.item() if v.size == 1 else v) for k, v in means.items()}
+
+    def _test_batch(self, net, test_net_id):
+        """One batch of a test net: its loss and {output name: host array}."""
+        self.feed(net, test_net_id)
+        loss = net.forward_prefilled()
+        return loss, {name: to_numpy(net.blobs[name].data).astype(self.dtype)
+                      for name in net.outputs}
 
     # ---- snapshots ----------------------------------------------------------------------------
     def check_snapshot_prefix(self):
@@ -417,12 +428,15 @@ class Solver:
                                                 "a %s solver on net '%s'"
                                                 % (self.param.type, self.net.name))
         self.lr_policy.check_resume(state.iter, state.current_step, path)
-        layout.load_learned_net(state.learned_net, path)
+        self.on_net_device(lambda: self._restore_arrays(layout, state, saved, path))
         self.iter = state.iter
         self.lr_policy.current_step = state.current_step
+        log.info('%s: restored iteration %d from %s', type(self).__name__, self.iter, path)
+
+    def _restore_arrays(self, layout, state, saved, path):
+        layout.load_learned_net(state.learned_net, path)
         for saved_array, mine in zip(saved, self.rule.history):
             mine[...] = get_array_module(mine).asarray(saved_array, dtype=mine.dtype)
-        log.info('%s: restored iteration %d from %s', type(self).__name__, self.iter, path)
 
     # ---- resources ------------------------------------------------------------------------
     def close(self):

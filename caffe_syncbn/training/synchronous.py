@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from ..backend import get_array_module
+from ..backend import get_array_module, to_numpy
 from .gradient_buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .rules import ParamUpdate
 
@@ -101,10 +101,14 @@ class Synchronous:
                                else self.updaters[rank].apply(rate, solver.iter))
 
     def after_restore(self):
-        history = self.solver.rule.history
-        for updater in self.updaters[1:]:
-            for mine, root in zip(updater.rule.history, history):
+        """The restored history of replica 0's update in every replica's, each copied on
+        its replica's thread (its device); then replica 0's params everywhere."""
+        history = [to_numpy(h) for h in self.solver.rule.history]
+
+        def copy(rank):
+            for mine, root in zip(self.updaters[rank].rule.history, history):
                 mine[...] = get_array_module(mine).asarray(root)
+        self.replicas.pool.run(copy)
         self.broadcast_params()
 
     def close(self):

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 from test_cuda_emulated_layers import GEOMETRIES, POOLS  # noqa: E402
 
 from caffe_syncbn.blob import Blob  # noqa: E402
-from caffe_syncbn.comm.streams import launch_copy, launch_sum  # noqa: E402
+from caffe_syncbn.backend.cuda_runtime import launch_copy, launch_sum  # noqa: E402
 from caffe_syncbn.layer import TRAIN, LayerContext, create_layer  # noqa: E402
 from caffe_syncbn.layers import (conv_gpu as im2col_gpu, im2col as cpu_im2col,  # noqa: E402
                                  interp_gpu, loss_gpu as softmax_loss_gpu, lrn_gpu, pooling_gpu)

@@ -1,26 +1,77 @@
-"""Stream backends of the device communicators (same_device.py, nccl.py).
+"""The CUDA runtime of the 'gpu' devices (device.py), through CuPy.
 
-A backend does what a communicator needs from a device: the calling thread's current
-stream, events recorded on a stream and waited on by another, the rank-ordered sum of
-buffers and a copy (cuda/reduce.cu), buffers and pointers.
-
-``CupyStreams`` does it with CuPy on one GPU. The tests' HostStreams (tests/host_streams.py)
-is its CPU stand-in over numpy arrays, which can run the queued operations in any order a
-GPU could.
+CuPy is imported when a GPU is first asked for, so the CPU package never needs it.
+``CupyStreams`` is what the device communicators need of a GPU (comm/same_device.py,
+comm/nccl.py): the calling thread's current stream, events recorded on one stream and
+waited on by another, the rank-ordered sum of buffers and a copy (cuda/reduce.cu),
+buffers and pointers. The tests' HostStreams (tests/host_streams.py) is its CPU stand-in.
 """
-
-from ..backend import cuda_kernels
-from ..backend.launch import BLOCK, grid_1d, i32, i64, vector_width
+from . import cuda_kernels
+from .launch import BLOCK, grid_1d, i32, i64, vector_width
 
 REDUCE_FAN_IN = 8          # buffers summed per launch of reduce_sum8
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+class CudaRuntime:
+    """GPUs through CuPy (see device.py for what a runtime answers)."""
+
+    def array_module(self):
+        return _cupy()
+
+    def owns(self, array):
+        return type(array).__module__.startswith('cupy')
+
+    def to_host(self, array):
+        return array.get()
+
+    def count(self):
+        """How many CUDA devices CuPy sees (0 without CuPy, a driver or a device)."""
+        try:
+            return _cupy().cuda.runtime.getDeviceCount()
+        except Exception:       # ImportError and CuPy's own errors all mean "no GPU here"
+            return 0
+
+    def name(self, index):
+        name = _cupy().cuda.runtime.getDeviceProperties(index)['name']
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def activate(self, index):
+        cupy = _cupy()
+        cupy.cuda.Device(index).use()
+        cupy.cuda.Stream(non_blocking=True).use()
+
+    def select(self, index):
+        _cupy().cuda.Device(index).use()
+
+    def current_index(self):
+        return _cupy().cuda.Device().id
+
+    def synchronize(self, index):
+        cupy = _cupy()
+        with cupy.cuda.Device(index):
+            cupy.cuda.get_current_stream().synchronize()
+
+    def streams(self, index):
+        return CupyStreams(index)
+
+    def nccl(self):
+        from cupy.cuda import nccl
+        if not getattr(nccl, 'available', True):
+            raise RuntimeError('CuPy was built without NCCL: install a cupy-cuda13x wheel with '
+                               'NCCL')
+        return nccl
 
 
 class CupyStreams:
     """Stream operations with CuPy on one device."""
 
     def __init__(self, device=0):
-        import cupy
-        self.cupy = cupy
+        self.cupy = _cupy()
         self.device = int(device)
 
     def is_device_array(self, array):
@@ -77,6 +128,10 @@ class CupyStreams:
     def copy(self, dst, src, stream):
         with self.cupy.cuda.Device(self.device), stream:
             launch_copy(dst, src)
+
+    def device_scope(self):
+        """The device current inside a ``with``, for NCCL calls."""
+        return self.cupy.cuda.Device(self.device)
 
 
 def launch_sum(out, arrays):
