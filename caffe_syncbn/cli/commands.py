@@ -218,6 +218,13 @@ def _train(args):
     solver.nan_effect = args.nan_effect
     requests = None
     try:
+        if solver.net.inputs:
+            raise CaffeError('%s train: the train net has Input blobs (%s), and a command line '
+                             'has nothing to fill them with; give the net a data layer (Data, '
+                             'ImageData, HDF5Data, ...), or train in Python, where the solver '
+                             "reads them (solver.net.blobs['%s'].data[...] = x on one device, "
+                             'solver.set_data_source on several)'
+                             % (PROG, ', '.join(map(repr, solver.net.inputs)), solver.net.inputs[0]))
         if args.snapshot:               # before the bar, so that it starts at the restored iter
             log.info('Resuming from %s', args.snapshot)
             solver.restore(args.snapshot)

@@ -1,0 +1,82 @@
+"""What a new user meets in the first hour: one ``get_solver`` that trains from Input blobs
+set by hand, as pycaffe does, against real Caffe's trajectories."""
+import numpy as np
+import pytest
+
+import caffe_syncbn as caffe
+from caffe_syncbn.errors import CaffeError
+from caffe_syncbn.netparam.solver_param import load_solver_param
+from caffe_syncbn.pycaffe import caffe as pycaffe
+
+from conftest import GOLDEN, require
+
+RTOL = 1e-5
+
+
+def error_of(call, *args, **kwargs):
+    with pytest.raises(CaffeError) as info:
+        call(*args, **kwargs)
+    message = str(info.value)
+    assert '\n' not in message, message
+    return message
+
+
+# ---- pycaffe's training loop: Input blobs set by hand -------------------------------------
+@pytest.mark.parametrize('devices', [None, 'cpu:1'])
+@pytest.mark.parametrize('name', ['solver_sgd_fixed', 'solver_nesterov'])
+def test_input_blobs_set_by_hand_train_as_in_real_caffe(name, devices, tmp_path, monkeypatch):
+    """pycaffe's loop (``solver.net.blobs[b].data[...] = x; solver.step(1)``) through the
+    package's own ``get_solver``, on one device, gives real Caffe's losses and params for
+    12 iterations (the golden trajectories were recorded from that very loop)."""
+    require(GOLDEN / (name + '.npz'))
+    assert caffe.get_solver is pycaffe.get_solver     # install_as_caffe()'s is the same one
+    monkeypatch.chdir(GOLDEN)
+    ref = np.load(GOLDEN / (name + '.npz'))
+    param = load_solver_param(name + '.solver.prototxt')
+    param.snapshot_prefix = str(tmp_path / name)      # never write into the shared folder
+    with caffe.get_solver(param, **({} if devices is None else {'devices': devices})) as solver:
+        solver.net.copy_from(name + '.caffemodel')
+        for k in range(1, 13):
+            for blob in ('data', 'label'):
+                solver.net.blobs[blob].data[...] = ref['iter_data/%d/%s' % (k, blob)]
+            solver.step(1)
+            np.testing.assert_allclose(solver.smoothed_loss, ref['iter_loss/%d' % k], rtol=RTOL,
+                                       err_msg='loss of iteration %d' % k)
+            head = 'iter_param/%d/' % k
+            for key in (key for key in ref.files if key.startswith(head)):
+                layer, index = key[len(head):].rsplit('/', 1)
+                expected = ref[key].astype(np.float64)
+                np.testing.assert_allclose(solver.net.params[layer][int(index)].data, expected,
+                                           rtol=RTOL, atol=RTOL * np.abs(expected).max(initial=0),
+                                           err_msg=key)
+
+
+INPUT_NET = '''name: "tiny"
+layer { name: "input" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+'''
+
+
+DUMMY_NET = INPUT_NET.replace('type: "Input"', 'type: "DummyData"').replace(
+    'input_param', 'dummy_data_param')
+
+
+def write_solver(folder, net_text, extra=''):
+    (folder / 'net.prototxt').write_text(net_text)
+    (folder / 'solver.prototxt').write_text(
+        'net: "%s"\nbase_lr: 0.1\nlr_policy: "fixed"\nmax_iter: 4\nrandom_seed: 1\n'
+        'snapshot_after_train: false\n%s' % (folder / 'net.prototxt', extra))
+    return str(folder / 'solver.prototxt')
+
+
+def test_several_devices_ask_for_a_data_source(tmp_path):
+    """Blobs set by hand feed one device: with two, one line says what to give instead."""
+    with caffe.get_solver(write_solver(tmp_path, INPUT_NET), devices='cpu:2') as solver:
+        solver.net.blobs['data'].data[...] = 1
+        message = error_of(solver.step, 1)
+    assert message.startswith("Input layer 'input' has no data for 2 replicas: blobs set by "
+                              'hand feed a single device only'), message
+    assert "solver.set_data_source(lambda: {'data': ..., 'label': ...})" in message, message
