@@ -1,9 +1,13 @@
 """What a new user meets in the first hour: one ``get_solver`` that trains from Input blobs
-set by hand, as pycaffe does, against real Caffe's trajectories."""
+set by hand, as pycaffe does, against real Caffe's trajectories; errors that say what a
+file given in the wrong place is."""
+import logging
+
 import numpy as np
 import pytest
 
 import caffe_syncbn as caffe
+from caffe_syncbn.cli import main
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.netparam.solver_param import load_solver_param
 from caffe_syncbn.pycaffe import caffe as pycaffe
@@ -11,6 +15,15 @@ from caffe_syncbn.pycaffe import caffe as pycaffe
 from conftest import GOLDEN, require
 
 RTOL = 1e-5
+
+
+@pytest.fixture
+def logger_kept():
+    """main() sets up the package's logger as a command does; give the next tests theirs."""
+    logger = logging.getLogger('caffe_syncbn')
+    state = logger.handlers[:], logger.propagate, logger.level
+    yield
+    logger.handlers[:], logger.propagate, logger.level = state
 
 
 def error_of(call, *args, **kwargs):
@@ -80,3 +93,53 @@ def test_several_devices_ask_for_a_data_source(tmp_path):
     assert message.startswith("Input layer 'input' has no data for 2 replicas: blobs set by "
                               'hand feed a single device only'), message
     assert "solver.set_data_source(lambda: {'data': ..., 'label': ...})" in message, message
+
+
+# ---- a file of the wrong kind ----------------------------------------------------------------
+@pytest.fixture
+def snapshots(tmp_path, monkeypatch):
+    """A net and a solver prototxt, and a snapshot of both kinds, in tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    solver_path = write_solver(tmp_path, DUMMY_NET, 'snapshot_prefix: "snap"\n')
+    files = {'net': 'net.prototxt', 'solver': 'solver.prototxt'}
+    for fmt, suffix in ((caffe.caffe_pb2.SolverParameter.BINARYPROTO, ''),
+                        (caffe.caffe_pb2.SolverParameter.HDF5, '.h5')):
+        param = load_solver_param(solver_path)
+        param.snapshot_format = fmt
+        solver = caffe.get_solver(param)
+        files['caffemodel' + suffix], files['solverstate' + suffix] = solver.snapshot()
+    return files
+
+
+WEIGHTS_GIVEN_A_STATE = 'is a solver state, not weights (use train -snapshot to resume from it; '
+STATE_GIVEN_WEIGHTS = 'is a caffemodel (weights), not a solver state (use -weights to start from it'
+
+
+@pytest.mark.parametrize('given, said', [
+    ('net', 'net.prototxt is a text prototxt (a net definition), not weights (a binary '
+            '.caffemodel or a .caffemodel.h5)'),
+    ('solver', 'solver.prototxt is a text prototxt (a solver definition), not weights'),
+    ('solverstate', 'snap_iter_0.solverstate ' + WEIGHTS_GIVEN_A_STATE),
+    ('solverstate.h5', 'snap_iter_0.solverstate.h5 ' + WEIGHTS_GIVEN_A_STATE),
+])
+def test_weights_of_the_wrong_kind_say_what_they_are(snapshots, given, said, logger_kept):
+    path = snapshots[given]
+    assert error_of(main, ['train', '-solver', 'solver.prototxt', '-weights', path]) \
+        .startswith(said)
+    assert error_of(main, ['test', '-model', 'net.prototxt', '-weights', path]).startswith(said)
+    assert error_of(caffe.Net, 'net.prototxt', caffe.TEST, weights=path).startswith(said)
+    assert error_of(caffe.Net('net.prototxt', caffe.TEST).copy_from, path).startswith(said)
+
+
+@pytest.mark.parametrize('given, said', [
+    ('caffemodel', 'snap_iter_0.caffemodel ' + STATE_GIVEN_WEIGHTS),
+    ('caffemodel.h5', 'snap_iter_0.caffemodel.h5 ' + STATE_GIVEN_WEIGHTS),
+    ('net', 'net.prototxt is a text prototxt (a net definition), not a solver state (a '
+            '.solverstate or a .solverstate.h5)'),
+])
+def test_a_snapshot_of_the_wrong_kind_says_what_it_is(snapshots, given, said, logger_kept):
+    path = snapshots[given]
+    assert error_of(main, ['train', '-solver', 'solver.prototxt', '-snapshot', path]) \
+        .startswith(said)
+    with caffe.get_solver('solver.prototxt') as solver:
+        assert error_of(solver.restore, path).startswith(said)
