@@ -1,13 +1,13 @@
 """What a new user meets in the first hour: one ``get_solver`` that trains from Input blobs
 set by hand, as pycaffe does, against real Caffe's trajectories; errors that say what a
-file given in the wrong place is."""
+file given in the wrong place is; ``-version``."""
 import logging
 
 import numpy as np
 import pytest
 
 import caffe_syncbn as caffe
-from caffe_syncbn.cli import main
+from caffe_syncbn.cli import commands, main
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.netparam.solver_param import load_solver_param
 from caffe_syncbn.pycaffe import caffe as pycaffe
@@ -143,3 +143,18 @@ def test_a_snapshot_of_the_wrong_kind_says_what_it_is(snapshots, given, said, lo
         .startswith(said)
     with caffe.get_solver('solver.prototxt') as solver:
         assert error_of(solver.restore, path).startswith(said)
+
+
+# ---- the version, the help ---------------------------------------------------------------
+@pytest.mark.parametrize('argv', [['-version'], ['--version'], ['train', '-solver', 's', '-version']])
+def test_version(argv, capsys):
+    assert main(argv) == 0
+    assert capsys.readouterr().out == 'caffe-syncbn version %s\n' % caffe.__version__
+
+
+def test_the_memory_plan_help_of_test_and_time_speaks_of_no_solver_file():
+    def help_of(command):
+        return ' '.join(commands._parser(command).format_help().split())
+    for command in ('test', 'time'):
+        assert 'solver' not in help_of(command), command
+    assert 'auto (the default, unless the solver file sets memory_plan)' in help_of('train')
