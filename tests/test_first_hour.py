@@ -1,7 +1,11 @@
 """What a new user meets in the first hour: one ``get_solver`` that trains from Input blobs
 set by hand, as pycaffe does, against real Caffe's trajectories; errors that say what a
-file given in the wrong place is; ``-version``."""
+file given in the wrong place is; pycaffe's solver log on stderr; ``-version``."""
 import logging
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,9 +16,11 @@ from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.netparam.solver_param import load_solver_param
 from caffe_syncbn.pycaffe import caffe as pycaffe
 
-from conftest import GOLDEN, require
+from conftest import GOLDEN, ROOT, require
 
+TIMEOUT = 120
 RTOL = 1e-5
+GLOG_LINE = re.compile(r'^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] ')
 
 
 @pytest.fixture
@@ -145,7 +151,33 @@ def test_a_snapshot_of_the_wrong_kind_says_what_it_is(snapshots, given, said, lo
         assert error_of(solver.restore, path).startswith(said)
 
 
-# ---- the version, the help ---------------------------------------------------------------
+# ---- the solver's log, the version, the help ----------------------------------------------------
+def test_pycaffe_solvers_log_their_iterations_on_stderr(tmp_path):
+    """As pycaffe's glog does before InitGoogleLogging: INFO lines on stderr without
+    init_log(), in glog's format; GLOG_minloglevel quiets them."""
+    solver = write_solver(tmp_path, INPUT_NET, 'display: 1\n')
+    script = ('import numpy as np, caffe_syncbn as caffe\n'
+              's = caffe.get_solver(%r)\n'
+              "s.net.blobs['label'].data[...] = [0, 1, 2, 0]\n"
+              's.step(2)\n' % solver)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop('GLOG_minloglevel', None)
+    run = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,
+                         text=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr
+    lines = run.stderr.splitlines()
+    assert lines and all(GLOG_LINE.match(line) for line in lines), run.stderr
+    said = [GLOG_LINE.sub('', line) for line in lines]
+    for k in (0, 1):
+        assert any(re.fullmatch(r'Iteration %d, loss = [\d.]+' % k, line) for line in said), said
+        assert 'Iteration %d, lr = 0.1' % k in said, said
+    assert any(line.startswith('    Train net output #0: loss = ') for line in said), said
+    env['GLOG_minloglevel'] = '1'
+    quiet = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,
+                           text=True, timeout=TIMEOUT)
+    assert quiet.returncode == 0 and quiet.stderr == '', quiet.stderr
+
+
 @pytest.mark.parametrize('argv', [['-version'], ['--version'], ['train', '-solver', 's', '-version']])
 def test_version(argv, capsys):
     assert main(argv) == 0

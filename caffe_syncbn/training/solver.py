@@ -26,6 +26,7 @@ from ..backend import get_array_module, to_numpy
 from ..errors import CaffeError, naming, quote
 from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
+from ..glog import log_to_stderr_unless_configured
 from ..layer import LayerContext
 from ..memory_plan import MEMORY_PLANS
 from ..net import Net
@@ -55,6 +56,7 @@ class Solver:
 
     def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None,
                  memory_plan=None):
+        log_to_stderr_unless_configured()
         self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
             self.param = upgrade_solver_param(copy_message(solver))
