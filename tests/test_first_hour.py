@@ -1,6 +1,7 @@
 """What a new user meets in the first hour: one ``get_solver`` that trains from Input blobs
 set by hand, as pycaffe does, against real Caffe's trajectories; errors that say what a
-file given in the wrong place is; pycaffe's solver log on stderr; ``-version``."""
+file given in the wrong place is; one warning for a caffemodel of another net; pycaffe's
+solver log on stderr; ``-version``."""
 import logging
 import os
 import re
@@ -149,6 +150,34 @@ def test_a_snapshot_of_the_wrong_kind_says_what_it_is(snapshots, given, said, lo
         .startswith(said)
     with caffe.get_solver('solver.prototxt') as solver:
         assert error_of(solver.restore, path).startswith(said)
+
+
+# ---- a caffemodel of another net ---------------------------------------------------------------
+THREE_LAYERS = '''name: "mine"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1" inner_product_param { num_output: 3 } }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2" inner_product_param { num_output: 3 } }
+layer { name: "ip3" type: "InnerProduct" bottom: "ip2" top: "ip3" inner_product_param { num_output: 3 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip3" bottom: "label" top: "loss" }
+'''
+
+
+def test_a_caffemodel_of_another_net_is_one_warning_with_the_count(tmp_path, logger_kept, capfd):
+    """Train and test net both take the file: one warning, naming how many layers fit."""
+    solver = write_solver(tmp_path, THREE_LAYERS, 'test_iter: 1\ntest_interval: 2\n')
+    other = tmp_path / 'other.caffemodel'
+    other_net = THREE_LAYERS.replace('"ip2"', '"fc2"').replace('"ip3"', '"fc3"')
+    (tmp_path / 'other.prototxt').write_text(other_net)
+    caffe.Net(str(tmp_path / 'other.prototxt'), caffe.TRAIN).save(str(other))
+    capfd.readouterr()
+    assert main(['train', '-solver', solver, '-weights', str(other)]) == 0
+    warnings = [line for line in capfd.readouterr().err.splitlines() if line.startswith('W')]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].endswith(
+        "%s matches only 1 of the 3 layers with params of net 'mine' by name (is it the "
+        "caffemodel of another net?); the other 2 keep their initial values: 'ip2', 'ip3'"
+        % other), warnings
 
 
 # ---- the solver's log, the version, the help ----------------------------------------------------

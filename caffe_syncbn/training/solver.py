@@ -95,9 +95,10 @@ class Solver:
             raise CaffeError('%s: test_iter must be given once per test net (%d test_iter for %d '
                              'test nets)' % (self.source, len(p.test_iter), len(test_nets)))
         self.test_nets = list(test_nets)
-        for test_net in self.test_nets:
-            self.load_weights(test_net)
+        for test_net in self.test_nets:       # what it shares, the train net has loaded
             test_net.share_weights_with(self.net)
+            if _has_params_of_its_own(test_net, self.net):
+                self.load_weights(test_net)
         self.lr_policy = LearningRatePolicy(p, self.dtype, self.source)
         with naming(self.source):
             #: clipping, normalization, regularization and the rule, on the solver's net
@@ -435,3 +436,9 @@ class Solver:
 
     def __exit__(self, *exc_info):
         self.close()
+
+
+def _has_params_of_its_own(net, train_net):
+    """Whether ``net`` has params that are not ``train_net``'s Blobs."""
+    shared = {id(blob) for blobs in train_net.params.values() for blob in blobs}
+    return any(id(blob) not in shared for blobs in net.params.values() for blob in blobs)
