@@ -1,6 +1,7 @@
 """What a new user meets in the first hour: one ``get_solver`` that trains from Input blobs
-set by hand, as pycaffe does, against real Caffe's trajectories; errors that say what a
-file given in the wrong place is; one warning for a caffemodel of another net; pycaffe's
+set by hand, as pycaffe does, against real Caffe's trajectories; errors that name the file
+to fix (the net file and its line, the kind of a file given in the wrong place, the net
+file before the snapshot prefix); one warning for a caffemodel of another net; pycaffe's
 solver log on stderr; ``-version``."""
 import logging
 import os
@@ -150,6 +151,59 @@ def test_a_snapshot_of_the_wrong_kind_says_what_it_is(snapshots, given, said, lo
         .startswith(said)
     with caffe.get_solver('solver.prototxt') as solver:
         assert error_of(solver.restore, path).startswith(said)
+
+
+# ---- errors in the net file -----------------------------------------------------------------
+NET_WITH_PHASES = '''name: "phases"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  include { phase: TRAIN }
+  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  include { phase: TEST }
+  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 } data_filler { type: "constant" }
+                     data_filler { type: "constant" } data_filler { type: "constant" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 3 } }
+layer { name: "loss" type: "SoftmaxWithLos" bottom: "ip" bottom: "label" top: "loss" }
+'''
+
+
+def test_an_error_in_the_net_names_the_net_file_and_its_line(tmp_path, monkeypatch,
+                                                             logger_kept):
+    """Under a solver, the net file and the line of the layer (of the net's phase, where
+    a name repeats), not the solver file; so for Net(path) and `train -solver`."""
+    monkeypatch.chdir(tmp_path)
+    solver = write_solver(tmp_path, NET_WITH_PHASES)
+    net = str(tmp_path / 'net.prototxt')
+    typo = "%s:11: layer 'loss': unknown layer type 'SoftmaxWithLos'; did you mean " % net
+    assert error_of(caffe.get_solver, solver).startswith(typo)
+    assert error_of(caffe.Net, net, caffe.TRAIN).startswith(typo)
+    with pytest.raises(CaffeError, match='^' + re.escape(typo)):
+        main(['train', '-solver', solver])
+    # the TEST net's 'data' (3 fillers for 2 tops), the second layer of that name
+    (tmp_path / 'net.prototxt').write_text(NET_WITH_PHASES.replace('SoftmaxWithLos', 'SoftmaxWithLoss'))
+    with open(solver, 'a') as f:
+        f.write('test_iter: 1\ntest_interval: 10\n')
+    message = error_of(caffe.get_solver, solver)
+    assert message.startswith("%s:5: layer 'data' (type DummyData): " % net), message
+    assert 'solver.prototxt' not in message, message
+
+
+def test_a_missing_net_file_comes_before_the_snapshot_prefix(tmp_path, monkeypatch):
+    """Run from the wrong folder, every relative path misses; the net file's error says
+    where to run from."""
+    (tmp_path / 'run').mkdir()
+    write_solver(tmp_path / 'run', INPUT_NET, 'snapshot: 2\nsnapshot_prefix: "snaps/tiny"\n')
+    text = (tmp_path / 'run' / 'solver.prototxt').read_text()
+    (tmp_path / 'run' / 'solver.prototxt').write_text(
+        text.replace(str(tmp_path / 'run' / 'net.prototxt'), 'net.prototxt'))
+    (tmp_path / 'run' / 'snaps').mkdir()
+    monkeypatch.chdir(tmp_path)
+    message = error_of(caffe.get_solver, 'run/solver.prototxt')
+    assert message.startswith("run/solver.prototxt: net file 'net.prototxt' not found"), message
+    assert message.endswith('it exists next to the solver file: run from %s' % (tmp_path / 'run'))
+    monkeypatch.chdir(tmp_path / 'run')
+    caffe.get_solver('solver.prototxt').close()
 
 
 # ---- a caffemodel of another net ---------------------------------------------------------------

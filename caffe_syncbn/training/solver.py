@@ -30,8 +30,9 @@ from ..glog import log_to_stderr_unless_configured
 from ..layer import LayerContext
 from ..memory_plan import MEMORY_PLANS
 from ..net import Net
-from ..netparam.solver_param import (copy_message, load_solver_param, test_net_params,
-                                     train_net_param, upgrade_solver_param)
+from ..netparam.layer_lines import naming_net_file
+from ..netparam.solver_param import (check_net_files, copy_message, load_solver_param,
+                                     test_net_params, train_net_param, upgrade_solver_param)
 from .lr_policy import LearningRatePolicy
 from .one_net import OneNet
 from .rules import ParamUpdate, rule_class
@@ -75,22 +76,20 @@ class Solver:
         self.rule_class = self.rule_class or rule_class(p.type)
         self.iter = 0
         check_solver_param(p, self.source)
+        if net is None:
+            check_net_files(p, self.source)
         if p.snapshot > 0 or p.snapshot_after_train:
             self.check_snapshot_prefix()
         if p.random_seed >= 0:
             set_random_seed(p.random_seed)
         if net is None:
-            train_param = train_net_param(p, self.source)
-            with naming(self.source):
-                net = self.create_net(train_param, train_param.state.phase)
+            net = self._create_solver_net(train_net_param(p, self.source))
         self.net = net
         #: the layout of its weights and history in files: the net's own, or the user's prototxt
         self.snapshot_layout = self.make_snapshot_layout()
         self.load_weights(net)
         if test_nets is None:
-            with naming(self.source):
-                test_nets = [self.create_net(n, n.state.phase)
-                             for n in test_net_params(p, self.source)]
+            test_nets = [self._create_solver_net(n) for n in test_net_params(p, self.source)]
         elif len(p.test_iter) < len(test_nets):
             raise CaffeError('%s: test_iter must be given once per test net (%d test_iter for %d '
                              'test nets)' % (self.source, len(p.test_iter), len(test_nets)))
@@ -121,6 +120,12 @@ class Solver:
         self.data_sources = {}
         #: (on_start, on_gradients_ready) pairs, run around each iteration's passes
         self.callbacks = []
+
+    def _create_solver_net(self, solver_net):
+        """A net the solver names; its errors name its file (and line) or the solver file."""
+        param = solver_net.param
+        with naming_net_file(solver_net.file, param) if solver_net.file else naming(self.source):
+            return self.create_net(param, param.state.phase)
 
     def create_net(self, net_param, phase):
         """Build one Net (overridden by solvers that place nets on devices)."""
