@@ -22,6 +22,7 @@ _LEGACY_TYPES = {caffe_pb2.SolverParameter.SGD: 'SGD', caffe_pb2.SolverParameter
 #: net written inside the solver file), which errors in the net then name
 SolverNet = collections.namedtuple('SolverNet', 'param file')
 
+
 def load_solver_param(path):
     """Read a solver prototxt (a parse error names file:line:column) and upgrade it as Caffe does.
 
