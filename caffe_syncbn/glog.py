@@ -83,6 +83,16 @@ def setup_logging(log_file=None, level=None):
     return logger
 
 
+def log_to_stderr_unless_configured():
+    """What glog does before InitGoogleLogging, and so what pycaffe's solvers print without
+    ``init_log()``: INFO and up (or what GLOG_minloglevel says) on stderr in glog's format.
+    Only where nothing chose otherwise: neither this package's logger nor the root logger
+    has a handler (``init_log``, ``logging.basicConfig``, a test runner's capture)."""
+    if logging.getLogger('caffe_syncbn').handlers or logging.getLogger().handlers:
+        return
+    setup_logging()
+
+
 def _int_env(name):
     try:
         return int(os.environ.get(name, 0))

@@ -44,12 +44,15 @@ def layer_class(type_name, param=None):
         where = ('layer %s: ' % quote(param.name)) if param is not None else ''
         fork = fork_of_layer_type(type_name)
         if fork is not None:
-            raise CaffeError('%slayer type %s is from %s and is not implemented'
-                             % (where, quote(type_name), fork)) from None
-        close = close_names(type_name, _REGISTRY)
-        hint = ('; did you mean %s?' % ', '.join(repr(c) for c in close)) if close else ''
-        raise CaffeError('%sunknown layer type %s%s (known types: see layer_type_list())'
-                         % (where, quote(type_name), hint)) from None
+            error = CaffeError('%slayer type %s is from %s and is not implemented'
+                               % (where, quote(type_name), fork))
+        else:
+            close = close_names(type_name, _REGISTRY)
+            hint = ('; did you mean %s?' % ', '.join(repr(c) for c in close)) if close else ''
+            error = CaffeError('%sunknown layer type %s%s (known types: see layer_type_list())'
+                               % (where, quote(type_name), hint))
+        error.layer = param.name if param is not None else None    # its line, in a net file
+        raise error from None
 
 
 def create_layer(param, ctx):

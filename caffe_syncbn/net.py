@@ -12,13 +12,14 @@ from . import layers  # noqa: F401  (importing the package registers the built-i
 from . import caffe_pb2
 from .backend import mode_array_module, to_numpy
 from .blob import Blob, format_bytes, memory_limit, storage_of
-from .errors import CaffeError, layer_error, name_list, naming, quote
+from .errors import CaffeError, layer_error, name_list, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
 from .memory_plan import MEMORY_PLANS
 from .net_batches import BatchedCalls
 from .net_memory import PlannedMemory
 from .net_sharing import WeightSharing
 from .netparam.graph import filter_net, insert_splits, net_state
+from .netparam.layer_lines import naming_net_file
 from .netparam.upgrade import load_net_param
 from .weights.copy import copy_weights
 from .weights.save import net_to_proto, write_caffemodel, write_hdf5
@@ -61,7 +62,7 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
         if isinstance(model, caffe_pb2.NetParameter):
             self._build()
         else:
-            with naming(os.fspath(model)):
+            with naming_net_file(os.fspath(model), self.net_param):
                 self._build()
         self._chains = [[] for _ in self.layers]     # per layer: the layers it absorbed
         self._absorbed = set()                      # the layers some layer absorbed

@@ -143,7 +143,8 @@ def test_cli_errors_speak_the_cli(tmp_path):
         'layer { name: "l" type: "Reduction" bottom: "y" top: "loss" loss_weight: 1 }')
     result = run_cli('train', '-solver', solver, cwd=tmp_path)   # after the start-up log
     assert result.returncode == 1 and result.stderr.splitlines()[-1].startswith(
-        "error: Input layer 'd' has no data to train on: give the net a data layer"), result.stderr
+        "error: caffe-syncbn train: the train net has Input blobs ('x'), and a command line has "
+        'nothing to fill them with; give the net a data layer'), result.stderr
     line = one_error_line(run_cli('-log_file', tmp_path, 'train', '-solver', solver))
     assert line == 'error: -log_file %s: Is a directory' % tmp_path, line
 

@@ -163,7 +163,8 @@ def test_nccl_for_one_solver_and_data_parallel_callbacks(tmp_path):
             runtime.NCCL(solver, b'uid')
     finally:
         runtime.set_solver_count(1)
-    parallel = caffe.get_solver(str(_write(tmp_path / 's.prototxt', solver_text(tmp_path))))
+    parallel = caffe.get_solver(str(_write(tmp_path / 's.prototxt', solver_text(tmp_path))),
+                                devices='cpu:1')
     try:
         with pytest.raises(CaffeError, match='single-device solvers'):
             parallel.add_callback(lambda: None, lambda: None)

@@ -218,6 +218,10 @@ class QuadraticNet:
     def share_weights_with(self, other):
         self.learnable_params = other.learnable_params
 
+    @property
+    def params(self):
+        return {'quadratic': self.learnable_params}
+
     def save(self, path):
         with open(path, 'wb') as f:
             pickle.dump([b.data for b in self.learnable_params], f)

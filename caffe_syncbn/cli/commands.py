@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 
-from .. import TEST, TRAIN, Net, caffe_pb2
+from .. import TEST, TRAIN, Net, __version__, caffe_pb2
 from ..backend import to_numpy
 from ..comm.mpi import ending_job_on_error, job_link
 from ..errors import CaffeError
@@ -41,6 +41,7 @@ from .timing import time_net
 log = logging.getLogger('caffe_syncbn')
 
 PROG = 'caffe-syncbn'
+VERSION_FLAGS = ('-version', '--version')
 EFFECTS = ('stop', 'snapshot', 'none')
 COMMANDS = {
     'train': 'train or finetune a model',
@@ -108,9 +109,9 @@ def _parser(command):
                     "forward only, the diffs' of one that trains; inplace_abn: share, and "
                     'batch norms run the Scale and ReLU after them and keep only their '
                     'output; recompute: inplace_abn, and outputs written again for the '
-                    'backward; auto (the default, unless the solver file sets '
-                    'memory_plan): recompute where it saves a tenth of the memory, else '
-                    'inplace_abn; off: every blob keeps its own, as in Caffe')
+                    'backward; auto (the default%s): recompute where it saves a tenth of '
+                    'the memory, else inplace_abn; off: every blob keeps its own, as in Caffe'
+                    % (', unless the solver file sets memory_plan' if command == 'train' else ''))
         p.flag('level', type=int, metavar='N', help='the NetState level')
         p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
                help="NetState stages separated by ',' (the flag may repeat)")
@@ -218,6 +219,13 @@ def _train(args):
     solver.nan_effect = args.nan_effect
     requests = None
     try:
+        if solver.net.inputs:
+            raise CaffeError('%s train: the train net has Input blobs (%s), and a command line '
+                             'has nothing to fill them with; give the net a data layer (Data, '
+                             'ImageData, HDF5Data, ...), or train in Python, where the solver '
+                             "reads them (solver.net.blobs['%s'].data[...] = x on one device, "
+                             'solver.set_data_source on several)'
+                             % (PROG, ', '.join(map(repr, solver.net.inputs)), solver.net.inputs[0]))
         if args.snapshot:               # before the bar, so that it starts at the restored iter
             log.info('Resuming from %s', args.snapshot)
             solver.restore(args.snapshot)
@@ -345,6 +353,9 @@ _RUN = {'train': train, 'test': test, 'time': time_command, 'device_query': devi
 def main(argv=None):
     """``caffe-syncbn COMMAND [flags]``: returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in VERSION_FLAGS for a in argv):       # as gflags: wherever it stands
+        print('%s version %s' % (PROG, __version__))
+        return 0
     command = next((a for a in argv if a in COMMANDS), None)
     if command is None:
         if argv and argv[0].lstrip('-') not in ('h', 'help', 'helpfull', 'helpshort'):
@@ -365,7 +376,8 @@ def usage():
              'usage: %s <command> <args>' % PROG, '', 'commands:']
     lines += ['  %-14s  %s' % item for item in COMMANDS.items()]
     lines += ['', 'Flags take every gflags spelling (-f v, -f=v, --f v, --f=v); '
-              '"%s <command> -help" lists a command\'s flags.' % PROG]
+              '"%s <command> -help" lists a command\'s flags, "%s -version" prints the '
+              'version.' % (PROG, PROG)]
     return '\n'.join(lines)
 
 

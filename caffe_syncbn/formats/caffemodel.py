@@ -18,6 +18,7 @@ from ..backend import to_numpy
 from ..errors import CaffeError, quote
 from .atomic import atomic_write
 from .blobs import array_to_blob, blob_to_array, is_hdf5, length_delimited, parse_binary_file
+from .file_kind import binary_kind, hdf5_kind, wrong_kind
 from .hdf5 import read_dataset, reading, writing
 from .mapped import MappedBlob, read_mapped_weights
 from .regular import require_regular
@@ -69,6 +70,9 @@ def read_weights(source):
     require_regular(path, 'weights file')
     if is_hdf5(path):
         return _read_hdf5(path)
+    error = wrong_kind(path, binary_kind(path), 'weights')
+    if error is not None:
+        raise error
     blobs, layers = read_mapped_weights(path)
     return StoredWeights(path, blobs, layers, False)
 
@@ -80,7 +84,8 @@ def _read_hdf5(path):
     import h5py
     with reading(path, 'HDF5 weights file'), h5py.File(path, 'r') as f:
         if not isinstance(f.get('data'), h5py.Group):
-            raise CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)
+            raise wrong_kind(path, hdf5_kind(f), 'weights') or \
+                CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)
         return StoredWeights(path, _hdf5_layers(f['data'], path), None, True)
 
 

@@ -16,6 +16,7 @@ from .. import caffe_pb2
 from ..errors import CaffeError
 from .atomic import atomic_write
 from .blobs import array_to_blob, blob_to_array, is_hdf5, parse_binary_file
+from .file_kind import binary_kind, hdf5_kind, wrong_kind
 from .hdf5 import read_dataset, reading, writing
 from .regular import require_regular
 
@@ -43,6 +44,9 @@ def read_solver_state(path):
     if is_hdf5(path):
         with reading(path, 'HDF5 solver state'):
             return _read_hdf5(path)
+    error = wrong_kind(path, binary_kind(path), 'a solver state')
+    if error is not None:
+        raise error
     return _read_binary(path)
 
 
@@ -113,7 +117,8 @@ def _read_hdf5(path):
     with h5py.File(path, 'r') as f:
         for key in ('iter', 'history'):
             if key not in f:
-                raise CaffeError("solver state %s has no '%s' (is it a .solverstate.h5?)" % (path, key))
+                raise wrong_kind(path, hdf5_kind(f), 'a solver state') or CaffeError(
+                    "solver state %s has no '%s' (is it a .solverstate.h5?)" % (path, key))
         learned_net = ''
         if 'learned_net' in f:
             raw = f['learned_net'][()]

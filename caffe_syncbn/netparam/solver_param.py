@@ -1,5 +1,6 @@
 """SolverParameter handling: reading and upgrading solver prototxts, checking their
 settings, and the NetParameters (with their NetState) of the train and test nets."""
+import collections
 import logging
 import os
 
@@ -16,6 +17,10 @@ SOLVER_TYPES = ('SGD', 'Nesterov', 'AdaGrad', 'RMSProp', 'AdaDelta', 'Adam')
 _LEGACY_TYPES = {caffe_pb2.SolverParameter.SGD: 'SGD', caffe_pb2.SolverParameter.NESTEROV: 'Nesterov',
                  caffe_pb2.SolverParameter.ADAGRAD: 'AdaGrad', caffe_pb2.SolverParameter.RMSPROP: 'RMSProp',
                  caffe_pb2.SolverParameter.ADADELTA: 'AdaDelta', caffe_pb2.SolverParameter.ADAM: 'Adam'}
+
+#: a net a solver names: its NetParameter, and the net file it was read from (None for a
+#: net written inside the solver file), which errors in the net then name
+SolverNet = collections.namedtuple('SolverNet', 'param file')
 
 
 def load_solver_param(path):
@@ -57,6 +62,11 @@ def copy_message(message):
 
 
 def _read_net(path, field, source):
+    _require_net_file(path, field, source)
+    return copy_message(load_net_param(path))
+
+
+def _require_net_file(path, field, source):
     if not os.path.exists(path):
         hint = ''
         if source != 'solver':
@@ -66,7 +76,6 @@ def _read_net(path, field, source):
         raise CaffeError("%s: %s file %s not found (paths in a solver are relative to the "
                          'current directory, %s)%s'
                          % (source, field, quote(path), os.getcwd(), hint))
-    return copy_message(load_net_param(path))
 
 
 def _with_state(net_param, phase, state):
@@ -79,25 +88,35 @@ def _with_state(net_param, phase, state):
     return net_param
 
 
+def check_net_files(p, source):
+    """The error of the first net file the solver names that is not there. Called before
+    the other paths are checked: run from the wrong folder, every relative path of the
+    solver misses, and the net file is the one whose message says where to run from."""
+    for field in ('net', 'train_net'):
+        if p.HasField(field):
+            _require_net_file(getattr(p, field), field, source)
+    for path in p.test_net:
+        _require_net_file(path, 'test_net', source)
+
+
 def train_net_param(p, source):
-    """The train net's NetParameter, its state merged from TRAIN and ``train_state``."""
+    """The train net (a SolverNet), its state merged from TRAIN and ``train_state``."""
     fields = [f for f in ('net', 'net_param', 'train_net', 'train_net_param') if p.HasField(f)]
     if len(fields) != 1:
         raise CaffeError('%s: give the train net in exactly one of net, net_param, train_net, '
                          'train_net_param (found %s)' % (source, ', '.join(fields) or 'none'))
     field = fields[0]
     if field in ('net', 'train_net'):
-        log.info('Creating training net from %s file: %s', field, getattr(p, field))
-        net_param = _read_net(getattr(p, field), field, source)
-    else:
-        log.info('Creating training net specified in %s.', field)
-        net_param = copy_message(getattr(p, field))
-    return _with_state(net_param, TRAIN, p.train_state)
+        path = getattr(p, field)
+        log.info('Creating training net from %s file: %s', field, path)
+        return SolverNet(_with_state(_read_net(path, field, source), TRAIN, p.train_state), path)
+    log.info('Creating training net specified in %s.', field)
+    return SolverNet(_with_state(copy_message(getattr(p, field)), TRAIN, p.train_state), None)
 
 
 def test_net_params(p, source):
-    """The test nets' NetParameters: test_net_param, then test_net files, then as many
-    copies of net/net_param as test_iter entries remain; states from TEST and test_state."""
+    """The test nets (SolverNets): test_net_param, then test_net files, then as many copies
+    of net/net_param as test_iter entries remain; states from TEST and test_state."""
     if p.HasField('net') and p.HasField('net_param'):
         raise CaffeError('%s: net and net_param may not both be given' % source)
     generic = p.HasField('net') or p.HasField('net_param')
@@ -112,15 +131,17 @@ def test_net_params(p, source):
     if count and p.test_interval <= 0:
         raise CaffeError('%s: %d test net(s) but test_interval is %d; set test_interval > 0'
                          % (source, count, p.test_interval))
-    readers = [('test_net_param', lambda m=m: copy_message(m)) for m in p.test_net_param]
-    readers += [('test_net file: ' + f, lambda f=f: _read_net(f, 'test_net', source)) for f in p.test_net]
+    readers = [('test_net_param', None, lambda m=m: copy_message(m)) for m in p.test_net_param]
+    readers += [('test_net file: ' + f, f, lambda f=f: _read_net(f, 'test_net', source))
+                for f in p.test_net]
     for _ in range(count - specific):
         if p.HasField('net_param'):
-            readers.append(('net_param', lambda: copy_message(p.net_param)))
+            readers.append(('net_param', None, lambda: copy_message(p.net_param)))
         else:
-            readers.append(('net file: ' + p.net, lambda: _read_net(p.net, 'net', source)))
-    params = []
-    for i, (where, read) in enumerate(readers):
+            readers.append(('net file: ' + p.net, p.net, lambda: _read_net(p.net, 'net', source)))
+    nets = []
+    for i, (where, path, read) in enumerate(readers):
         log.info('Creating test net (#%d) specified by %s', i, where)
-        params.append(_with_state(read(), TEST, p.test_state[i] if p.test_state else None))
-    return params
+        state = p.test_state[i] if p.test_state else None
+        nets.append(SolverNet(_with_state(read(), TEST, state), path))
+    return nets

@@ -15,9 +15,9 @@ from ..errors import CaffeError  # noqa: F401
 from ..fillers import set_random_seed  # noqa: F401
 from ..layer import TEST, TRAIN, Layer, layer_type_list  # noqa: F401
 from ..net import Net  # noqa: F401
-from ..training import solvers
 from ..training.solvers import (AdaDeltaSolver, AdaGradSolver, AdamSolver,  # noqa: F401
-                                NesterovSolver, RMSPropSolver, SGDSolver, get_solver_from_string)
+                                NesterovSolver, RMSPropSolver, SGDSolver, get_solver,
+                                get_solver_from_string)
 from . import net_spec  # noqa: F401
 from . import classifier, coord_map, detector, draw, io, proto  # noqa: F401
 from .classifier import Classifier  # noqa: F401
@@ -25,13 +25,6 @@ from .detector import Detector  # noqa: F401
 from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401
 from .runtime import (NCCL, Timer, has_nccl, init_log, log, set_multiprocess,  # noqa: F401
                       set_solver_count, set_solver_rank, solver_count, solver_rank)
-
-
-def get_solver(solver, dtype=None):
-    """pycaffe's ``caffe.get_solver``: the single-device solver of the type the solver file
-    names, in the mode set_mode_cpu/set_mode_gpu chose (training.solvers.get_solver with
-    ``devices=None``)."""
-    return solvers.get_solver(solver, devices=None, dtype=dtype)
 
 
 def install_as_caffe():

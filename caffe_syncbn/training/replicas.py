@@ -141,13 +141,23 @@ class Replicas:
 
     def _layer_feed(self, rank, layer):
         parts = self.parts[rank]
-        if layer.name not in parts:
-            if layer.type == 'Input':
-                raise CaffeError("Input layer '%s' has no data to train on: give the net a "
-                                 'data layer (Data, ImageData, HDF5Data, ...) or the solver a '
-                                 'source (solver.set_data_source)' % layer.name)
+        if layer.name in parts:
+            return parts[layer.name]
+        if layer.type != 'Input':
             raise CaffeError("data layer '%s' has no batch from the input pipeline" % layer.name)
-        return parts[layer.name]
+        net = self.nets[rank]
+        if self.total == 1 and self.communicate:
+            # one replica that steps with the solver is Caffe's one net: what the caller
+            # wrote into its Input blobs is the batch
+            return [net.blobs[name].data for name in net.top_names[layer.name]]
+        raise CaffeError("Input layer '%s' has no data for %d %sreplicas: blobs set by hand "
+                         'feed a single device only; give the solver a source, '
+                         'solver.set_data_source(lambda: {%s}), whose global batch is split '
+                         'over the replicas, or the net a data layer (Data, ImageData, '
+                         'HDF5Data, ...)' % (layer.name, self.total,
+                                             '' if self.communicate else 'asynchronous ',
+                                             ', '.join("'%s': ..." % name for name in
+                                                       net.top_names[layer.name])))
 
     def sum_over_all(self, values):
         """The sum over every replica of every process of ``values[k]`` (one per local

@@ -26,11 +26,13 @@ from ..backend import get_array_module, to_numpy
 from ..errors import CaffeError, naming, quote
 from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
+from ..glog import log_to_stderr_unless_configured
 from ..layer import LayerContext
 from ..memory_plan import MEMORY_PLANS
 from ..net import Net
-from ..netparam.solver_param import (copy_message, load_solver_param, test_net_params,
-                                     train_net_param, upgrade_solver_param)
+from ..netparam.layer_lines import naming_net_file
+from ..netparam.solver_param import (check_net_files, copy_message, load_solver_param,
+                                     test_net_params, train_net_param, upgrade_solver_param)
 from .lr_policy import LearningRatePolicy
 from .one_net import OneNet
 from .rules import ParamUpdate, rule_class
@@ -55,6 +57,7 @@ class Solver:
 
     def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None,
                  memory_plan=None):
+        log_to_stderr_unless_configured()
         self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
             self.param = upgrade_solver_param(copy_message(solver))
@@ -73,29 +76,28 @@ class Solver:
         self.rule_class = self.rule_class or rule_class(p.type)
         self.iter = 0
         check_solver_param(p, self.source)
+        if net is None:
+            check_net_files(p, self.source)
         if p.snapshot > 0 or p.snapshot_after_train:
             self.check_snapshot_prefix()
         if p.random_seed >= 0:
             set_random_seed(p.random_seed)
         if net is None:
-            train_param = train_net_param(p, self.source)
-            with naming(self.source):
-                net = self.create_net(train_param, train_param.state.phase)
+            net = self._create_solver_net(train_net_param(p, self.source))
         self.net = net
         #: the layout of its weights and history in files: the net's own, or the user's prototxt
         self.snapshot_layout = self.make_snapshot_layout()
         self.on_net_device(lambda: self.load_weights(net))
         if test_nets is None:
-            with naming(self.source):
-                test_nets = [self.create_net(n, n.state.phase)
-                             for n in test_net_params(p, self.source)]
+            test_nets = [self._create_solver_net(n) for n in test_net_params(p, self.source)]
         elif len(p.test_iter) < len(test_nets):
             raise CaffeError('%s: test_iter must be given once per test net (%d test_iter for %d '
                              'test nets)' % (self.source, len(p.test_iter), len(test_nets)))
         self.test_nets = list(test_nets)
-        for test_net in self.test_nets:
-            self.on_net_device(lambda: self.load_weights(test_net))
+        for test_net in self.test_nets:       # what it shares, the train net has loaded
             test_net.share_weights_with(self.net)
+            if _has_params_of_its_own(test_net, self.net):
+                self.on_net_device(lambda: self.load_weights(test_net))
         self.lr_policy = LearningRatePolicy(p, self.dtype, self.source)
         with naming(self.source):
             #: clipping, normalization, regularization and the rule, on the solver's net
@@ -119,6 +121,12 @@ class Solver:
         self.data_sources = {}
         #: (on_start, on_gradients_ready) pairs, run around each iteration's passes
         self.callbacks = []
+
+    def _create_solver_net(self, solver_net):
+        """A net the solver names; its errors name its file (and line) or the solver file."""
+        param = solver_net.param
+        with naming_net_file(solver_net.file, param) if solver_net.file else naming(self.source):
+            return self.create_net(param, param.state.phase)
 
     def create_net(self, net_param, phase):
         """Build one Net (overridden by solvers that place nets on devices)."""
@@ -447,3 +455,9 @@ class Solver:
 
     def __exit__(self, *exc_info):
         self.close()
+
+
+def _has_params_of_its_own(net, train_net):
+    """Whether ``net`` has params that are not ``train_net``'s Blobs."""
+    shared = {id(blob) for blobs in train_net.params.values() for blob in blobs}
+    return any(id(blob) not in shared for blobs in net.params.values() for blob in blobs)

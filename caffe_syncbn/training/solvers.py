@@ -1,10 +1,11 @@
 """Caffe's solver types (SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam) and ``get_solver``,
-the one way to build a solver from a solver file.
+the one way to build a solver from a solver file, under ``import caffe_syncbn as caffe``
+and after ``install_as_caffe()`` alike.
 
-``get_solver(path, devices='cpu:4', sync_bn=True)`` builds a data-parallel solver;
-``get_solver(path, devices=None)`` pycaffe's single-device solver of the type the file
-names (``SGDSolver`` ...), in the mode set_mode_cpu/set_mode_gpu chose, as pycaffe's
-``caffe.get_solver(path)`` does. ``AdamSolver(path)`` forces a type.
+``get_solver(path)`` is pycaffe's single-device solver of the type the file names
+(``SGDSolver`` ...), in the mode set_mode_cpu/set_mode_gpu chose, as pycaffe's
+``caffe.get_solver(path)``; ``get_solver(path, devices='cpu:4', sync_bn=True)`` builds a
+data-parallel solver. ``AdamSolver(path)`` forces a type.
 """
 from .. import caffe_pb2
 from ..errors import CaffeError
@@ -40,10 +41,12 @@ def get_solver_class(type_name):
     return _CLASSES[type_name]
 
 
-def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, stages=(),
+def get_solver(solver, devices=None, sync_bn=False, dtype=None, level=None, stages=(),
                weights=None, mode='sync', max_staleness=None, memory_plan=None):
-    """The solver a solver prototxt (or SolverParameter) asks for, running on ``devices``:
-    'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0' (replicas sharing a GPU).
+    """The solver a solver prototxt (or SolverParameter) asks for. Without ``devices``,
+    pycaffe's single-device solver (see below); else a data-parallel one running on
+    ``devices``: 'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0'
+    (replicas sharing a GPU).
     ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN. ``level`` and
     ``stages`` add to the train net's NetState, and ``weights`` (caffemodel paths) replace
     the solver's own ``weights``, as caffe train's -level, -stage and -weights do. ``mode``
@@ -55,7 +58,8 @@ def get_solver(solver, devices='cpu:1', sync_bn=False, dtype=None, level=None, s
 
     ``devices=None``: pycaffe's single-device solver of the file's type (``add_callback``
     works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype`` and
-    ``memory_plan`` only."""
+    ``memory_plan`` only. On it, as on a data-parallel solver of one device, Input blobs
+    set by hand (``solver.net.blobs['data'].data[...] = x``) are the data, as in Caffe."""
     if isinstance(solver, caffe_pb2.SolverParameter):
         solver = param = upgrade_solver_param(copy_message(solver))
     else:

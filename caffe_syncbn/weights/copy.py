@@ -180,6 +180,12 @@ def _report_missing(net, stored, blobs, written, complete):
         log.warning('%s ends at layer %s: the %d layer(s) with params after it got no '
                     'weights and keep their initial values (was the file cut short?): %s',
                     stored.source, quote(last), len(names), name_list(names, 600))
+        return
+    matched = len(with_params) - len(missing)
+    if 2 * matched < len(with_params):   # more likely the file of another net than new layers
+        fit = ('matches only %d of the %d layers with params of net %s by name (is it the '
+               'caffemodel of another net?)')
     else:
-        log.warning('%s has no weights for %d layer(s) with params, which keep their initial '
-                    'values: %s', stored.source, len(names), name_list(names, 600))
+        fit = 'has weights for %d of the %d layers with params of net %s'
+    log.warning('%s ' + fit + '; the other %d keep their initial values: %s', stored.source,
+                matched, len(with_params), quote(net_name), len(names), name_list(names, 600))
