@@ -36,3 +36,9 @@ class WeightSharing:
                     layer.blobs[j] = source.blobs[j]
         self.params = collections.OrderedDict(
             (name, layer.blobs) for name, layer in zip(self._layer_names, self.layers) if layer.blobs)
+
+
+def holds_only_params_of(net, other):
+    """Whether every param of ``net`` is one of ``other``'s Blobs."""
+    shared = {id(blob) for blobs in other.params.values() for blob in blobs}
+    return all(id(blob) in shared for blobs in net.params.values() for blob in blobs)

@@ -30,12 +30,14 @@ from ..glog import log_to_stderr_unless_configured
 from ..layer import LayerContext
 from ..memory_plan import MEMORY_PLANS
 from ..net import Net
+from ..net_sharing import holds_only_params_of
 from ..netparam.layer_lines import naming_net_file
 from ..netparam.solver_param import (check_net_files, copy_message, load_solver_param,
                                      test_net_params, train_net_param, upgrade_solver_param)
 from .lr_policy import LearningRatePolicy
 from .one_net import OneNet
 from .rules import ParamUpdate, rule_class
+from .smoothed_loss import SmoothedLoss
 from .snapshot_layout import NetLayout, snapshot_names, snapshot_prefix_problem
 from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param
 
@@ -96,7 +98,7 @@ class Solver:
         self.test_nets = list(test_nets)
         for test_net in self.test_nets:       # what it shares, the train net has loaded
             test_net.share_weights_with(self.net)
-            if _has_params_of_its_own(test_net, self.net):
+            if not holds_only_params_of(test_net, self.net):
                 self.on_net_device(lambda: self.load_weights(test_net))
         self.lr_policy = LearningRatePolicy(p, self.dtype, self.source)
         with naming(self.source):
@@ -113,10 +115,9 @@ class Solver:
         self.nan_effect = 'none'
         self._non_finite = FirstNonFinite()
         self.requested_early_exit = False
-        self.smoothed_loss = 0.0
         #: the learning rate of the last update
         self.last_rate = None
-        self._losses = []
+        self._smoothing = SmoothedLoss(p.average_loss, self.dtype)
         #: set_data_source's sources: {'train' or a test net's index: source}
         self.data_sources = {}
         #: (on_start, on_gradients_ready) pairs, run around each iteration's passes
@@ -254,7 +255,7 @@ class Solver:
             raise CaffeError("nan_effect is %r; expected 'none', 'snapshot' or 'stop'"
                              % self.nan_effect)
         start_iter, stop_iter = self.iter, self.iter + int(iters)
-        self._losses, self.smoothed_loss = [], 0.0
+        self._smoothing = SmoothedLoss(self.param.average_loss, self.dtype, start_iter)
         p = self.param
         while self.iter < stop_iter:
             if p.test_interval and self.iter % p.test_interval == 0 \
@@ -267,7 +268,7 @@ class Solver:
             unlearned = self._non_finite.keep_unlearned(self.net, self.nan_effect) \
                 if self.is_root else []
             loss = self.forward_backward_all()
-            self._update_smoothed_loss(loss, start_iter)
+            self._smoothing.add(loss, self.iter)
             if displaying and self.is_root:
                 log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
                 self.log_outputs(self.net, 'Train')
@@ -297,7 +298,6 @@ class Solver:
         if resume_file:
             log.info('Restoring previous solver status from %s', resume_file)
             self.restore(resume_file)
-        start_iter = self.iter
         self.step(p.max_iter - self.iter)
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
@@ -305,23 +305,16 @@ class Solver:
             log.info('Optimization stopped early.')
             return
         if self._displaying():
-            self._update_smoothed_loss(self.forward_all(), start_iter)
+            self._smoothing.add(self.forward_all(), self.iter)
             log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         log.info('Optimization Done.')
 
-    def _update_smoothed_loss(self, loss, start_iter):
-        d = self.dtype.type
-        average, loss = self.param.average_loss, d(loss)
-        if len(self._losses) < average:
-            self._losses.append(loss)
-            n = len(self._losses)
-            self.smoothed_loss = float((d(self.smoothed_loss) * d(n - 1) + loss) / d(n))
-        else:
-            slot = (self.iter - start_iter) % average
-            self.smoothed_loss = float(d(self.smoothed_loss) + (loss - self._losses[slot]) / d(average))
-            self._losses[slot] = loss
+    @property
+    def smoothed_loss(self):
+        """The loss the log displays (smoothed_loss.py)."""
+        return self._smoothing.value
 
     def _non_finite_effect(self, loss, unlearned):
         """At the first non-finite loss or gradient: a warning, and ``nan_effect``."""
@@ -455,9 +448,3 @@ class Solver:
 
     def __exit__(self, *exc_info):
         self.close()
-
-
-def _has_params_of_its_own(net, train_net):
-    """Whether ``net`` has params that are not ``train_net``'s Blobs."""
-    shared = {id(blob) for blobs in train_net.params.values() for blob in blobs}
-    return any(id(blob) not in shared for blobs in net.params.values() for blob in blobs)
