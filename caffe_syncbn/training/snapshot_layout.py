@@ -6,11 +6,11 @@ writes are laid out as the prototxt the user wrote (``UserLayout``): a snapshot'
 holds that net's BatchNorm+Scale or BN layers (a BatchNorm's sums and scale factor as the
 SyncBN made of it kept them, which are Caffe's own), and its solverstate's history is laid
 out as that net's learnable params are, so stock Caffe loads both and our tools read them
-with or without --sync-bn. Without a conversion the net's own layout applies (``NetLayout``). Both
-have one small interface: ``load_weights``, ``save``, ``history_out`` and ``history_in``,
-and on top of it ``write_solver_state``, ``read_solver_state`` and ``load_learned_net``.
-A solverstate's history holds ``sets`` arrays per learnable param (2 for Adam and AdaDelta),
-set after set.
+with or without --sync-bn. Without a conversion the net's own layout applies
+(``NetLayout``). Both have one small interface: ``load_weights``, ``save``, ``history_out``
+and ``history_in``, and on top of it ``write_solver_state``, ``read_solver_state`` and
+``load_learned_net``. A solverstate's history holds ``sets`` arrays per learnable param (2
+for Adam and AdaDelta), set after set.
 """
 import os
 import tempfile
