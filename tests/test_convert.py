@@ -10,6 +10,7 @@ from caffe_syncbn.convert import to_batchnorm, to_syncbn
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.caffemodel import read_weights
 from caffe_syncbn.netparam.upgrade import load_net_param
+from caffe_syncbn.weights.copy import arrays_of
 from caffe_syncbn.weights.norm_forms import fit_norm_weights, statistics_factor
 
 from conftest import GOLDEN, require
@@ -134,7 +135,9 @@ def test_syncbn_weights_load_into_the_batchnorm_prototxt(tmp_path):
         net = caffe.Net(prototxt, caffe.TEST, weights=str(tmp_path / saved))
         out = net.forward(data=ref['input/data'])
         np.testing.assert_allclose(out['prob'], ref['data/prob'], rtol=1e-4, atol=1e-5)
-        assert net.params['bn1'][2].data.tolist() == [1024.0]
+        # the SyncBN kept Caffe's sums and factor: they come back bitwise
+        for mine, caffes in zip(net.params['bn1'], arrays_of(read_weights(weights))['bn1']):
+            np.testing.assert_array_equal(mine.data, caffes)
 
 
 def test_batchnorm_without_scale_cannot_take_a_slope():
@@ -180,7 +183,7 @@ def test_frozen_norms_stay_frozen():
 def test_converters_take_a_caffemodel_path(tmp_path):
     prototxt, weights = golden_net('.caffemodel.h5')
     param, synced = to_syncbn(prototxt, weights)     # HDF5: paired by the prototxt itself
-    assert [a.shape for a in synced['bn1']] == [(1, 4, 1, 1)] * 4
+    assert [a.shape for a in synced['bn1']] == [(1, 4, 1, 1)] * 4 + [(1,)]   # sums and s
     assert 'scale1' not in synced
     binary_param, from_binary = to_syncbn(prototxt, golden_net('.caffemodel')[1])
     assert param == binary_param and synced.keys() == from_binary.keys()

@@ -42,6 +42,8 @@ def _syncbn_layer(bn, scale):
         return layer
     bp = bn.batch_norm_param
     p.eps = bp.eps
+    # Caffe's sums, not an average: the same blobs as BatchNorm after any number of steps
+    p.statistics = caffe_pb2.BNParameter.BATCHNORM
     p.momentum = bp.moving_average_fraction
     p.frozen = bp.use_global_stats if bp.HasField('use_global_stats') else False
     p.slope_filler.type, p.slope_filler.value = 'constant', 1.0
@@ -64,7 +66,8 @@ def _syncbn_layer(bn, scale):
 
 
 def to_syncbn(net_param, weights=None):
-    """``(net_param, weights)`` with every BatchNorm(+Scale) and BN turned into SyncBN.
+    """``(net_param, weights)`` with every BatchNorm(+Scale) and BN turned into SyncBN; one
+    made of a BatchNorm keeps its statistics as BatchNorm does (``statistics: BATCHNORM``).
 
     net_param: a NetParameter or prototxt path; weights: None, a caffemodel path (binary or
     HDF5), a NetParameter with blobs, or {layer name: [arrays]}. The weights come back as

@@ -4,7 +4,9 @@ In TEST phase every batch norm uses its stored statistics, so each becomes one O
 BatchNormalization (which runtimes fold into the convolution before it):
   BatchNorm [mean_sum, var_sum, s]      mean = mean_sum/s, var = var_sum/s (0 when s == 0),
                                         scale 1, bias 0
-  BN, SyncBN [slope, bias, mean, var]   as they are
+  BN, SyncBN [slope, bias, mean, var]   as they are; a SyncBN that keeps BatchNorm's sums
+                                        (statistics: BATCHNORM) divides them by its s
+The layer's own ``statistics.running()`` reads its running statistics in either convention.
 Only a BatchNorm with ``use_global_stats: false`` normalizes with the batch's statistics.
 """
 import numpy as np
@@ -26,16 +28,15 @@ def batch_norm(n):
     layer = n.layer
     if not layer.use_global_stats:
         return [_batch_statistics_norm(n, layer.eps)]
-    mean_sum, var_sum, factor = (to_numpy(b.data).astype(np.float64) for b in layer.blobs)
-    s = float(factor.reshape(-1)[0])
-    inv = 0.0 if s == 0 else 1.0 / s
-    ones, zeros = np.ones(mean_sum.size), np.zeros(mean_sum.size)
-    return _batch_normalization(n, ones, zeros, mean_sum * inv, var_sum * inv, layer.eps)
+    mean, var = (to_numpy(v) for v in layer.statistics.running())
+    ones, zeros = np.ones(mean.size), np.zeros(mean.size)
+    return _batch_normalization(n, ones, zeros, mean, var, layer.eps)
 
 
 @rule('BN', 'SyncBN')
 def bn(n):
-    slope, bias, mean, var = (to_numpy(b.data) for b in n.layer.blobs)
+    slope, bias = (to_numpy(b.data) for b in n.layer.blobs[:2])
+    mean, var = (to_numpy(v) for v in n.layer.statistics.running())
     return _batch_normalization(n, slope, bias, mean, var, n.layer.eps)
 
 

@@ -3,14 +3,16 @@
 Statistics are per channel (axis 1) over every other axis; an (N, C) blob counts as
 (N, C, 1, 1) and an (N,) blob as one channel.
 
-BatchNorm (BVLC): blobs [mean_sum, var_sum, scale factor (1,)], no affine part.
+BatchNorm (BVLC): blobs [mean_sum, var_sum, scale factor (1,)], no affine part; its
+running statistics are sums (``RunningSums``).
 BN (forks, ``bn_param``): blobs [slope, bias, running mean, running var], each
-1xCx1x1; ``running = momentum*running + (1-momentum)*batch`` with the BIASED
-batch variance; ``frozen`` uses the running stats and learns nothing; in TEST its
-backward still applies the batch-statistics formula (a quirk kept for fidelity).
+1xCx1x1; ``running = momentum*running + (1-momentum)*batch`` (``RunningAverage``) with
+the BIASED batch variance; ``frozen`` uses the running stats and learns nothing; in TEST
+its backward still applies the batch-statistics formula (a quirk kept for fidelity).
 
-SyncBN (type ``SyncBN``, ``bn_param``, the same 4 blobs as BN) normalizes with the
-statistics of the GLOBAL batch, the union of every replica's local batch:
+SyncBN (type ``SyncBN``, ``bn_param``, BN's 4 blobs, or [slope, bias, mean_sum, var_sum,
+s] with ``statistics: BATCHNORM``) normalizes with the statistics of the GLOBAL batch, the
+union of every replica's local batch:
 
 * TRAIN forward: each replica packs [count, sum(x-K) (C), sum((x-K)^2) (C)] into
   one float64 buffer and makes ONE ``ctx.comm.allreduce(buffer, tag=layer name)``.
@@ -21,11 +23,14 @@ statistics of the GLOBAL batch, the union of every replica's local batch:
   variance sum((x-K)^2)/m - (mean-K)^2 then cancels only in float64 (relative error
   ~1e-16*(mean-K)^2/var), so even the first step, with K still 0, is accurate for
   data with mean 1e4 and std 1, and the error shrinks as K approaches the mean.
-  y normalizes with the biased global variance. The running mean/var are updated
-  with the momentum convention and the UNBIASED global variance var*m/(m-1)
-  (m = global count, as yjxiong's sync_bn_layer and PyTorch); every replica gets
-  bitwise the same running stats. Hence SyncBN alone (ctx.comm None: no
-  communication) equals BN except that its running variance is m/(m-1) larger.
+  y normalizes with the biased global variance. The running statistics take the
+  UNBIASED global variance var*m/(m-1) (m = global count, as yjxiong's sync_bn_layer,
+  PyTorch and BVLC's BatchNorm), in the convention ``bn_param.statistics`` names:
+  MOMENTUM, the forks' average in blobs [mean, var] (SyncBN alone, ctx.comm None, then
+  equals BN except that its running variance is m/(m-1) larger), or BATCHNORM, BVLC
+  BatchNorm's sums in blobs [mean_sum, var_sum, s] (what a converted BatchNorm keeps, so
+  that its blobs are those of Caffe's BatchNorm on one device with the global batch).
+  Every replica gets bitwise the same running stats.
 * TRAIN backward: ONE allreduce of [sum(dy), sum(dy*x_hat)] (2C), then dx with
   the global count m. It is skipped, on every replica alike, when dx is not needed.
 * Parameter gradients: dslope = sum(dy*x_hat) and dbias = sum(dy) over the LOCAL
@@ -50,10 +55,11 @@ an engine's (norm_math.py says what one does), chosen once at setup: the CUDA ke
 """
 import numpy as np
 
+from .. import caffe_pb2
 from ..layer import TEST, Layer, register
 from . import norm_cpu, norm_gpu, norm_math
 from .norm_chain import Chain
-from .norm_math import STAT, channel_view, inverse_std, moments
+from .norm_math import STAT, RunningAverage, RunningSums, channel_view, inverse_std, moments
 
 
 class _ChannelNorm(Layer):
@@ -88,9 +94,6 @@ class _ChannelNorm(Layer):
 
     def stat(self, j):
         return self.blobs[j].data.reshape(-1).astype(STAT)
-
-    def set_stat(self, j, values):
-        self.blobs[j].data[...] = values.reshape(self.blobs[j].shape).astype(self.dtype)
 
     def add_param_gradient(self, j, values):
         blob = self.blobs[j]
@@ -219,15 +222,15 @@ class BatchNorm(_ChannelNorm):
         p = self.param.batch_norm_param
         self.use_global_stats = (p.use_global_stats if p.HasField('use_global_stats')
                                  else self.phase == TEST)
-        self.fraction = p.moving_average_fraction
+        self.statistics = RunningSums(self, 0, p.moving_average_fraction)
         self.eps = p.eps
         for j, spec in enumerate(self.param.param[:3]):
             if spec.lr_mult != 0:
                 raise self.error('param %d has lr_mult %g: the statistics of batch normalization '
                                  'cannot be learned (use lr_mult 0 or leave it out)'
                                  % (j, spec.lr_mult))
-        self.blobs = [self.make_blob((self.channels,)), self.make_blob((self.channels,)),
-                      self.make_blob((1,))]
+        self.blobs = [self.make_blob(shape)
+                      for shape in self.statistics.blob_shapes((self.channels,))]
         self.param_propagate_down = [False] * 3
 
     def fixed_param_mults(self, index):
@@ -240,18 +243,11 @@ class BatchNorm(_ChannelNorm):
         return None, None
 
     def forward(self, bottom, top):
-        xp = self.xp
         if self.use_global_stats:
-            factor = float(self.blobs[2].data.reshape(-1)[0])
-            factor = 0.0 if factor == 0 else 1.0 / factor
-            mean, var = self.stat(0) * factor, self.stat(1) * factor
+            mean, var = self.statistics.running()
         else:
-            count, mean, var = self.local_moments(channel_view(bottom[0].data))
-            self.set_stat(2, self.stat(2) * self.fraction + 1)
-            self.set_stat(0, self.stat(0) * self.fraction + mean)
-            self.set_stat(1, self.stat(1) * self.fraction
-                          + var * (count / xp.maximum(count - 1, 1)))
-            self._count = count
+            self._count, mean, var = self.local_moments(channel_view(bottom[0].data))
+            self.statistics.update(self._count, mean, var)
         self._inv_std = inverse_std(var, self.eps)
         self.normalize(bottom, top, mean, not self.use_global_stats)
 
@@ -272,19 +268,25 @@ class BatchNorm(_ChannelNorm):
 class BN(_ChannelNorm):
     """BN of the PSPNet/yjxiong forks: y = slope * x_hat + bias (see the module docstring)."""
 
-    SLOPE, BIAS, MEAN, VAR = range(4)
+    SLOPE, BIAS, STATISTICS = range(3)     # STATISTICS: the first blob of the running ones
 
     def setup(self, bottom, top):
         self.setup_channels(bottom, top)
         p = self.param.bn_param
-        self.momentum, self.eps, self.frozen = p.momentum, p.eps, p.frozen
+        self.eps, self.frozen = p.eps, p.frozen
+        self.statistics = self.make_statistics(p)
         shape = (1, self.channels, 1, 1)
-        self.blobs = [self.make_blob(shape, p.slope_filler), self.make_blob(shape, p.bias_filler),
-                      self.make_blob(shape), self.make_blob(shape)]
+        self.blobs = [self.make_blob(shape, p.slope_filler), self.make_blob(shape, p.bias_filler)]
+        self.blobs += [self.make_blob(s) for s in self.statistics.blob_shapes(shape)]
         if self.frozen:
-            self.blobs[self.VAR].data[...] = 1
-        self.param_propagate_down = [not self.affine_frozen] * 2 + [False] * 2
+            self.statistics.start_frozen()
+        self.param_propagate_down = [not self.affine_frozen] * 2 + \
+            [False] * (len(self.blobs) - 2)
         self.use_running_stats = self.frozen or self.phase == TEST
+
+    def make_statistics(self, p):
+        """How this layer keeps its running statistics (BN: the biased batch variance)."""
+        return RunningAverage(self, self.STATISTICS, p.momentum, unbiased_variance=False)
 
     @property
     def affine_frozen(self):
@@ -314,21 +316,14 @@ class BN(_ChannelNorm):
         """(count, mean, biased var) of this forward's batch, about its own mean."""
         return self.local_moments(x3)
 
-    def running_variance(self, var, count):
-        """The batch variance the running variance averages (BN: the biased one)."""
-        return var
-
     def forward(self, bottom, top):
         x3 = channel_view(bottom[0].data)
         if self.use_running_stats:
-            mean, var = self.stat(self.MEAN), self.stat(self.VAR)
+            mean, var = self.statistics.running()
             self._count = self.xp.full(1, x3.shape[0] * x3.shape[2], STAT)
         else:
             self._count, mean, var = self.batch_moments(x3)
-            keep = self.momentum
-            self.set_stat(self.MEAN, keep * self.stat(self.MEAN) + (1 - keep) * mean)
-            self.set_stat(self.VAR, keep * self.stat(self.VAR)
-                          + (1 - keep) * self.running_variance(var, self._count))
+            self.statistics.update(self._count, mean, var)
         self._inv_std = inverse_std(var, self.eps)
         self.normalize(bottom, top, mean, self.backward_reads_x_hat(), *self.affine())
 
@@ -366,16 +361,20 @@ class SyncBN(BN):
 
     affine_frozen = False
 
+    def make_statistics(self, p):
+        if p.statistics == caffe_pb2.BNParameter.BATCHNORM:
+            return RunningSums(self, self.STATISTICS, p.momentum)
+        return RunningAverage(self, self.STATISTICS, p.momentum, unbiased_variance=True)
+
     def batch_moments(self, x3):
-        # about the running mean, identical on every replica, so that the sums add up
-        return self.local_moments(x3, reference=self.stat(self.MEAN))
+        # about the running mean, identical on every replica, so that the sums add up; in
+        # the blob dtype, which every engine holds exactly
+        reference = self.statistics.running()[0].astype(self.dtype).astype(STAT)
+        return self.local_moments(x3, reference=reference)
 
     def share(self, packed):
         if self.ctx.comm is not None:
             self.ctx.comm.allreduce(packed, tag=self.name)
-
-    def running_variance(self, var, count):
-        return var * (count / self.xp.maximum(count - 1, 1))
 
     def uses_batch_formula(self):
         return not self.use_running_stats

@@ -32,6 +32,9 @@ and two for the chains of norm_chain.py, whose output y = relu(gamma * x_hat + b
     output_from_x_hat(x_hat, y3, slope, bias, activation): y into y3 again from a kept
         x_hat (normalize's ``keep`` into ``x_hat_out``), as normalize computed it
 
+The layers keep their running statistics in one of two conventions, ``RunningSums``
+(BVLC BatchNorm's) and ``RunningAverage`` (the forks' momentum), defined here once.
+
 This module is the engine for any array module (numpy in float16, CuPy without the
 kernels); norm_cpu.py is the host engine and norm_gpu.py the CUDA one.
 """
@@ -80,8 +83,82 @@ def moments(packed, shift):
         xp.maximum(packed[1 + channels:] / count - delta * delta, 0)
 
 
+def unbiased(var, count):
+    """The unbiased variance of ``count`` values from the biased one (itself for 1 value)."""
+    return var * (count / get_array_module(count).maximum(count - 1, 1))
+
+
 def inverse_std(var, eps):
     return 1.0 / get_array_module(var).sqrt(var + eps)
+
+
+# ---- the two conventions of running statistics, in a layer's blobs [first, ...) ------------
+# (looked up at every use: a test net shares the train net's blobs by taking them over)
+def _values(layer, j):
+    return layer.blobs[j].data.reshape(-1).astype(STAT)
+
+
+def _store(layer, j, values):
+    blob = layer.blobs[j]
+    blob.data[...] = values.reshape(blob.shape).astype(blob.data.dtype)
+
+
+class RunningSums:
+    """BVLC BatchNorm's running statistics, blobs [first, first + 3) of ``layer``: mean_sum,
+    var_sum and the scale factor s. Each TRAIN step s = f*s + 1, mean_sum = f*mean_sum +
+    mean and var_sum = f*var_sum + the unbiased variance (f: moving_average_fraction); the
+    running statistics are the sums / s, 0 while s is 0. The first batches weigh alike, where
+    an average started at 0 would weigh them by (1 - f)."""
+
+    def __init__(self, layer, first, fraction):
+        self.layer, self.first, self.fraction = layer, first, fraction
+
+    @staticmethod
+    def blob_shapes(channel_shape):
+        return [channel_shape, channel_shape, (1,)]
+
+    def start_frozen(self):
+        """Caffe's zeros stay: s = 0 reads as mean 0 and var 0."""
+
+    def running(self):
+        layer, j = self.layer, self.first
+        factor = _values(layer, j + 2)
+        inverse = 1.0 / get_array_module(factor).where(factor == 0, np.inf, factor)
+        return _values(layer, j) * inverse, _values(layer, j + 1) * inverse
+
+    def update(self, count, mean, var):
+        layer, j, f = self.layer, self.first, self.fraction
+        _store(layer, j + 2, _values(layer, j + 2) * f + 1)
+        _store(layer, j, _values(layer, j) * f + mean)
+        _store(layer, j + 1, _values(layer, j + 1) * f + unbiased(var, count))
+
+
+class RunningAverage:
+    """The forks' running statistics, blobs [first, first + 2) of ``layer``: mean and var,
+    each running = momentum*running + (1-momentum)*batch, of the batch variance biased (BN)
+    or ``unbiased`` (SyncBN)."""
+
+    def __init__(self, layer, first, momentum, unbiased_variance):
+        self.layer, self.first, self.momentum = layer, first, momentum
+        self.unbiased_variance = unbiased_variance
+
+    @staticmethod
+    def blob_shapes(channel_shape):
+        return [channel_shape, channel_shape]
+
+    def start_frozen(self):
+        """Unit variance until weights load, as the forks' frozen BN starts."""
+        self.layer.blobs[self.first + 1].data[...] = 1
+
+    def running(self):
+        return _values(self.layer, self.first), _values(self.layer, self.first + 1)
+
+    def update(self, count, mean, var):
+        layer, j, keep = self.layer, self.first, self.momentum
+        if self.unbiased_variance:
+            var = unbiased(var, count)
+        _store(layer, j, keep * _values(layer, j) + (1 - keep) * mean)
+        _store(layer, j + 1, keep * _values(layer, j + 1) + (1 - keep) * var)
 
 
 # ---- the array engine ------------------------------------------------------------------------

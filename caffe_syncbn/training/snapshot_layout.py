@@ -3,13 +3,14 @@ own net's, or the prototxt the user wrote), and the check that they can be writt
 
 Under --sync-bn a solver trains a converted net (SyncBN layers), but the files it reads and
 writes are laid out as the prototxt the user wrote (``UserLayout``): a snapshot's caffemodel
-holds that net's BatchNorm+Scale or BN layers, and its solverstate's history is laid out as
-that net's learnable params are, so stock Caffe loads both and our tools read them with or
-without --sync-bn. Without a conversion the net's own layout applies (``NetLayout``). Both
-have one small interface: ``load_weights``, ``save``, ``history_out`` and ``history_in``,
-and on top of it ``write_solver_state``, ``read_solver_state`` and ``load_learned_net``.
-A solverstate's history holds ``sets`` arrays per learnable param (2 for Adam and AdaDelta),
-set after set.
+holds that net's BatchNorm+Scale or BN layers (a BatchNorm's sums and scale factor as the
+SyncBN made of it kept them, which are Caffe's own), and its solverstate's history is laid
+out as that net's learnable params are, so stock Caffe loads both and our tools read them
+with or without --sync-bn. Without a conversion the net's own layout applies
+(``NetLayout``). Both have one small interface: ``load_weights``, ``save``, ``history_out``
+and ``history_in``, and on top of it ``write_solver_state``, ``read_solver_state`` and
+``load_learned_net``. A solverstate's history holds ``sets`` arrays per learnable param (2
+for Adam and AdaDelta), set after set.
 """
 import os
 import tempfile
@@ -149,6 +150,10 @@ class UserLayout(NetLayout):
                 self.source_of[(name, j)] = None
             else:
                 self.source_of[(name, j)] = (self._scale_of.get(name, name), j)
+        # what earlier versions wrote: the converted net's params, when a SyncBN made of a
+        # BatchNorm had no scale factor blob (its blob 4)
+        self.legacy_slots = [(name, j) for name, j in self.net_slots
+                             if name not in self._batchnorms or j != 4]
         missing = sorted(set(self.source_of.values()) - set(self.net_slots) - {None})
         if missing:
             raise CaffeError("blob %d of layer '%s' of the prototxt has no counterpart in the "
@@ -219,21 +224,24 @@ class UserLayout(NetLayout):
         return out
 
     def history_in(self, saved, path, sets, needs):
-        """Reads the user's layout (what we write) and the converted net's (what earlier
-        versions wrote)."""
+        """Reads the user's layout (what we write) and the converted net's as earlier
+        versions wrote it; what neither holds (statistics, never learned) is zero."""
         user = [self._user_shape(slot) for slot in self.user_slots] * sets
-        own = [self._net_shape(slot) for slot in self.net_slots] * sets
-        layout, arrays = _fit_layout(saved, path, [user, own], needs)
-        if layout == 1:
-            return arrays
-        where = {source: k for k, slot in enumerate(self.user_slots)
-                 for source in [self.source_of[slot]] if source is not None}
+        legacy = [self._net_shape(slot) for slot in self.legacy_slots] * sets
+        layout, arrays = _fit_layout(saved, path, [user, legacy], needs)
+        if layout == 0:
+            per_set = len(self.user_slots)
+            where = {source: k for k, slot in enumerate(self.user_slots)
+                     for source in [self.source_of[slot]] if source is not None}
+        else:
+            per_set = len(self.legacy_slots)
+            where = {slot: k for k, slot in enumerate(self.legacy_slots)}
         out = []
         for s in range(sets):
             for slot in self.net_slots:
                 k, shape = where.get(slot), self._net_shape(slot)
                 out.append(np.zeros(shape, arrays[0].dtype) if k is None
-                           else arrays[s * len(self.user_slots) + k].reshape(shape))
+                           else arrays[s * per_set + k].reshape(shape))
         return out
 
 

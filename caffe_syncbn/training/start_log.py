@@ -1,5 +1,6 @@
 """The lines a data-parallel solver logs as it starts: each net's size and build time, the
-batch per device and per iteration, and what --sync-bn turns into SyncBN."""
+batch per device and per iteration, and what --sync-bn turns into SyncBN and how those keep
+their running statistics."""
 import logging
 import time
 
@@ -31,7 +32,8 @@ def log_batches(readers, input_layers, replication, iter_size):
 
 
 def log_sync_bn(net_param):
-    """Say what --sync-bn turns into SyncBN, and which of those keep frozen statistics."""
+    """Say what --sync-bn turns into SyncBN, how their running statistics accumulate, and
+    which of them keep frozen statistics."""
     units = norm_units(net_param.layer)
     if not units:
         log.warning("--sync-bn: net '%s' has no BatchNorm or BN layer; nothing is synchronized",
@@ -44,6 +46,11 @@ def log_sync_bn(net_param):
              ('SyncBN', sum(u.kind == 'SyncBN' for u in units))]
     log.info('--sync-bn: %d layer(s) run as SyncBN (%s)', len(units),
              ', '.join('%d %s' % (n, form) for form, n in forms if n))
+    sums = sum(u.keeps_sums for u in units)
+    conventions = [("%d as BatchNorm's sums (moving_average_fraction)" % sums, sums),
+                   ('%d as a momentum average' % (len(units) - sums), len(units) - sums)]
+    log.info('--sync-bn: running statistics of the global batch, kept %s',
+             ' and '.join(text for text, n in conventions if n))
     frozen = [u.name for u in units if _is_frozen(net_param.layer[u.index])]
     if frozen:
         log.info('--sync-bn: %d of them keep their running statistics (use_global_stats: true '

@@ -4,33 +4,51 @@ A *norm unit* is one normalization of a net, in one of three forms:
   BatchNorm (BVLC), with the Scale that follows it if there is one: BatchNorm holds
       [mean_sum, var_sum, factor s], each (C,) and s (1,), and mean = mean_sum / s
       (0 when s == 0, as Caffe reads it); the Scale holds [gamma (C,), beta (C,)].
-  BN (the PSPNet and yjxiong forks) and SyncBN: [slope, bias, mean, var], each 1xCx1x1.
+  BN (the PSPNet and yjxiong forks) and SyncBN: [slope, bias, mean, var], each 1xCx1x1;
+      a SyncBN with ``statistics: BATCHNORM`` holds BatchNorm's sums in their place:
+      [slope, bias, mean_sum, var_sum, s], s of shape (1,).
 In TEST all three compute y = slope * (x - mean) / sqrt(var + eps) + bias, so weights move
 between them through one per-channel record, ``NormStats``, and TEST outputs stay the same:
+  - Between two forms that keep sums (BatchNorm, SyncBN with BATCHNORM statistics) the
+    sums and s move as stored, bitwise: a SyncBN trained so writes Caffe's own blobs.
   - A BatchNorm without a Scale has slope 1 and bias 0, and cannot hold other values.
   - The running variance moves as stored. BatchNorm and SyncBN average the unbiased batch
     variance, the forks' BN the biased one (smaller by m/(m-1), m = N*H*W of a batch).
   - eps moves between batch_norm_param and bn_param, and moving_average_fraction is the
     momentum.
-  - Written as BatchNorm, the statistics get the factor s = the power of two nearest
-    1 / (1 - moving_average_fraction), the value that Caffe's own s tends to as it trains
-    (1024 for the default 0.999). Scaling by a power of two is exact, so TEST outputs are
-    bitwise unchanged, and a stock Caffe that resumes training goes on averaging with
-    about the right weight instead of restarting its sums.
+  - Written as sums from a mean and a variance (a BN's, a momentum SyncBN's), the
+    statistics get the factor s = the power of two nearest 1 / (1 - moving_average_fraction),
+    the value that Caffe's own s tends to as it trains (1024 for the default 0.999).
+    Scaling by a power of two is exact, so TEST outputs are bitwise unchanged, and a stock
+    Caffe that resumes training goes on averaging with about the right weight instead of
+    restarting its sums.
 """
 import collections
 import math
 
 import numpy as np
 
+from .. import caffe_pb2
 from ..errors import CaffeError
 from ..formats.caffemodel import as_array
 
-NormUnit = collections.namedtuple('NormUnit', 'kind name index scale_name scale_index')
-NormStats = collections.namedtuple('NormStats', 'mean var slope bias dtype')
+NormUnit = collections.namedtuple('NormUnit',
+                                  'kind name index scale_name scale_index keeps_sums')
+#: ``sums``: BatchNorm's (mean_sum, var_sum, factor) as stored, or None
+NormStats = collections.namedtuple('NormStats', 'mean var slope bias dtype sums')
 
-#: how many blobs each form stores under the normalization's own name
-_FORM_BLOBS = {'BatchNorm': 3, 'BN': 4, 'SyncBN': 4}
+
+def keeps_sums(layer):
+    """Whether a batch norm layer keeps BVLC BatchNorm's sums (not a momentum average)."""
+    return layer.type == 'BatchNorm' or (
+        layer.type == 'SyncBN' and layer.bn_param.statistics == caffe_pb2.BNParameter.BATCHNORM)
+
+
+def _form_blobs(unit):
+    """How many blobs a unit stores under the normalization's own name."""
+    if unit.kind == 'BatchNorm':
+        return 3
+    return 5 if unit.keeps_sums else 4
 
 
 # ---- finding the units ------------------------------------------------------------------
@@ -69,37 +87,40 @@ def norm_units(layers):
         if layer.type == 'BatchNorm':
             j = _fusable_scale(layers, i)
             units.append(NormUnit('BatchNorm', layer.name, i,
-                                  layers[j].name if j is not None else None, j))
+                                  layers[j].name if j is not None else None, j, True))
         elif layer.type in ('BN', 'SyncBN'):
-            units.append(NormUnit(layer.type, layer.name, i, None, None))
+            units.append(NormUnit(layer.type, layer.name, i, None, None, keeps_sums(layer)))
     return units
 
 
 # ---- one unit's weights -----------------------------------------------------------------
 def stored_stats(arrays, scale_arrays=None):
     """The NormStats of a unit's stored arrays: 3 (BatchNorm, with ``scale_arrays`` the
-    [gamma(, beta)] of its Scale) or 4 (BN, SyncBN). Raises ValueError when they do not fit."""
+    [gamma(, beta)] of its Scale), 4 (BN, SyncBN) or 5 (SyncBN with BATCHNORM statistics).
+    Raises ValueError when they do not fit."""
     arrays = [np.asarray(a) for a in arrays]
     flat = [a.astype(np.float64).reshape(-1) for a in arrays]
+    sums = None
     if len(arrays) == 4:
         slope, bias, mean, var = flat
-    elif len(arrays) == 3:
-        mean_sum, var_sum, factor = flat
+    elif len(arrays) in (3, 5):
+        sums = mean_sum, var_sum, factor = flat[-3:]
         if factor.size != 1:
             raise ValueError('its scale factor blob has %d values, expected 1' % factor.size)
         inverse = 0.0 if factor[0] == 0 else 1.0 / factor[0]
         mean, var = mean_sum * inverse, var_sum * inverse
-        scale = [np.asarray(a, np.float64).reshape(-1) for a in (scale_arrays or [])]
+        scale = flat[:2] if len(arrays) == 5 else \
+            [np.asarray(a, np.float64).reshape(-1) for a in (scale_arrays or [])]
         slope = scale[0] if scale else np.ones_like(mean)
         bias = scale[1] if len(scale) > 1 else np.zeros_like(mean)
     else:
-        raise ValueError('it has %d blobs; a batch norm has 3 (BatchNorm) or 4 (BN, SyncBN)'
-                         % len(arrays))
+        raise ValueError('it has %d blobs; a batch norm has 3 (BatchNorm), 4 (BN, SyncBN) or 5 '
+                         '(SyncBN with statistics: BATCHNORM)' % len(arrays))
     sizes = {v.size for v in (mean, var, slope, bias)}
     if len(sizes) != 1:
         raise ValueError('its blobs disagree on the channel count: %s'
                          % sorted(v.size for v in (slope, bias, mean, var)))
-    return NormStats(mean, var, slope, bias, arrays[0].dtype)
+    return NormStats(mean, var, slope, bias, arrays[0].dtype, sums)
 
 
 def statistics_factor(fraction):
@@ -109,18 +130,30 @@ def statistics_factor(fraction):
     return 2.0 ** round(math.log2(1.0 / (1.0 - fraction)))
 
 
+def _sums(stats, layer):
+    """(mean_sum, var_sum, factor) of ``stats`` for a ``layer`` that keeps sums: as stored,
+    or made with the factor of the layer's fraction."""
+    if stats.sums is not None:
+        return stats.sums
+    s = statistics_factor(layer.batch_norm_param.moving_average_fraction
+                          if layer.type == 'BatchNorm' else layer.bn_param.momentum)
+    return stats.mean * s, stats.var * s, [s]
+
+
 def unit_arrays(unit, stats, layers):
     """{layer name: arrays} holding ``stats`` in the form of ``unit`` (whose layers are
     ``layers``). Raises ValueError for an affine a Scale-less BatchNorm cannot hold."""
     cast = lambda v, shape: np.asarray(v, stats.dtype).reshape(shape)  # noqa: E731
     channels = stats.mean.size
+    per_channel = (1, channels, 1, 1)
     if unit.kind != 'BatchNorm':
-        return {unit.name: [cast(v, (1, channels, 1, 1))
-                            for v in (stats.slope, stats.bias, stats.mean, stats.var)]}
-    bn = layers[unit.index]
-    s = statistics_factor(bn.batch_norm_param.moving_average_fraction)
-    out = {unit.name: [cast(stats.mean * s, channels), cast(stats.var * s, channels),
-                       cast([s], 1)]}
+        running = [(stats.mean, per_channel), (stats.var, per_channel)]
+        if unit.keeps_sums:
+            running = zip(_sums(stats, layers[unit.index]), [per_channel, per_channel, 1])
+        return {unit.name: [cast(stats.slope, per_channel), cast(stats.bias, per_channel)]
+                + [cast(v, shape) for v, shape in running]}
+    mean_sum, var_sum, factor = _sums(stats, layers[unit.index])
+    out = {unit.name: [cast(mean_sum, channels), cast(var_sum, channels), cast(factor, 1)]}
     has_bias = unit.scale_name is not None and layers[unit.scale_index].scale_param.bias_term
     if unit.scale_name is not None:
         out[unit.scale_name] = [cast(stats.slope, channels)] + \
@@ -148,7 +181,7 @@ def fit_norm_weights(target_layers, blobs, source_layers=None, source='weights')
     written_for = {u.name: u for u in norm_units(source_layers or [])}
     for unit in norm_units(target_layers):
         stored = blobs.get(unit.name)
-        if not stored or len(stored) == _FORM_BLOBS[unit.kind]:
+        if not stored or len(stored) == _form_blobs(unit):
             continue
         origin = written_for.get(unit.name)
         scale_arrays = None
