@@ -7,11 +7,11 @@ source cannot be read, to-deploy, fold-bn, to-onnx and time stop with one line a
 names the layer, the blob and both shapes.
 """
 import logging
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import watchdog
 from data_sources import write_image, write_lmdb_of
 from google.protobuf import text_format
 
@@ -206,8 +206,8 @@ def test_an_unreadable_source_is_one_line_asking_for_the_shape(tmp_path, monkeyp
 
 def test_to_deploy_without_its_data_stops_and_writes_nothing(tiny):
     (tiny / 'test_lmdb' / 'data.mdb').unlink()
-    done = subprocess.run([sys.executable, str(TOOL), 'to-deploy', '--model', 'tv.prototxt',
-                           '--output', 'dep'], capture_output=True, text=True, cwd=tiny)
+    done = watchdog.run([sys.executable, str(TOOL), 'to-deploy', '--model', 'tv.prototxt',
+                         '--output', 'dep'], capture_output=True, text=True, cwd=tiny)
     assert done.returncode == 1 and done.stderr.count('\n') == 1, done.stderr
     assert "layer 'data' (type Data)" in done.stderr and "'test_lmdb'" in done.stderr
     assert '--input-shape N,C,H,W' in done.stderr

@@ -5,10 +5,10 @@ missing. The loss parser and the comparison are checked on the log of that run, 
 benchmarks/efficiency.py against the calculation of docs/training.md."""
 import math
 import re
-import subprocess
 import sys
 
 import pytest
+import watchdog
 
 from caffe_syncbn.backend import gpu_count
 from conftest import ROOT
@@ -25,9 +25,9 @@ MB = 1e6
 @pytest.fixture(scope='module')
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp('report')
-    result = subprocess.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
+    result = watchdog.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
                              'preflight,train-reference', '--out', str(out)],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, limit=300)
     return result, out
 
 
@@ -88,9 +88,9 @@ def test_the_comparison_allows_rounding_and_catches_more(cpu_run):
 
 
 def test_unknown_step_is_one_error_line(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
+    result = watchdog.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
                              'train-refrence', '--out', str(tmp_path)],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, limit=60)
     assert result.returncode == 2
     assert "unknown step 'train-refrence'" in result.stderr.strip().splitlines()[-1]
 
