@@ -289,8 +289,8 @@ def test_latin1_in_solver_through_train_net_is_one_line(tmp_path):
     write(tmp_path / 'solver.prototxt', b'net: "net.prototxt"  # r\xe9seau\nbase_lr: 0.1\n'
           b'lr_policy: "fixed"\nmax_iter: 0\nsnapshot_prefix: "caf\xe9"\n')
     done = watchdog.run([sys.executable, str(ROOT / 'tools' / 'train_net.py'), '--solver',
-                           'solver.prototxt'], cwd=tmp_path, capture_output=True, text=True,
-                          limit=120)
+                         'solver.prototxt'], cwd=tmp_path, capture_output=True, text=True,
+                        limit=120)
     assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     one_line(last, 'error: solver.prototxt:5:', 'byte 0xe9')
@@ -440,7 +440,7 @@ def test_file_size_limit_on_hdf5_snapshot_is_one_line(tmp_path):
               'from caffe_syncbn.pycaffe.caffe import get_solver; '
               'run_main(lambda: get_solver("solver.prototxt").snapshot() and 0)')
     done = watchdog.run([sys.executable, '-c', script], cwd=tmp_path, capture_output=True,
-                          text=True, limit=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                        text=True, limit=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 1, done.stderr
     assert 'Traceback' not in done.stderr and 'HDF5-DIAG' not in done.stderr, done.stderr
     one_line(done.stderr.strip(), 'error: cannot write snap/run_iter_0.caffemodel.h5',

@@ -23,7 +23,7 @@ def run_cli(*args, cwd=None):
     """``python -m caffe_syncbn ARGS`` as a user runs it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return watchdog.run([sys.executable, '-m', 'caffe_syncbn'] + [str(a) for a in args],
-                          cwd=cwd, env=env, capture_output=True, text=True, limit=LIMIT)
+                        cwd=cwd, env=env, capture_output=True, text=True, limit=LIMIT)
 
 
 def one_error_line(result):
@@ -159,8 +159,8 @@ def test_usage_device_query_and_the_console_script():
     assert 'CPU: %d cores' % os.cpu_count() in result.stderr
     assert 'GPUs: %d' % caffe.backend.gpu_count() in result.stderr
     quiet = watchdog.run([sys.executable, '-m', 'caffe_syncbn', 'device_query'], text=True,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_minloglevel='1'),
-                           capture_output=True, limit=LIMIT)
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_minloglevel='1'),
+                         capture_output=True, limit=LIMIT)
     assert quiet.returncode == 0 and quiet.stderr == '', quiet.stderr     # glog's variable
     # pip installs the command: setup.py declares it, and its target runs main
     from distutils.core import run_setup
@@ -293,12 +293,12 @@ def test_the_command_line_loads_onnx_only_for_an_export(tmp_path):
     script = ('import sys; import caffe_syncbn.cli, caffe_syncbn.cli.timing; '
               'print("onnx" in sys.modules)')
     loaded = watchdog.run([sys.executable, '-c', script], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.split()
+                          text=True, check=True).stdout.split()
     assert loaded == ['False']
     script = ('import sys; sys.modules["onnx"] = None; '
               'from caffe_syncbn.export import to_onnx; to_onnx(sys.argv[1])')
     failed = watchdog.run([sys.executable, '-c', script, str(tmp_path / 'x.prototxt')],
-                            cwd=ROOT, capture_output=True, text=True)
+                          cwd=ROOT, capture_output=True, text=True)
     assert failed.returncode != 0
     assert failed.stderr.strip().splitlines()[-1] == (
         "caffe_syncbn.errors.CaffeError: ONNX export needs the onnx package: "

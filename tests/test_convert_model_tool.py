@@ -17,7 +17,7 @@ CASE = 'format_hdf5_caffemodel'      # conv, BatchNorm (factor 2), Scale, ReLU, 
 
 def convert(*args):
     return watchdog.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
-                          text=True, limit=120, cwd=ROOT)
+                        text=True, limit=120, cwd=ROOT)
 
 
 @pytest.fixture(scope='module')

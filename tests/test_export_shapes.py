@@ -194,8 +194,8 @@ def test_layers_shaped_by_their_params():
     ('layer { name: "d" type: "Python" top: "x" python_param { module: "m" layer: "L" } }',
      'its own code'),
 ])
-def test_an_unreadable_source_is_one_line_asking_for_the_shape(tmp_path, monkeypatch, text,
-                                                                 names):
+def test_an_unreadable_source_is_one_line_asking_for_the_shape(tmp_path, monkeypatch,
+                                                               text, names):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CaffeError) as caught:
         data_top_shapes(first_layer(text))

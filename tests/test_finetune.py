@@ -66,7 +66,7 @@ def make_job(folder, max_iter=3, fmt='BINARYPROTO', solver_type='SGD', bn=''):
 
 def train(*args):
     out = watchdog.run([sys.executable, str(TRAIN_NET), *map(str, args)], capture_output=True,
-                         text=True, limit=180, cwd=ROOT)
+                       text=True, limit=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     return out.stderr
 

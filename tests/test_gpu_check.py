@@ -26,8 +26,8 @@ MB = 1e6
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp('report')
     result = watchdog.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
-                             'preflight,train-reference', '--out', str(out)],
-                            capture_output=True, text=True, limit=300)
+                           'preflight,train-reference', '--out', str(out)],
+                          capture_output=True, text=True, limit=300)
     return result, out
 
 
@@ -89,8 +89,8 @@ def test_the_comparison_allows_rounding_and_catches_more(cpu_run):
 
 def test_unknown_step_is_one_error_line(tmp_path):
     result = watchdog.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
-                             'train-refrence', '--out', str(tmp_path)],
-                            capture_output=True, text=True, limit=60)
+                           'train-refrence', '--out', str(tmp_path)],
+                          capture_output=True, text=True, limit=60)
     assert result.returncode == 2
     assert "unknown step 'train-refrence'" in result.stderr.strip().splitlines()[-1]
 

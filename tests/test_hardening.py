@@ -87,7 +87,7 @@ def test_log_file_on_a_full_disk_is_one_warning_and_the_log_goes_on(tmp_path):
               'setup_logging("/dev/full")\n'
               'for i in range(200): logging.getLogger("caffe_syncbn").info("line %d", i)\n')
     done = watchdog.run([sys.executable, '-c', script], capture_output=True, text=True,
-                          limit=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                        limit=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
     assert 'Logging error' not in done.stderr and 'Traceback' not in done.stderr, done.stderr
@@ -184,8 +184,8 @@ def test_weights_flag_naming_a_fifo(tmp_path):
     os.mkfifo(tmp_path / 'fifo')
     net = write(tmp_path / 'net.prototxt', NET)
     done = watchdog.run([sys.executable, '-m', 'caffe_syncbn', 'test', '-model', net,
-                           '-weights', str(tmp_path / 'fifo')], capture_output=True, text=True,
-                          limit=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         '-weights', str(tmp_path / 'fifo')], capture_output=True, text=True,
+                        limit=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip() == 'error: -weights %s is not a regular file (a FIFO)' % (
         tmp_path / 'fifo'), done.stderr

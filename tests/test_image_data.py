@@ -147,7 +147,7 @@ def test_compute_image_mean_and_mean_file(image_set, tmp_path):
 
 def run_tool(name, *args):
     return watchdog.run([sys.executable, str(ROOT / 'tools' / name)] + [str(a) for a in args],
-                          capture_output=True, text=True, limit=60)
+                        capture_output=True, text=True, limit=60)
 
 
 def test_tools_command_line(image_set, tmp_path):

@@ -286,7 +286,7 @@ def test_600mb_caffemodel(tmp_path):
     """VGG-16 size: no protobuf size limit, and under 3 GB (the net itself holds 0.6 GB)."""
     path = tmp_path / 'big.caffemodel'
     out = watchdog.run([sys.executable, '-c', BIG_SCRIPT, str(path), '6', str(ROOT)],
-                         capture_output=True, text=True, limit=120)
+                       capture_output=True, text=True, limit=120)
     assert out.returncode == 0, out.stderr
     assert path.stat().st_size > 600e6
     _, gigabytes = map(float, out.stdout.split())

@@ -133,7 +133,7 @@ def test_two_processes_of_two_devices_equal_one_process_and_one_device(job, dtyp
 @needs_mpi
 def test_four_processes_of_one_device_equal_one_process_of_four(tmp_path, job):
     result = launch(tmp_path, 'equivalence', processes=4,
-                       env={'DEVICES_PER_PROCESS': '1', 'REFERENCES': '0'})
+                    env={'DEVICES_PER_PROCESS': '1', 'REFERENCES': '0'})
     assert result.returncode == 0, result.stderr[-3000:]
     for dtype in ('float64', 'float32'):
         four = load(job / ('equivalence-%s-1x4.npz' % dtype))

@@ -95,7 +95,7 @@ def test_draw_with_the_pycaffe_call(tmp_path):
     (tmp_path / 'net.prototxt').write_text(TRAIN_VAL)
     out = tmp_path / 'net.gv'
     watchdog.run([sys.executable, '-c', script, str(tmp_path / 'net.prototxt'), str(out)], check=True,
-                   env={'PYTHONPATH': str(ROOT), 'PATH': ''}, limit=120)
+                 env={'PYTHONPATH': str(ROOT), 'PATH': ''}, limit=120)
     assert out.read_text() == draw.get_dot_source(net_param(), 'LR', phase=caffe.TEST)
 
 
@@ -211,13 +211,13 @@ def test_install_as_caffe_in_a_fresh_interpreter(tmp_path):
               '    getattr(caffe, name)\n'
               'print("ok")\n')
     result = watchdog.run([sys.executable, '-c', script], capture_output=True, text=True,
-                            env={'PYTHONPATH': str(ROOT)}, limit=120)
+                          env={'PYTHONPATH': str(ROOT)}, limit=120)
     assert result.stdout.strip() == 'ok', result.stderr[-2000:]
 
     (tmp_path / 'caffe.py').write_text('# another caffe\n')
     clash = 'import caffe, caffe_syncbn; caffe_syncbn.install_as_caffe()'
     result = watchdog.run([sys.executable, '-c', clash], capture_output=True, text=True,
-                            env={'PYTHONPATH': '%s:%s' % (tmp_path, ROOT)}, limit=120)
+                          env={'PYTHONPATH': '%s:%s' % (tmp_path, ROOT)}, limit=120)
     assert result.returncode == 1 and 'another module named caffe is already imported' in result.stderr
 
 

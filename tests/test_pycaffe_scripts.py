@@ -23,7 +23,7 @@ MEAN_BGR = np.array([104.0, 117.0, 123.0])
 def run_script(name, *args):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = watchdog.run([sys.executable, str(SCRIPTS / name)] + [str(a) for a in args],
-                            capture_output=True, text=True, env=env, limit=300)
+                          capture_output=True, text=True, env=env, limit=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 

@@ -19,7 +19,7 @@ GLOG = 'I0312 10:00:%02d.000000  4242 %s] %s'
 
 def run_tool(script, *args, cwd=None):
     return watchdog.run([sys.executable, str(ROOT / script)] + [str(a) for a in args],
-                          cwd=cwd, capture_output=True, text=True, limit=LIMIT)
+                        cwd=cwd, capture_output=True, text=True, limit=LIMIT)
 
 
 def check_ok(result):

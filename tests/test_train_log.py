@@ -46,7 +46,7 @@ def bvlc_datetime(line, year):
 def run_cli(*args, cwd=None, **kwargs):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return watchdog.run([sys.executable, '-m', 'caffe_syncbn'] + [str(a) for a in args],
-                          cwd=cwd, env=env, capture_output=True, text=True, limit=120, **kwargs)
+                        cwd=cwd, env=env, capture_output=True, text=True, limit=120, **kwargs)
 
 
 # ---- the line --------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def make_job(folder, batch, max_iter=3, rows=48, source='hdf5'):
 
 def run_tool(*args, limit=120):
     return watchdog.run([sys.executable, str(TRAIN_NET), *map(str, args)], capture_output=True,
-                          text=True, limit=limit, cwd=ROOT)
+                        text=True, limit=limit, cwd=ROOT)
 
 
 def params_of(path, prototxt):

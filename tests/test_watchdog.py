@@ -69,7 +69,8 @@ def test_work_slowed_down_by_a_loaded_machine_is_no_hang(tmp_path):
     spin = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
             for _ in range(3 * (os.cpu_count() or 1))]
     try:
-        work = 'import time\nstart = time.process_time()\nwhile time.process_time() - start < 1: pass'
+        work = ('import time\nstart = time.process_time()\n'
+                'while time.process_time() - start < 1: pass')
         done = watchdog.run([sys.executable, '-c', work], stall=1, limit=60)
     finally:
         for proc in spin:

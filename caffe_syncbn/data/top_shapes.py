@@ -167,8 +167,8 @@ def _segmentation(layer, batch, first):
     else:
         p = layer.image_data_param
         field, source, prefix = 'image_data_param.source', p.source, p.root_folder
-    sizes = [param.batch_size for name, param in (('image_data_param', layer.image_data_param),
-                                                   ('data_param', layer.data_param))
+    fields = (('image_data_param', layer.image_data_param), ('data_param', layer.data_param))
+    sizes = [param.batch_size for name, param in fields
              if layer.HasField(name) and param.HasField('batch_size')]
     if first is not None:
         n, channels, window = first[0], first[1], tuple(first[2:])
