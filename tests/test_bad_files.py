@@ -12,6 +12,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
+import watchdog
 from fuzz_harness import Worker, short_folder, top_level_cuts
 
 import caffe_syncbn as caffe
@@ -287,9 +288,9 @@ def test_latin1_in_solver_through_train_net_is_one_line(tmp_path):
     write(tmp_path / 'net.prototxt', NET % ('', 'dim: 2 dim: 3'))
     write(tmp_path / 'solver.prototxt', b'net: "net.prototxt"  # r\xe9seau\nbase_lr: 0.1\n'
           b'lr_policy: "fixed"\nmax_iter: 0\nsnapshot_prefix: "caf\xe9"\n')
-    done = subprocess.run([sys.executable, str(ROOT / 'tools' / 'train_net.py'), '--solver',
-                           'solver.prototxt'], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    done = watchdog.run([sys.executable, str(ROOT / 'tools' / 'train_net.py'), '--solver',
+                         'solver.prototxt'], cwd=tmp_path, capture_output=True, text=True,
+                        limit=120)
     assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     one_line(last, 'error: solver.prototxt:5:', 'byte 0xe9')
@@ -438,9 +439,9 @@ def test_file_size_limit_on_hdf5_snapshot_is_one_line(tmp_path):
               'from caffe_syncbn.cli.common import run_main; '
               'from caffe_syncbn.pycaffe.caffe import get_solver; '
               'run_main(lambda: get_solver("solver.prototxt").snapshot() and 0)')
-    done = subprocess.run([sys.executable, '-c', script], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120,        # the solver's INFO lines left out
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_minloglevel='1'))
+    done = watchdog.run([sys.executable, '-c', script], cwd=tmp_path, capture_output=True,
+                        text=True, limit=120,             # the solver's INFO lines left out
+                        env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_minloglevel='1'))
     assert done.returncode == 1, done.stderr
     assert 'Traceback' not in done.stderr and 'HDF5-DIAG' not in done.stderr, done.stderr
     one_line(done.stderr.strip(), 'error: cannot write snap/run_iter_0.caffemodel.h5',
@@ -458,7 +459,7 @@ def test_temporary_files_of_a_killed_snapshot_are_removed(tmp_path, monkeypatch)
               '    f.write(b"x" * 1000); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n')
     child = subprocess.Popen([sys.executable, '-c', script], cwd=tmp_path,
                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert child.wait(timeout=60) == -signal.SIGKILL
+    assert watchdog.wait(child, limit=60) == -signal.SIGKILL
     (left,) = [p.name for p in (tmp_path / 'snap').iterdir()]
     assert left.startswith('.run_iter_7.caffemodel.%d.' % child.pid) and left.endswith('.tmp')
     kept = ['run_iter_5.caffemodel', '.other_iter_1.caffemodel.1.abcdefgh.tmp',
@@ -484,9 +485,9 @@ def test_tools_print_one_line_and_a_traceback_with_debug(tmp_path):
     bad = write(tmp_path / 'bad.prototxt', 'layer { name: "p" type: "PReLU" top: "a" }')
     command = [sys.executable, str(ROOT / 'tools' / 'test_net.py'), '--model', bad,
                '--weights', str(GOLDEN / 'net_lenet.caffemodel'), '--iterations', '1']
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    done = watchdog.run(command, capture_output=True, text=True, limit=120)
     assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
     one_line(done.stderr.strip().splitlines()[-1], 'error: %s' % bad, "layer 'p'")
-    done = subprocess.run(command + ['--debug'], capture_output=True, text=True, timeout=120)
+    done = watchdog.run(command + ['--debug'], capture_output=True, text=True, limit=120)
     assert done.returncode == 1 and 'Traceback (most recent call last)' in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith('error: %s' % bad)

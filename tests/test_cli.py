@@ -2,11 +2,11 @@
 in this command's spelling, and the upgrade, convert and draw subcommands."""
 import logging
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -16,14 +16,14 @@ from caffe_syncbn.errors import CaffeError
 
 from conftest import GOLDEN, ROOT, require
 
-TIMEOUT = 120
+LIMIT = 120          # seconds a command may take on an idle machine (tests/watchdog.py)
 
 
 def run_cli(*args, cwd=None):
     """``python -m caffe_syncbn ARGS`` as a user runs it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, '-m', 'caffe_syncbn'] + [str(a) for a in args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    return watchdog.run([sys.executable, '-m', 'caffe_syncbn'] + [str(a) for a in args],
+                        cwd=cwd, env=env, capture_output=True, text=True, limit=LIMIT)
 
 
 def one_error_line(result):
@@ -159,9 +159,9 @@ def test_usage_device_query_and_the_console_script():
     assert result.returncode == 0, result.stderr
     assert 'CPU: %d cores' % os.cpu_count() in result.stderr
     assert 'GPUs: %d' % caffe.backend.gpu_count() in result.stderr
-    quiet = subprocess.run([sys.executable, '-m', 'caffe_syncbn', 'device_query'], text=True,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_minloglevel='1'),
-                           capture_output=True, timeout=TIMEOUT)
+    quiet = watchdog.run([sys.executable, '-m', 'caffe_syncbn', 'device_query'], text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_minloglevel='1'),
+                         capture_output=True, limit=LIMIT)
     assert quiet.returncode == 0 and quiet.stderr == '', quiet.stderr     # glog's variable
     # pip installs the command: setup.py declares it, and its target runs main
     from distutils.core import run_setup
@@ -293,13 +293,13 @@ def test_the_command_line_loads_onnx_only_for_an_export(tmp_path):
     get it in one line."""
     script = ('import sys; import caffe_syncbn.cli, caffe_syncbn.cli.timing; '
               'print("onnx" in sys.modules)')
-    loaded = subprocess.run([sys.executable, '-c', script], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.split()
+    loaded = watchdog.run([sys.executable, '-c', script], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.split()
     assert loaded == ['False']
     script = ('import sys; sys.modules["onnx"] = None; '
               'from caffe_syncbn.export import to_onnx; to_onnx(sys.argv[1])')
-    failed = subprocess.run([sys.executable, '-c', script, str(tmp_path / 'x.prototxt')],
-                            cwd=ROOT, capture_output=True, text=True)
+    failed = watchdog.run([sys.executable, '-c', script, str(tmp_path / 'x.prototxt')],
+                          cwd=ROOT, capture_output=True, text=True)
     assert failed.returncode != 0
     assert failed.stderr.strip().splitlines()[-1] == (
         "caffe_syncbn.errors.CaffeError: ONNX export needs the onnx package: "

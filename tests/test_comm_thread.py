@@ -10,9 +10,10 @@ from caffe_syncbn.comm import CollectiveMismatch, CommAborted, ThreadComm
 from caffe_syncbn.comm.thread import PARALLEL_SUM_MIN_SIZE
 
 
-def run_members(fn, comms, timeout=20.0):
-    """fn(comm) on one thread per member; returns (results, errors) by rank."""
-    return run_threads(lambda rank: fn(comms[rank]), len(comms), timeout)
+def run_members(fn, comms):
+    """fn(comm) on one thread per member; returns (results, errors) by rank (a member
+    left waiting is a hang: threads.run_threads)."""
+    return run_threads(lambda rank: fn(comms[rank]), len(comms))
 
 
 def ok(fn, comms):
@@ -23,7 +24,6 @@ def ok(fn, comms):
     return results
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize('size', [1, 2, 3, 4])
 @pytest.mark.parametrize('count', [7, PARALLEL_SUM_MIN_SIZE + 13])
 def test_allreduce_is_the_rank_order_sum_bitwise_on_every_member(size, count):
@@ -38,7 +38,6 @@ def test_allreduce_is_the_rank_order_sum_bitwise_on_every_member(size, count):
         assert r.dtype == np.float32 and np.array_equal(r, expected)
 
 
-@pytest.mark.timeout(30)
 def test_allreduce_in_place_multidimensional():
     comms = ThreadComm.create(3)
 
@@ -51,7 +50,6 @@ def test_allreduce_in_place_multidimensional():
         assert np.array_equal(a, np.full((2, 3), 6.0))
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize('count', [5, PARALLEL_SUM_MIN_SIZE + 1])
 def test_broadcast_barrier_scalar(count):
     comms = ThreadComm.create(4)
@@ -65,7 +63,6 @@ def test_broadcast_barrier_scalar(count):
         assert np.all(a == 2.0) and total == 8.0
 
 
-@pytest.mark.timeout(30)
 def test_async_keeps_issue_order_and_overlaps():
     comms = ThreadComm.create(3)
     big = PARALLEL_SUM_MIN_SIZE * 4
@@ -84,7 +81,6 @@ def test_async_keeps_issue_order_and_overlaps():
         assert values == (6.0, 6.0, 6.0, 3.0)
 
 
-@pytest.mark.timeout(30)
 def test_mismatched_tags_raise_on_every_member_naming_both():
     comms = ThreadComm.create(2)
     _, errors = run_members(
@@ -96,7 +92,6 @@ def test_mismatched_tags_raise_on_every_member_naming_both():
         comms[0].barrier()
 
 
-@pytest.mark.timeout(30)
 def test_mismatched_shapes_and_ops_raise():
     comms = ThreadComm.create(2)
     _, errors = run_members(lambda c: c.allreduce(np.zeros(3 + c.rank), tag='x'), comms)
@@ -107,45 +102,37 @@ def test_mismatched_shapes_and_ops_raise():
     assert all(isinstance(e, CollectiveMismatch) and 'barrier' in str(e) for e in errors)
 
 
-@pytest.mark.timeout(30)
 def test_abort_wakes_waiting_members_promptly():
+    """The members wait in an allreduce when replica 0 aborts; without the abort reaching
+    them they would wait out the group's timeout (300 s), which the watchdog of
+    run_members calls a hang long before."""
     comms = ThreadComm.create(3)
     cause = RuntimeError('replica 0 broke')
-    woke = {}
 
     def fn(c):
         if c.rank == 0:
             time.sleep(0.3)
-            woke['abort'] = time.monotonic()
             c.abort(cause)
             return None
-        try:
-            c.allreduce(np.zeros(4), tag='bn1')
-        finally:
-            woke[c.rank] = time.monotonic()
+        c.allreduce(np.zeros(4), tag='bn1')
     _, errors = run_members(fn, comms)
     for rank in (1, 2):
         assert isinstance(errors[rank], CommAborted)
         assert errors[rank].__cause__ is cause and 'replica 0 broke' in str(errors[rank])
-        assert woke[rank] - woke['abort'] < 1.0
     with pytest.raises(CommAborted):             # and every later collective too
         comms[1].allreduce(np.zeros(4))
 
 
-@pytest.mark.timeout(30)
 def test_abort_reaches_pending_async_handles():
     comms = ThreadComm.create(2)
     handle = comms[1].allreduce_async(np.zeros(PARALLEL_SUM_MIN_SIZE), tag='gradients')
     time.sleep(0.1)
     comms[0].abort(ValueError('boom'))
-    start = time.monotonic()
-    with pytest.raises(CommAborted, match='boom'):
+    with pytest.raises(CommAborted, match='boom'):       # not the wait's own timeout
         handle.wait(timeout=5)
-    assert time.monotonic() - start < 1.0
     comms[1].close()
 
 
-@pytest.mark.timeout(30)
 def test_timeout_names_the_missing_member():
     comms = ThreadComm.create(3, timeout=0.3)
     _, errors = run_members(lambda c: c.barrier('step') if c.rank != 1 else None, comms)

@@ -1,10 +1,10 @@
 """tools/convert_model.py as a user runs it: each subcommand writes files that we, OpenCV and
 onnxruntime run with the outputs BVLC Caffe recorded for the original model."""
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn.formats.caffemodel import read_net_param
@@ -16,8 +16,8 @@ CASE = 'format_hdf5_caffemodel'      # conv, BatchNorm (factor 2), Scale, ReLU, 
 
 
 def convert(*args):
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    return watchdog.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
+                        text=True, limit=120, cwd=ROOT)
 
 
 @pytest.fixture(scope='module')

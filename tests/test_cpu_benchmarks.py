@@ -3,10 +3,10 @@
 import pathlib
 import re
 import stat
-import subprocess
 import sys
 
 import numpy as np
+import watchdog
 
 from conftest import CORPUS, ROOT, require
 
@@ -30,8 +30,8 @@ print('I1123 00:00:00.000000  1 caffe.cpp:412] Average Forward-Backward: 7.5 ms.
 
 
 def run(script, *args):
-    result = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / script)] +
-                            [str(a) for a in args], capture_output=True, text=True, timeout=300)
+    result = watchdog.run([sys.executable, str(ROOT / 'benchmarks' / script)] +
+                          [str(a) for a in args], capture_output=True, text=True, limit=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
@@ -113,8 +113,8 @@ def test_cpu_suite_nets_build_and_retinaface_runs_small():
         require(pathlib.Path(model))
         timing_net_param(model, batch)
     nets = ROOT / 'benchmarks' / 'nets'
-    written = subprocess.run([sys.executable, str(nets / 'make_retinaface.py')],
-                             capture_output=True, text=True, check=True).stdout
+    written = watchdog.run([sys.executable, str(nets / 'make_retinaface.py')],
+                           capture_output=True, text=True, check=True).stdout
     assert written == (nets / 'retinaface_mnet025_deploy.prototxt').read_text()
     param = timing_net_param(str(nets / 'retinaface_mnet025_deploy.prototxt'), 1)
     param.layer[0].input_param.shape[0].dim[2:] = [64, 64]
@@ -141,8 +141,8 @@ def test_resnet101_prototxt_is_its_generators_in_the_released_layout():
     nets = ROOT / 'benchmarks' / 'nets'
 
     def written(*args):
-        return subprocess.run([sys.executable, str(nets / 'make_resnet101.py')] + list(args),
-                              capture_output=True, text=True, check=True).stdout
+        return watchdog.run([sys.executable, str(nets / 'make_resnet101.py')] + list(args),
+                            capture_output=True, text=True, check=True).stdout
     assert written() == (nets / 'resnet101_deploy.prototxt').read_text()
     released = ROOT / 'examples' / 'resnet50' / 'ResNet-50-deploy.prototxt'
     assert written('50') == released.read_text()

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+import watchdog
 from cuda_emulation import emulated_kernels
 
 from caffe_syncbn.blob import Blob
@@ -169,7 +170,7 @@ def test_replicas_with_uneven_and_empty_batches_equal_one_layer():
     splits = [0, 3, 3, 7]         # replica batches 3, 0, 4
     replicas = len(splits) - 1
     want = run_layer(*make_layer('SyncBN', '', TRAIN, np.float64, x.shape), x, dy)
-    comms = ThreadComm.create(replicas, timeout=60)
+    comms = ThreadComm.create(replicas)
     results = [None] * replicas
 
     def replica(r):
@@ -181,8 +182,7 @@ def test_replicas_with_uneven_and_empty_batches_equal_one_layer():
     threads = [threading.Thread(target=replica, args=(r,)) for r in range(replicas)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(120)
+    watchdog.join(threads, 'the replicas', limit=120)
     assert all(res is not None for res in results)
     y = np.concatenate([res[0] for res in results])
     dx = np.concatenate([res[1] for res in results])

@@ -6,12 +6,12 @@ trains under --sync-bn on 2 virtual devices; its snapshots speak the user's prot
 with or without --sync-bn, with the solverstate laid out as Caffe's own net expects.
 """
 import re
-import subprocess
 import sys
 
 import h5py
 import numpy as np
 import pytest
+import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn.convert import to_syncbn
@@ -74,8 +74,8 @@ def make_job(folder, max_iter=3, fmt='BINARYPROTO', solver_type='SGD', bn=''):
 
 
 def train(*args):
-    out = subprocess.run([sys.executable, str(TRAIN_NET), *map(str, args)], capture_output=True,
-                         text=True, timeout=180, cwd=ROOT)
+    out = watchdog.run([sys.executable, str(TRAIN_NET), *map(str, args)], capture_output=True,
+                       text=True, limit=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     return out.stderr
 

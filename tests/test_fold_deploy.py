@@ -2,10 +2,11 @@
 
 Small nets check the folding rules exactly, in float64; test_corpus_exports.py runs the
 corpus deploy nets through fold-bn in ours and in OpenCV. to_deploy builds and runs every
-train_val net of the corpus.
+train_val net of the corpus, its data layers reading small files written for them.
 """
 import numpy as np
 import pytest
+from data_sources import write_sources
 from google.protobuf import text_format
 from net_helpers import build
 
@@ -126,8 +127,9 @@ def test_fold_bn_needs_the_statistics():
     net = build(CASES['conv_batchnorm_scale_in_place'][0], caffe.TEST)
     weights = random_weights(net, np.random.RandomState(0))
     weights['c'] = [np.ones((5, 3, 3, 3)), np.ones(5)]           # another net's weights
-    with pytest.raises(CaffeError, match="layer 'c' has 5 outputs in the weights, but its "
-                                         'batch norm has 4 channels'):
+    with pytest.raises(CaffeError, match=r"layer 'c' blob 0 has shape \[5, 3, 3, 3\] in the "
+                                         r'weights but \[4, 3, 3, 3\] in the net: the weights '
+                                         'are for another net$'):
         fold_bn(net.net_param, weights)
 
 
@@ -139,12 +141,31 @@ def train_val_nets():
                   and any(is_data_layer(l) for l in load_net_param(p).layer))
 
 
+#: (C, H, W) of the records written for each net's data layers, and its deploy input
+SAMPLES = {
+    'BVLC_caffe__examples_mnist_lenet_train_test.prototxt': ((1, 28, 28), (100, 1, 28, 28)),
+    'BVLC_caffe__examples_mnist_mnist_autoencoder.prototxt': ((1, 28, 28), (100, 1, 28, 28)),
+    'BVLC_caffe__examples_cifar10_cifar10_full_sigmoid_train_test_bn.prototxt':
+        ((3, 32, 32), (1000, 3, 32, 32)),
+    'BVLC_caffe__models_bvlc_alexnet_train_val.prototxt': ((3, 256, 256), (50, 3, 227, 227)),
+    'BVLC_caffe__examples_hdf5_classification_train_val.prototxt': ((4,), (10, 4)),
+    'yjxiong_caffe__models_semantic_segmentation_fcn_vgg_16_train.prototxt':
+        ((3, 70, 100), (1, 3, 64, 96)),          # trimmed to multiples of its stride, 32
+}
+
+
 @pytest.mark.parametrize('name', train_val_nets())
-def test_to_deploy_of_corpus_train_val_nets_builds_and_forwards(name):
+def test_to_deploy_of_corpus_train_val_nets_builds_and_forwards(name, tmp_path, monkeypatch):
+    """Each net's data layers read files written where its prototxt names them; the
+    deploy net's input is what they hold, cropped, at the TEST batch size."""
     param = load_net_param(require(CORPUS / name))
     stages = sorted({s for l in param.layer for rule in l.include
                      if rule.phase == caffe.TEST for s in rule.stage})[:1]
+    sample, expected = SAMPLES[name]
+    monkeypatch.chdir(tmp_path)
+    write_sources(param, sample)
     deploy, _ = to_deploy(param, stages=stages)
+    assert tuple(deploy.layer[0].input_param.shape[0].dim) == expected
     types = [layer.type for layer in deploy.layer]
     assert not any(is_data_layer(layer) for layer in deploy.layer)
     assert 'Accuracy' not in types and 'SoftmaxWithLoss' not in types
@@ -157,9 +178,11 @@ def test_to_deploy_of_corpus_train_val_nets_builds_and_forwards(name):
         np.testing.assert_allclose(out['prob'].sum(axis=1), 1, rtol=1e-5)
 
 
-def test_to_deploy_of_lenet_and_its_weights():
+def test_to_deploy_of_lenet_and_its_weights(tmp_path, monkeypatch):
     path = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet_train_test.prototxt')
     source = load_net_param(path)
+    monkeypatch.chdir(tmp_path)
+    write_sources(source, (1, 28, 28))
     deploy, _ = to_deploy(source)
     data = deploy.layer[0]
     assert data.type == 'Input' and list(data.top) == ['data']

@@ -8,12 +8,12 @@ compile-kernels step through a stand-in CuPy."""
 import importlib
 import math
 import re
-import subprocess
 import sys
 import time
 import types
 
 import pytest
+import watchdog
 
 from caffe_syncbn.backend import cuda_kernels, gpu_count
 from conftest import ROOT
@@ -32,9 +32,9 @@ MB = 1e6
 @pytest.fixture(scope='module')
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp('report')
-    result = subprocess.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
-                             'preflight,train-reference', '--out', str(out)],
-                            capture_output=True, text=True, timeout=300)
+    result = watchdog.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
+                           'preflight,train-reference', '--out', str(out)],
+                          capture_output=True, text=True, limit=300)
     return result, out
 
 
@@ -96,9 +96,9 @@ def test_the_comparison_allows_rounding_and_catches_more(cpu_run):
 
 
 def test_unknown_step_is_one_error_line(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
-                             'train-refrence', '--out', str(tmp_path)],
-                            capture_output=True, text=True, timeout=60)
+    result = watchdog.run([sys.executable, str(ROOT / 'tools' / 'gpu_check.py'), '--only',
+                           'train-refrence', '--out', str(tmp_path)],
+                          capture_output=True, text=True, limit=60)
     assert result.returncode == 2
     assert "unknown step 'train-refrence'" in result.stderr.strip().splitlines()[-1]
 

@@ -1,10 +1,10 @@
 """Image data: Datum/LMDB, the DataTransformer, the Data/ImageData/MemoryData/SegData layers,
 convert_imageset and compute_image_mean. The segmentation demo's tests are in test_demo.py."""
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import watchdog
 from google.protobuf import text_format
 
 from caffe_syncbn import caffe_pb2
@@ -146,8 +146,8 @@ def test_compute_image_mean_and_mean_file(image_set, tmp_path):
 
 
 def run_tool(name, *args):
-    return subprocess.run([sys.executable, str(ROOT / 'tools' / name)] + [str(a) for a in args],
-                          capture_output=True, text=True, timeout=60)
+    return watchdog.run([sys.executable, str(ROOT / 'tools' / name)] + [str(a) for a in args],
+                        capture_output=True, text=True, limit=60)
 
 
 def test_tools_command_line(image_set, tmp_path):

@@ -1,13 +1,13 @@
 """Weights I/O: binary caffemodels (V1/V2), Caffe's HDF5 layout, .binaryproto, atomic writes."""
 import logging
 import os
-import subprocess
 import sys
 import textwrap
 
 import h5py
 import numpy as np
 import pytest
+import watchdog
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.blob import Blob
@@ -286,8 +286,8 @@ BIG_SCRIPT = textwrap.dedent('''
 def test_600mb_caffemodel(tmp_path):
     """VGG-16 size: no protobuf size limit, and under 3 GB (the net itself holds 0.6 GB)."""
     path = tmp_path / 'big.caffemodel'
-    out = subprocess.run([sys.executable, '-c', BIG_SCRIPT, str(path), '6', str(ROOT)],
-                         capture_output=True, text=True, timeout=120)
+    out = watchdog.run([sys.executable, '-c', BIG_SCRIPT, str(path), '6', str(ROOT)],
+                       capture_output=True, text=True, limit=120)
     assert out.returncode == 0, out.stderr
     assert path.stat().st_size > 600e6
     _, gigabytes = map(float, out.stdout.split())

@@ -1,7 +1,6 @@
 """NcclComm's logic on a stand-in of cupy.cuda.nccl (tests/fake_nccl.py) and the CPU
 stand-in of the stream backend: dtype codes, counts, stream-ordered calls, the host
 comparison of calls, group calls, abort. The real NCCL runs in tests/gpu/."""
-import time
 
 import fake_nccl
 import numpy as np
@@ -76,9 +75,7 @@ def test_abort_stops_every_member_and_the_nccl_communicators():
             raise RuntimeError('replica 1 failed')
         comms[rank].allreduce(a, tag='step 2')
 
-    start = time.monotonic()
-    _, errors = run_members(member, 3, timeout=10)
-    assert time.monotonic() - start < 5
+    _, errors = run_members(member, 3)           # members left waiting: a hang
     for rank in (0, 2):
         assert isinstance(errors[rank], CommAborted) and 'replica 1 failed' in str(errors[rank])
     assert all(c._raw._aborted for c in comms)

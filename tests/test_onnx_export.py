@@ -183,8 +183,9 @@ def test_bad_arguments_are_one_line_errors():
         to_onnx(parse(text), input_shapes={'image': (1, 3, 4, 4)})
     conv = net_text('layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
                     'convolution_param { num_output: 2 kernel_size: 3 } }')
-    with pytest.raises(CaffeError, match=r"blob 0 of layer 'c': the file's blob has shape "
-                                         r"\[2, 3, 2, 2\] but the net's has shape \[2, 3, 3, 3\]"):
+    with pytest.raises(CaffeError, match=r"layer 'c' blob 0 has shape \[2, 3, 2, 2\] in the "
+                                         r"weights but \[2, 3, 3, 3\] in the net: the weights "
+                                         r"are for another net$"):
         to_onnx(parse(conv), {'c': [np.zeros((2, 3, 2, 2)), np.zeros(2)]})
     with pytest.raises(CaffeError, match=r"layer 'c' has 1 blob\(s\) in the file but 2"):
         to_onnx(parse(conv), {'c': [np.zeros((2, 3, 3, 3))]})

@@ -2,11 +2,11 @@
 Graphviz), the solvers' pycaffe methods, Detector's context crops, install_as_caffe and the
 process-wide helpers."""
 import logging
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -94,8 +94,8 @@ def test_draw_with_the_pycaffe_call(tmp_path):
               'caffe.draw.draw_net_to_file(net, sys.argv[2], "LR", caffe.TEST, False)\n')
     (tmp_path / 'net.prototxt').write_text(TRAIN_VAL)
     out = tmp_path / 'net.gv'
-    subprocess.run([sys.executable, '-c', script, str(tmp_path / 'net.prototxt'), str(out)], check=True,
-                   env={'PYTHONPATH': str(ROOT), 'PATH': ''}, timeout=120)
+    watchdog.run([sys.executable, '-c', script, str(tmp_path / 'net.prototxt'), str(out)], check=True,
+                 env={'PYTHONPATH': str(ROOT), 'PATH': ''}, limit=120)
     assert out.read_text() == draw.get_dot_source(net_param(), 'LR', phase=caffe.TEST)
 
 
@@ -211,14 +211,14 @@ def test_install_as_caffe_in_a_fresh_interpreter(tmp_path):
               '             "set_solver_rank", "set_multiprocess", "__version__", "get_solver_from_string"]:\n'
               '    getattr(caffe, name)\n'
               'print("ok")\n')
-    result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                            env={'PYTHONPATH': str(ROOT)}, timeout=120)
+    result = watchdog.run([sys.executable, '-c', script], capture_output=True, text=True,
+                          env={'PYTHONPATH': str(ROOT)}, limit=120)
     assert result.stdout.strip() == 'ok', result.stderr[-2000:]
 
     (tmp_path / 'caffe.py').write_text('# another caffe\n')
     clash = 'import caffe, caffe_syncbn; caffe_syncbn.install_as_caffe()'
-    result = subprocess.run([sys.executable, '-c', clash], capture_output=True, text=True,
-                            env={'PYTHONPATH': '%s:%s' % (tmp_path, ROOT)}, timeout=120)
+    result = watchdog.run([sys.executable, '-c', clash], capture_output=True, text=True,
+                          env={'PYTHONPATH': '%s:%s' % (tmp_path, ROOT)}, limit=120)
     assert result.returncode == 1 and 'another module named caffe is already imported' in result.stderr
 
 

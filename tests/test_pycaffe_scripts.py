@@ -3,11 +3,11 @@ fresh interpreter; what they write is checked against independent references: Op
 image reading and resizing, our Net run on hand-cut crops, the corpus FCN-8s deploy file,
 Caffe's own bilinear filler, and the built-in layers."""
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import watchdog
 from google.protobuf import text_format
 
 import caffe_syncbn as caffe
@@ -22,8 +22,8 @@ MEAN_BGR = np.array([104.0, 117.0, 123.0])
 
 def run_script(name, *args):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, str(SCRIPTS / name)] + [str(a) for a in args],
-                            capture_output=True, text=True, env=env, timeout=300)
+    result = watchdog.run([sys.executable, str(SCRIPTS / name)] + [str(a) for a in args],
+                          capture_output=True, text=True, env=env, limit=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 

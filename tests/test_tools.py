@@ -1,24 +1,25 @@
 """The command-line tools run as a user runs them: test_net, time_net, plot_log and the
 SyncBN overhead benchmark, each as a subprocess, on tiny nets and logs."""
 import re
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+import watchdog
+from data_sources import write_sources
 
 from caffe_syncbn.cli.logparse import parse_lines, read_csv
 
 from conftest import CORPUS, ROOT, require
 
-TIMEOUT = 120
+LIMIT = 120          # seconds a command may take on an idle machine (tests/watchdog.py)
 GLOG = 'I0312 10:00:%02d.000000  4242 %s] %s'
 
 
 def run_tool(script, *args, cwd=None):
-    return subprocess.run([sys.executable, str(ROOT / script)] + [str(a) for a in args],
-                          cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
+    return watchdog.run([sys.executable, str(ROOT / script)] + [str(a) for a in args],
+                        cwd=cwd, capture_output=True, text=True, limit=LIMIT)
 
 
 def check_ok(result):
@@ -120,7 +121,7 @@ def test_test_net_bad_inputs(tiny, tmp_path):
 def test_time_net_on_lenet():
     model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet_train_test.prototxt')
     result = check_ok(run_tool('tools/time_net.py', '--model', model, '--batch', 2,
-                               '--iterations', 2))
+                               '--iterations', 2, '--input-shape', '1,1,28,28'))
     err = result.stderr             # caffe time's lines, in the log
     for layer in ('conv1', 'pool1', 'ip2', 'loss'):
         for way in ('forward', 'backward'):
@@ -131,11 +132,13 @@ def test_time_net_on_lenet():
         assert re.search(r'\] %s: [\d.e-]+ ms\.$' % line, err, re.M), err
 
 
-def test_timing_nets_take_the_batch_also_for_input_layers():
+def test_timing_nets_take_the_batch_also_for_input_layers(tmp_path, monkeypatch):
     from caffe_syncbn.cli.common import build_timing_net
     model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet.prototxt')   # an Input layer
     assert build_timing_net(str(model), batch=3).blobs['data'].shape == (3, 1, 28, 28)
     model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet_train_test.prototxt')
+    monkeypatch.chdir(tmp_path)             # where the prototxt's LMDBs are written
+    write_sources(model, (1, 28, 28))
     assert build_timing_net(str(model), batch=3).blobs['data'].shape == (3, 1, 28, 28)
 
 

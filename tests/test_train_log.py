@@ -17,6 +17,7 @@ import time
 import h5py
 import numpy as np
 import pytest
+import watchdog
 from test_train_net import make_job
 
 import caffe_syncbn as caffe
@@ -44,8 +45,8 @@ def bvlc_datetime(line, year):
 
 def run_cli(*args, cwd=None, **kwargs):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, '-m', 'caffe_syncbn'] + [str(a) for a in args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120, **kwargs)
+    return watchdog.run([sys.executable, '-m', 'caffe_syncbn'] + [str(a) for a in args],
+                        cwd=cwd, env=env, capture_output=True, text=True, limit=120, **kwargs)
 
 
 # ---- the line --------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def test_the_progress_bar_never_runs_into_a_log_line(tmp_path, terminal):
             break
         written += chunk
     os.close(master)
-    assert proc.wait(timeout=120) == 0, written.decode(errors='replace')[-3000:]
+    assert watchdog.wait(proc, limit=120) == 0, written.decode(errors='replace')[-3000:]
     assert any(re.search(r'\d+/30 \[', line) for line in written.decode().split('\r')), \
         'no progress bar was drawn'
     if terminal == 'stdout':

@@ -8,6 +8,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import watchdog
 
 import caffe_syncbn as caffe
 
@@ -64,9 +65,9 @@ def make_job(folder, batch, max_iter=3, rows=48, source='hdf5'):
     return solver
 
 
-def run_tool(*args, timeout=120):
-    return subprocess.run([sys.executable, str(TRAIN_NET), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+def run_tool(*args, limit=120):
+    return watchdog.run([sys.executable, str(TRAIN_NET), *map(str, args)], capture_output=True,
+                        text=True, limit=limit, cwd=ROOT)
 
 
 def params_of(path, prototxt):
@@ -125,7 +126,7 @@ def test_sigint_with_snapshot_effect_writes_a_snapshot_and_exits_0(tmp_path):
             proc.send_signal(signal.SIGINT)
             break
     seen += proc.stderr.readlines()
-    assert proc.wait(timeout=120) == 0, ''.join(seen)
+    assert watchdog.wait(proc, limit=120) == 0, ''.join(seen)
     snapshots = sorted(p.name for p in tmp_path.glob('snap_iter_*.caffemodel'))
     assert any(name != 'snap_iter_60.caffemodel' for name in snapshots), snapshots
     assert 'snap_iter_60.caffemodel' in snapshots
@@ -155,7 +156,7 @@ while True:
     assert proc.stdout.readline().strip() == 'first'
     time.sleep(1.5)                              # several saves are under way by now
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    watchdog.wait(proc, limit=30)
     from caffe_syncbn.formats.caffemodel import read_net_param
     param = read_net_param(str(target))          # whole and parseable
     weights = [l for l in param.layer if l.name == 'ip'][0].blobs[0]

@@ -1,11 +1,13 @@
 """Run one function per rank on its own thread, as replicas run, and catch hangs."""
 import threading
-import time
+
+import watchdog
 
 
-def run_threads(fn, n, timeout=30.0):
-    """fn(rank) on n threads at once; returns (results, errors) by rank. Fails if a thread
-    is still running after ``timeout`` seconds (a hang)."""
+def run_threads(fn, n, limit=30.0):
+    """fn(rank) on n threads at once; returns (results, errors) by rank. Fails with a
+    watchdog.Hang if the threads stall or spin (``limit``: the seconds they may take on
+    an idle machine) before all are done."""
     results, errors = [None] * n, [None] * n
 
     def target(rank):
@@ -17,8 +19,5 @@ def run_threads(fn, n, timeout=30.0):
     threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(n)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), 'threads still running after %g s' % timeout
+    watchdog.join(threads, '%d threads' % n, limit)
     return results, errors

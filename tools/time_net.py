@@ -3,9 +3,11 @@
 (caffe_syncbn/cli.py).
 
     python tools/time_net.py -model net.prototxt [-iterations 50] [-batch 8] [-gpu 0]
+                             [-input_shape N,C,H,W]
 
-Data layers become Input layers (-batch rows, default the prototxt's batch size), weights
-come from the fillers, backward is forced; the lines are caffe time's.
+Data layers become Input layers of the shapes their sources give (-batch rows, default
+the prototxt's batch size; -input_shape where the sources are not at hand), weights come
+from the fillers, backward is forced; the lines are caffe time's.
 """
 import os
 import sys

@@ -103,6 +103,8 @@ def _parser(command):
     if command == 'time':
         p.flag('batch', type=positive_int('rows'), metavar='N',
                help="the batch size (default: the prototxt's)")
+        p.flag('input_shape', type=convert_command.parse_shape, metavar='N,C,H,W',
+               help="the data's shape (default: what the data layers' sources give)")
     if command in ('train', 'test', 'time'):
         p.flag('memory_plan', choices=MEMORY_PLANS,
                help="share: storage shared by liveness, the blobs' of a net that runs "
@@ -302,7 +304,8 @@ def time_command(args):
     devices = select_device(args)
     net = _build_on(devices, lambda: build_timing_net(args.model, args.batch, args.phase,
                                                       args.level or 0, args.stage,
-                                                      args.memory_plan or DEFAULT_PLAN))
+                                                      args.memory_plan or DEFAULT_PLAN,
+                                                      args.input_shape))
     log.info('Performing Forward')
     log.info('Initial loss: %g', net.forward_prefilled())
     log.info('Performing Backward')

@@ -62,8 +62,11 @@ def run_main(main):
         sys.exit(130)
 
 
-def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=(), memory_plan='off'):
-    """A Net for timing (timing.timing_net_param: Input layers of batch ``batch``, backward
-    forced), as the benchmarks time it."""
-    return Net(timing_net_param(model, batch), TRAIN if phase == 'TRAIN' else TEST, level=level,
-               stages=stages, memory_plan=memory_plan)
+def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=(), memory_plan='off',
+                     input_shape=None):
+    """A Net for timing (timing.timing_net_param: Input layers of batch ``batch``, shaped
+    by their sources or ``input_shape``, backward forced), as the benchmarks time it."""
+    phase = TRAIN if phase == 'TRAIN' else TEST
+    return Net(timing_net_param(model, batch, phase=phase, level=level, stages=stages,
+                                input_shape=input_shape),
+               phase, level=level, stages=stages, memory_plan=memory_plan)

@@ -3,6 +3,7 @@
     convert_model.py to-syncbn    --model IN.prototxt [--weights IN.caffemodel] --output OUT
     convert_model.py to-batchnorm --model IN.prototxt [--weights IN.caffemodel] --output OUT
     convert_model.py fold-bn      --model IN.prototxt  --weights IN.caffemodel  --output OUT
+                                  [--input-shape N,C,H,W]
     convert_model.py to-deploy    --model IN.prototxt [--weights ...] --output OUT [--input-shape N,C,H,W]
     convert_model.py to-onnx      --model IN.prototxt [--weights ...] --output OUT [--input-shape N,C,H,W]
                                   [--opset K] [--dynamic-batch] [--outputs A,B]
@@ -51,7 +52,8 @@ def build_parser(prog=None):
     p.add_argument('--output', required=True, metavar='OUT',
                    help='output prefix: OUT.prototxt, OUT.caffemodel, OUT.onnx')
     p.add_argument('--input-shape', type=parse_shape, metavar='SHAPE',
-                   help='N,C,H,W of the data input (to-deploy, to-onnx)')
+                   help="N,C,H,W of the data input (to-deploy, fold-bn, to-onnx; default: the "
+                        "prototxt's Input shapes, or what its data layers' sources give)")
     p.add_argument('--opset', type=int, default=17, metavar='K',
                    help='ONNX opset (to-onnx; default 17)')
     p.add_argument('--outputs', type=lambda text: [n for n in text.split(',') if n],
@@ -75,7 +77,7 @@ def convert(command, model, weights=None, input_shape=None, stages=()):
     if command == 'fold-bn':
         if weights is None:
             raise CaffeError('fold-bn needs --weights: folding changes the weights')
-        return fold_bn(model, weights)
+        return fold_bn(model, weights, input_shape=input_shape)
     return to_deploy(model, weights, input_shape=input_shape, stages=stages)
 
 

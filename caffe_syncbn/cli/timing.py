@@ -3,16 +3,28 @@ import time
 
 import numpy as np
 
-from ..netparam.inputs import swap_data_layers_for_inputs
+from ..caffe_pb2 import TRAIN
+from ..convert.inputs import with_inputs
+from ..netparam.graph import layer_included, net_state
+from ..netparam.inputs import is_data_layer
 from ..netparam.upgrade import load_net_param
 
 
-def timing_net_param(model, batch=None, force_backward=True):
+def timing_net_param(model, batch=None, force_backward=True, phase=TRAIN, level=0, stages=(),
+                     input_shape=None):
     """The NetParameter that `caffe time` should run to time ``model`` (a path or a
-    NetParameter) as we do: data layers become Input layers, every Input's first axis
-    is ``batch`` (when given) and backward is forced (unless ``force_backward`` is
-    False), so both programs do the same work."""
-    param = swap_data_layers_for_inputs(load_net_param(model), batch=batch)
+    NetParameter) in ``phase`` as we do: the phase's data layers become Input layers of
+    the shapes their sources give (``input_shape``, N,C,H,W, sizes the first top of every
+    data and Input layer instead), the other phases' data layers are left out, every
+    Input's first axis is ``batch`` (when given) and backward is forced (unless
+    ``force_backward`` is False), so both programs do the same work."""
+    param = load_net_param(model)
+    state = net_state(param, phase, level, stages)
+    timed = [layer for layer in param.layer
+             if not is_data_layer(layer) or layer_included(layer, state)]
+    del param.layer[:]
+    param.layer.extend(timed)
+    param = with_inputs(param, input_shape, batch)
     if batch:
         for layer in param.layer:
             if layer.type == 'Input':

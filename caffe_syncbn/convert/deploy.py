@@ -1,8 +1,10 @@
 """A train_val or test prototxt turned into a deploy one.
 
 The TEST phase's rules are applied (with the given stages). Data layers become Input
-layers: the image top gets ``input_shape`` or the data layer's own shape (batch_size, crop
-or image size, as ``upgrade.swap_data_layers_for_inputs`` guesses it). SoftmaxWithLoss
+layers: the image top gets ``input_shape``, or the shape the data layer itself would give
+it, read from its source (data/top_shapes.py: the first record, image or dataset, the
+crop, the batch size); where that source cannot be read, the conversion stops and asks
+for the shape. SoftmaxWithLoss
 becomes Softmax with top 'prob'. Accuracy, every other loss, and any layer that reads a
 label (a data layer's second or later top) are dropped, with the layers that depend on
 them. What a dropped loss read stays, as an output of the net. Weights are kept for the
@@ -11,6 +13,7 @@ layers that remain.
 import collections
 
 from .. import caffe_pb2
+from ..data.top_shapes import data_top_shapes
 from ..formats.caffemodel import read_weights
 from ..layer import TEST, layer_class
 from ..netparam.graph import filter_net, net_state
@@ -50,7 +53,8 @@ def _without_dependents(layers, labels):
 
 def to_deploy(net_param, weights=None, input_shape=None, stages=()):
     """``(net_param, weights)`` of the deploy net (module docstring). ``input_shape``
-    (N, C, H, W) sizes the first top of every data and Input layer."""
+    (N, C, H, W) sizes the first top of every data and Input layer; without it, each data
+    layer's tops take the shapes its source gives."""
     param = load_net_param(net_param)
     written_for = list(param.layer)
     param = filter_net(param, net_state(param, TEST, stages=stages))
@@ -59,7 +63,11 @@ def to_deploy(net_param, weights=None, input_shape=None, stages=()):
     images = [layer.top[0] for layer in param.layer
               if layer.top and (layer.type == 'Input' or is_data_layer(layer))]
     labels = {top for layer in data_layers for top in layer.top[1:]}
-    shapes = {top: tuple(input_shape) for top in images} if input_shape else None
+    if input_shape:
+        shapes = {top: tuple(input_shape) for top in images}
+    else:
+        shapes = {top: shape for layer in data_layers
+                  for top, shape in zip(layer.top, data_top_shapes(layer))}
     param = swap_data_layers_for_inputs(param, shapes=shapes)
     taken = {layer.name for layer in param.layer} | {t for layer in param.layer for t in layer.top}
     layers = []

@@ -7,6 +7,9 @@ the affine folds into that layer's weights (W * a per output channel, b * a + c,
 added where there was none) and the unit disappears. Otherwise (after a ReLU, an Eltwise,
 an Input, or on a blob that other layers also read) it becomes one Scale layer with bias,
 named as the unit, which is one pass instead of two.
+
+Before anything is folded, the weights are copied into the net the prototxt makes, so
+that weights for another net, or for other inputs, are refused, not folded.
 """
 import collections
 import logging
@@ -16,11 +19,13 @@ import numpy as np
 from .. import caffe_pb2
 from ..errors import CaffeError
 from ..formats.caffemodel import read_weights
-from ..layer import TEST
+from ..layer import TEST, LayerContext
+from ..net import Net
 from ..netparam.graph import filter_net, net_state
 from ..netparam.upgrade import load_net_param
 from ..weights.copy import arrays_of, with_shared_params
 from ..weights.norm_forms import norm_units, stored_stats
+from .inputs import copy_checked, with_inputs
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -81,14 +86,6 @@ def _fold_into(target, arrays, a, c):
     """The target's arrays with the affine folded in (float64 math, stored dtype kept)."""
     weight = np.asarray(arrays[0], np.float64)
     dtype = np.asarray(arrays[0]).dtype
-    if target.type == 'Deconvolution':
-        outputs = weight.shape[1] * target.convolution_param.group
-    else:
-        outputs = weight.shape[-1 if target.inner_product_param.transpose else 0]
-    if outputs != a.size:
-        raise CaffeError("fold_bn: layer '%s' has %d outputs in the weights, but its batch norm "
-                         'has %d channels: the weights are not for this net'
-                         % (target.name, outputs, a.size))
     if target.type == 'Convolution':
         scaled = weight * a.reshape((-1,) + (1,) * (weight.ndim - 1))
     elif target.type == 'Deconvolution':    # (C_in, C_out / group, kh, kw)
@@ -115,17 +112,34 @@ def _bias_on(target):
             target.param.add()
 
 
-def fold_bn(net_param, weights):
+def _checked_against_the_net(param, weights, input_shape):
+    """``param`` with its Input layers shaped by ``input_shape`` (when given), once the
+    weights are found to fit the net it makes: its data layers' tops shaped by their
+    sources, or by ``input_shape``."""
+    shaped = with_inputs(param, input_shape)
+    net = Net(shaped, TEST, context=LayerContext(phase=TEST, xp=np, dtype=np.float32))
+    copy_checked(net, weights, 'fold_bn')
+    if input_shape:
+        for layer, reshaped in zip(param.layer, shaped.layer):
+            if layer.type == 'Input':
+                layer.CopyFrom(reshaped)
+    return param
+
+
+def fold_bn(net_param, weights, input_shape=None):
     """``(net_param, weights)`` of the TEST net with every batch norm folded (module
     docstring). ``weights`` (a caffemodel path or {layer name: [arrays]}) must hold the
-    norms' statistics and the weights of the layers they fold into."""
+    norms' statistics and the weights of the layers they fold into, and fit the net:
+    its Input layers' shapes, or ``input_shape`` (N, C, H, W, which they then take), or
+    the shapes its data layers' sources give."""
     if weights is None:
         raise CaffeError('fold_bn needs the weights: folding changes them')
     param = load_net_param(net_param)
-    stored = with_shared_params(read_weights(weights), param.layer)
+    given, stored = weights, with_shared_params(read_weights(weights), param.layer)
     source, weights = stored.source, collections.OrderedDict(arrays_of(stored))
     param = filter_net(param, net_state(param, TEST))
     param.ClearField('state')
+    param = _checked_against_the_net(param, given, input_shape)
     layers = list(param.layer)
     for layer in layers:
         if layer.type in ('BatchNorm', 'BN', 'SyncBN') and not weights.get(layer.name):

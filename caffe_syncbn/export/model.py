@@ -10,6 +10,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .. import caffe_pb2
+from ..convert.inputs import copy_checked
 from ..errors import CaffeError
 from ..layer import TEST, LayerContext
 from ..net import Net
@@ -62,7 +63,7 @@ def to_onnx(net_param, weights=None, input_shapes=None, opset=MIN_OPSET, dynamic
     _refuse_types_without_rule(param)
     net = Net(param, TEST, context=LayerContext(phase=TEST, xp=np, dtype=np.float32))
     if weights is not None:
-        net.copy_from(weights)
+        copy_checked(net, weights, 'to_onnx')
     batch_axes = _batch_trace(net) if dynamic_batch else {}
     model = _export(net, opset, batch_axes, list(outputs) if outputs else net.outputs)
     onnx.checker.check_model(model, full_check=True)

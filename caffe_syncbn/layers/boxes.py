@@ -16,11 +16,60 @@ CORNER, CENTER_SIZE, CORNER_SIZE = 1, 2, 3       # PriorBoxParameter.CodeType
 AP_VERSIONS = ('11point', 'MaxIntegral', 'Integral')
 
 
+# ---- IEEE arithmetic without its flags ----------------------------------------------------
+# An untrained or diverged net can predict log-sizes past exp's range. IEEE arithmetic, the
+# fork's and the CUDA engine's, then gives infinite boxes, inf areas, NaN for inf x 0 and
+# inf - inf, and NMS acts on those values (an infinite box that overlaps another over an
+# infinite length has overlap NaN, and is suppressed). These functions give the same
+# values, computed so that no step overflows.
+
+def _exp(x):
+    """exp(x) in x's type: +inf past its range, as C's expf and exp give it."""
+    beyond = x > _log_max(x.dtype)
+    return np.where(beyond, np.inf, np.exp(np.where(beyond, 0, x))).astype(x.dtype)
+
+
+def _log_max(dtype):
+    """The largest x of ``dtype`` whose exp is finite."""
+    exact = np.log(float(np.finfo(dtype).max))
+    limit = np.asarray(exact, dtype)
+    return np.nextafter(limit, dtype.type(0)) if float(limit) > exact else limit
+
+
+def _product(a, b):
+    """a * b of sizes (>= 0 where the caller uses it): +inf past the range, NaN for inf x 0."""
+    top = np.finfo(np.result_type(a, b)).max
+    a, b = np.abs(a), np.abs(b)
+    undefined = (np.isinf(a) & (b == 0)) | ((a == 0) & np.isinf(b))
+    beyond = ~undefined & (b > top / np.maximum(a, 1))
+    plain = np.where(undefined | beyond, 0, a) * np.where(undefined | beyond, 0, b)
+    return np.where(undefined, np.nan, np.where(beyond, np.inf, plain))
+
+
+def _union(size, sizes, intersection):
+    """size + sizes - intersection: NaN where the intersection is infinite (inf - inf),
+    +inf past the range."""
+    top = np.finfo(np.result_type(size, sizes, intersection)).max
+    infinite = np.isinf(intersection)
+    rest = np.where(infinite, 0, size) - np.where(infinite, 0, intersection)
+    beyond = ~infinite & (sizes > top - rest)
+    total = np.where(beyond | infinite, 0, rest) + np.where(beyond | infinite, 0, sizes)
+    return np.where(infinite, np.nan, np.where(beyond, np.inf, total))
+
+
+def in_type(values, dtype):
+    """``values`` (float64) as ``dtype``: past its range they are +-inf, as the cast gives them
+    (DetectionOutput decodes in float64 on both engines; its top is the net's type)."""
+    beyond = np.abs(values) > np.finfo(dtype).max
+    return np.where(beyond, np.copysign(np.inf, values), values).astype(dtype)
+
+
+# ---- boxes --------------------------------------------------------------------------------
 def box_sizes(boxes):
     """Areas of (..., 4) boxes; 0 for a box with xmax < xmin or ymax < ymin."""
     width = boxes[..., 2] - boxes[..., 0]
     height = boxes[..., 3] - boxes[..., 1]
-    return np.where((width < 0) | (height < 0), 0.0, width * height)
+    return np.where((width < 0) | (height < 0), 0.0, _product(width, height))
 
 
 def overlaps(box, boxes):
@@ -29,8 +78,8 @@ def overlaps(box, boxes):
     width = np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0])
     height = np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1])
     inside = (width > 0) & (height > 0)
-    intersection = np.where(inside, width * height, 0.0)
-    union = box_sizes(box) + box_sizes(boxes) - intersection
+    intersection = np.where(inside, _product(width, height), 0.0)
+    union = _union(box_sizes(box), box_sizes(boxes), intersection)
     return np.where(inside, intersection / np.where(inside, union, 1.0), 0.0)
 
 
@@ -43,8 +92,8 @@ def overlap_matrix(boxes, others):
     height = (np.minimum(boxes[:, None, 3], others[None, :, 3])
               - np.maximum(boxes[:, None, 1], others[None, :, 1]))
     inside = (width > 0) & (height > 0)
-    intersection = np.where(inside, width * height, 0)
-    union = box_sizes(boxes)[:, None] + box_sizes(others)[None, :] - intersection
+    intersection = np.where(inside, _product(width, height), 0)
+    union = _union(box_sizes(boxes)[:, None], box_sizes(others)[None, :], intersection)
     return np.where(inside, intersection / np.where(inside, union, 1), 0)
 
 
@@ -71,8 +120,8 @@ def decode_boxes(priors, variances, offsets, code_type, variance_encoded_in_targ
         return priors + offsets * np.stack([prior_width, prior_height] * 2, axis=1)
     center_x = offsets[:, 0] * prior_width + (priors[:, 0] + priors[:, 2]) / 2
     center_y = offsets[:, 1] * prior_height + (priors[:, 1] + priors[:, 3]) / 2
-    half_width = np.exp(offsets[:, 2]) * prior_width / 2
-    half_height = np.exp(offsets[:, 3]) * prior_height / 2
+    half_width = _exp(offsets[:, 2]) * prior_width / 2
+    half_height = _exp(offsets[:, 3]) * prior_height / 2
     return np.stack([center_x - half_width, center_y - half_height,
                      center_x + half_width, center_y + half_height], axis=1)
 

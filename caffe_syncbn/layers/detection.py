@@ -14,7 +14,7 @@ from ..backend import to_numpy
 from ..layer import Layer, register
 from . import boxes as host_boxes
 from . import detection_gpu
-from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, greedy_nms
+from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, greedy_nms, in_type
 
 _CODE_TYPES = {CORNER: 'CORNER', CENTER_SIZE: 'CENTER_SIZE', CORNER_SIZE: 'CORNER_SIZE'}
 
@@ -211,7 +211,7 @@ class DetectionOutputLayer(Layer):
             result = np.full((num, 7), -1.0)
             result[:, 0] = np.arange(num)
         top[0].reshape((1, 1) + result.shape)
-        top[0].data[...] = self.xp.asarray(result.astype(self.dtype))
+        top[0].data[...] = self.xp.asarray(in_type(result, self.dtype))
 
     def _detections(self, item, boxes, scores):
         """The rows of one image: NMS per class, then the keep_top_k best."""

@@ -81,9 +81,6 @@ def _image_shape(layer):
     mean_shape = _mean_file_shape(tp.mean_file)
     if mean_shape is not None:
         channels, height, width = mean_shape
-    mnist_scale = any(abs(tp.scale - s) < 1e-6 for s in (1 / 256.0, 1 / 255.0))
-    if channels is None and mnist_scale and not tp.mean_file and not len(tp.mean_value):
-        channels, height, width = _DATASET_HINTS[0][1]
     if len(tp.mean_value) > 1:
         channels = len(tp.mean_value)
     if tp.force_gray or (layer.type in _IMAGE_LIST_TYPES and not own.is_color):
@@ -124,8 +121,8 @@ def swap_data_layers_for_inputs(net_param, shapes=None, batch=None):
            listed file when readable, else (N, 1) and labels (N,);
          - image layers: (N, C, H, W) with H, W from crop_size, ImageData's new_height/width,
            the mean file when readable, the dataset named in source/mean_file ('mnist' is
-           1x28x28, 'cifar' 3x32x32; an unnamed net scaled by 1/256 without a mean is taken
-           for MNIST), else 224; C from mean_value count, is_color/force_gray, else 3;
+           1x28x28, 'cifar' 3x32x32), else 224; C from mean_value count,
+           is_color/force_gray, else 3;
          - further tops: labels (N,), or (N, 1, H, W) for SegData, ImageSegData and
            Python layers.
     """

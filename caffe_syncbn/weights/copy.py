@@ -56,11 +56,17 @@ def with_shared_params(stored, layers):
     return stored._replace(blobs=blobs)
 
 
-def _mismatch(source, layer_name, index, file_shape, net_shape):
-    return CaffeError(
-        "%s: cannot copy blob %d of layer '%s': the file's blob has shape %s but the net's has "
-        "shape %s (to learn this layer from scratch instead, rename it in the prototxt)"
-        % (source, index, layer_name, list(file_shape), list(net_shape)))
+class BlobShapeMismatch(CaffeError):
+    """A stored blob whose shape is not the net's; the converters and the exporter, where
+    renaming a layer is no remedy, say it in their own terms from these fields."""
+
+    def __init__(self, source, layer_name, index, file_shape, net_shape):
+        super().__init__(
+            "%s: cannot copy blob %d of layer '%s': the file's blob has shape %s but the net's "
+            "has shape %s (to learn this layer from scratch instead, rename it in the prototxt)"
+            % (source, index, layer_name, list(file_shape), list(net_shape)))
+        self.source, self.layer, self.index = source, layer_name, index
+        self.file_shape, self.net_shape = list(file_shape), list(net_shape)
 
 
 def _fits(item, shape):
@@ -95,7 +101,7 @@ def _copy_layer(stored, name, layer, items, shared):
             raise CaffeError("%s: layer '%s' lacks blob %d (the net has %d)"
                              % (source, name, j, len(layer.blobs)))
         if not _fits(item, blob.shape):
-            raise _mismatch(source, name, j, _stored_shape(item), blob.shape)
+            raise BlobShapeMismatch(source, name, j, _stored_shape(item), blob.shape)
         try:
             if isinstance(item, MappedBlob):         # from the file, a chunk at a time
                 item.copy_into(blob.data)

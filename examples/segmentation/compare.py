@@ -169,7 +169,7 @@ def plot_pair(path, results, title):
     import matplotlib
     matplotlib.use('Agg')
     from matplotlib.figure import Figure
-    figure = Figure(figsize=(12, 3.6))
+    figure = Figure(figsize=(12, 3.9))
     train_axes, loss_axes, accuracy_axes = figure.subplots(1, 3)
     for (folder, _, _), colour in zip(MODES, ('tab:blue', 'tab:orange')):
         run = results[folder]
@@ -187,9 +187,11 @@ def plot_pair(path, results, title):
         axes.set_title(name, fontsize='medium')
         axes.set_xlabel('iteration')
         axes.grid(True, alpha=0.3)
-    accuracy_axes.legend(loc='lower right', fontsize='small')
+    # one legend for the three panels, below them: inside any panel it would cover points
+    figure.legend(*accuracy_axes.get_legend_handles_labels(), loc='lower center', ncol=2,
+                  fontsize='small', frameon=False)
     figure.suptitle(title, fontsize='medium')
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.07, 1, 1))
     with atomic_write(path) as f:
         figure.savefig(f, format='png', dpi=80)
     return path
