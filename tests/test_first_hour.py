@@ -6,11 +6,11 @@ solver log on stderr; ``-version``."""
 import logging
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn.cli import commands, main
@@ -245,8 +245,8 @@ def test_pycaffe_solvers_log_their_iterations_on_stderr(tmp_path):
               's.step(2)\n' % solver)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop('GLOG_minloglevel', None)
-    run = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,
-                         text=True, timeout=TIMEOUT)
+    run = watchdog.run([sys.executable, '-c', script], env=env, capture_output=True,
+                       text=True, limit=TIMEOUT)
     assert run.returncode == 0, run.stderr
     lines = run.stderr.splitlines()
     assert lines and all(GLOG_LINE.match(line) for line in lines), run.stderr
@@ -256,8 +256,8 @@ def test_pycaffe_solvers_log_their_iterations_on_stderr(tmp_path):
         assert 'Iteration %d, lr = 0.1' % k in said, said
     assert any(line.startswith('    Train net output #0: loss = ') for line in said), said
     env['GLOG_minloglevel'] = '1'
-    quiet = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,
-                           text=True, timeout=TIMEOUT)
+    quiet = watchdog.run([sys.executable, '-c', script], env=env, capture_output=True,
+                         text=True, limit=TIMEOUT)
     assert quiet.returncode == 0 and quiet.stderr == '', quiet.stderr
 
 

@@ -7,11 +7,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import zipfile
 
 import pytest
+import watchdog
 
 from conftest import CORPUS, GOLDEN, ROOT, require
 
@@ -28,8 +28,8 @@ MIB = 2 ** 20
 
 
 def run(command, cwd=ROOT, env=None, timeout=300):
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return watchdog.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                        limit=timeout)
 
 
 def alone(**extra):
