@@ -1,0 +1,93 @@
+"""Regression tests for issue #34, round three: HDF5 files whose values are in other files
+(external storage, external links, virtual datasets), two runs with one snapshot prefix,
+an address-space limit above 2**63 bytes, Python layers named by a path or by the base
+class, and an LMDB cut short while it is read."""
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+from fuzz_harness import Worker, short_folder
+
+import caffe_syncbn as caffe
+from caffe_syncbn.blob import checked_shape, memory_limit
+from caffe_syncbn.data.datum import array_to_datum, write_lmdb
+from caffe_syncbn.data.lmdbfile import LMDBFile
+from caffe_syncbn.errors import CaffeError
+from caffe_syncbn.formats.caffemodel import read_weights
+from caffe_syncbn.netparam.inputs import swap_data_layers_for_inputs
+from caffe_syncbn.netparam.upgrade import load_net_param
+from caffe_syncbn.pycaffe.caffe import get_solver
+
+from conftest import ROOT
+
+#: generous: a hang is the failure these bounds catch, and a loaded machine is no hang
+TIMEOUT = 120
+#: a net that trains on no files (DummyData)
+NET = '''layer { name: "data" type: "DummyData" top: "data" top: "target"
+  dummy_data_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 2 } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }
+'''
+
+
+@pytest.fixture
+def tmp_path():
+    with short_folder() as folder:
+        yield folder
+
+
+@pytest.fixture(scope='module')
+def worker():
+    worker = Worker(timeout=TIMEOUT)
+    yield worker
+    worker.close()
+
+
+def one_line(message, *names):
+    assert '\n' not in message and len(message) <= 300, message
+    for name in names:
+        assert str(name) in message, (name, message)
+    return message
+
+
+def error_of(function, *args, **kwargs):
+    with pytest.raises(CaffeError) as info:
+        function(*args, **kwargs)
+    return str(info.value)
+
+
+# ---- the memory limit ---------------------------------------------------------------------------
+PHYSICAL = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
+
+@pytest.mark.parametrize('soft', [-1024, resource.RLIM_INFINITY, 2 ** 64 - 1, 2 ** 64 - 1024,
+                                  2 ** 63])
+def test_rlimits_that_do_not_fit_a_signed_64_bit_number_are_no_limit(monkeypatch, soft):
+    """`ulimit -v` of 2**53 KiB or more reaches Python as a negative number (-1024 for
+    2**64 - 1024 bytes): it limits nothing, and every net was refused."""
+    monkeypatch.setattr(resource, 'getrlimit', lambda kind: (soft, soft))
+    assert memory_limit() == PHYSICAL
+    assert checked_shape((2, 3)) == (2, 3)
+
+
+def test_a_real_address_space_limit_still_counts(monkeypatch):
+    monkeypatch.setattr(resource, 'getrlimit', lambda kind: (1 << 30, resource.RLIM_INFINITY))
+    assert memory_limit() == min(1 << 30, PHYSICAL)
+
+
+def test_a_net_builds_under_ulimit_v_above_2_to_the_63(tmp_path):
+    (tmp_path / 'net.prototxt').write_text(NET)
+    script = 'import caffe_syncbn as caffe; caffe.Net("net.prototxt", caffe.TEST); print("built")'
+    done = subprocess.run(['bash', '-c', 'ulimit -v 18014398509481983 && "$0" -c "$1"',
+                           sys.executable, script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0 and done.stdout.strip() == 'built', done.stderr[-2000:]
+
