@@ -91,3 +91,21 @@ def test_a_net_builds_under_ulimit_v_above_2_to_the_63(tmp_path):
                           timeout=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0 and done.stdout.strip() == 'built', done.stderr[-2000:]
 
+
+# ---- LMDB ---------------------------------------------------------------------------------------
+def test_an_lmdb_cut_short_while_read_names_the_size_it_has_then(tmp_path):
+    """The size at open (every page there) is not where a copy cut short afterwards ends."""
+    images = np.random.RandomState(0).randint(0, 256, (300, 3, 8, 8)).astype(np.uint8)
+    write_lmdb(str(tmp_path / 'db'), [[(b'%05d' % i, array_to_datum(image, i).SerializeToString())
+                                       for i, image in enumerate(images)]])
+    data = tmp_path / 'db' / 'data.mdb'
+    database = LMDBFile(str(data))
+    records = database.records()
+    next(records)
+    opened_size = database.size
+    cut = 3 * database.page_size
+    os.truncate(data, cut)
+    message = error_of(lambda: [None for _ in records])
+    one_line(message, str(data), 'it ends at byte %d, inside a page' % cut)
+    assert str(opened_size) not in message
+
