@@ -92,6 +92,37 @@ def test_a_net_builds_under_ulimit_v_above_2_to_the_63(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == 'built', done.stderr[-2000:]
 
 
+# ---- Python layers ------------------------------------------------------------------------------
+class OnlyReshape(caffe.Layer):
+    """A layer class that leaves forward to the base class."""
+
+    def reshape(self, bottom, top):
+        top[0].reshape(2)
+
+
+@pytest.mark.parametrize('module', ['../probe', '.layer', 'tests/probe', 'a..b', 'probe.py '])
+def test_a_python_module_named_by_a_path_or_relatively_is_one_line(tmp_path, module):
+    path = tmp_path / 'net.prototxt'
+    path.write_text('layer { name: "py" type: "Python" top: "a" '
+                    'python_param { module: "%s" layer: "Probe" } }' % module)
+    one_line(error_of(caffe.Net, str(path), caffe.TEST), str(path), "layer 'py'",
+             "python_param module '%s' is not a module name" % module)
+
+
+@pytest.mark.parametrize('module, layer, missing', [
+    ('caffe_syncbn.layer', 'Layer', 'reshape and forward of the layer contract: it is '
+                                    'caffe.Layer itself'),
+    ('caffe_syncbn', 'Layer', 'reshape and forward'),
+    ('test_hardening_round3', 'OnlyReshape', 'does not implement forward of the layer contract')])
+def test_a_python_layer_class_without_the_layer_contract_is_one_line(tmp_path, module, layer,
+                                                                      missing):
+    path = tmp_path / 'net.prototxt'
+    path.write_text('layer { name: "py" type: "Python" top: "a" '
+                    'python_param { module: "%s" layer: "%s" } }' % (module, layer))
+    one_line(error_of(caffe.Net, str(path), caffe.TEST), str(path), "layer 'py'",
+             'python_param %s.%s does not implement' % (module, layer), missing)
+
+
 # ---- LMDB ---------------------------------------------------------------------------------------
 def test_an_lmdb_cut_short_while_read_names_the_size_it_has_then(tmp_path):
     """The size at open (every page there) is not where a copy cut short afterwards ends."""
