@@ -64,6 +64,128 @@ def error_of(function, *args, **kwargs):
     return str(info.value)
 
 
+# ---- HDF5 files that read other files -----------------------------------------------------------
+KINDS = ('external storage', 'external link', 'virtual dataset')
+SECRET = 42.0
+
+
+def other_file_dataset(group, name, shape, kind, target):
+    """Dataset ``name`` of ``group`` whose float32 values are in the file ``target``: its
+    raw bytes (external storage), or its dataset 'x' (an external link, a virtual dataset)."""
+    if kind == 'external storage':
+        size = 4 * int(np.prod(shape))
+        group.create_dataset(name, shape, 'f4', external=[(str(target), 0, size)])
+    elif kind == 'external link':
+        group[name] = h5py.ExternalLink(str(target), 'x')
+    else:
+        layout = h5py.VirtualLayout(shape, 'f4')
+        layout[...] = h5py.VirtualSource(str(target), 'x', shape)
+        group.create_virtual_dataset(name, layout)
+
+
+def target_file(folder, kind, target, shape):
+    """A FIFO (which libhdf5 would wait on for good), or a regular file of SECRET values:
+    raw bytes for external storage, an HDF5 file with dataset 'x' for the others."""
+    path = folder / ('fifo' if target == 'fifo' else 'secret')
+    if target == 'fifo':
+        os.mkfifo(path)
+    elif kind == 'external storage':
+        path.write_bytes(np.full(shape, SECRET, np.float32).tobytes())
+    else:
+        with h5py.File(path, 'w') as f:
+            f['x'] = np.full(shape, SECRET, np.float32)
+    return path
+
+
+def weights_case(folder, kind, target):
+    path = folder / 'w.caffemodel.h5'
+    with h5py.File(path, 'w') as f:
+        layer = f.create_group('data/ip')
+        layer['0'] = np.ones((2, 3), np.float32)
+        other_file_dataset(layer, '1', (2,), kind, target_file(folder, kind, target, (2,)))
+    return 'weights', {'path': str(path)}, [str(path), "'data/ip/1'"]
+
+
+def solver_state_case(folder, kind, target):
+    path = folder / 's.solverstate.h5'
+    with h5py.File(path, 'w') as f:
+        f['iter'] = np.array([3], np.int32)
+        f['current_step'] = np.array([0], np.int32)
+        history = f.create_group('history')
+        history['0'] = np.zeros((2, 3), np.float32)
+        other_file_dataset(history, '1', (2,), kind, target_file(folder, kind, target, (2,)))
+    return 'solver_state', {'path': str(path)}, [str(path), "'history/1'"]
+
+
+def hdf5_data_case(folder, kind, target):
+    path = folder / 'd.h5'
+    with h5py.File(path, 'w') as f:
+        other_file_dataset(f, 'data', (4, 3), kind, target_file(folder, kind, target, (4, 3)))
+        f['label'] = np.arange(4, dtype=np.float32)
+    (folder / 'list.txt').write_text('%s\n' % path)
+    model = folder / 'net.prototxt'
+    model.write_text('layer { name: "h5" type: "HDF5Data" top: "data" top: "label" '
+                     'hdf5_data_param { source: "%s" batch_size: 2 } }' % (folder / 'list.txt'))
+    return 'net', {'model': str(model), 'forwards': 1}, ["layer 'h5'", str(path), "'data'"]
+
+
+@pytest.mark.parametrize('target', ['regular file', 'fifo'])
+@pytest.mark.parametrize('kind', KINDS)
+@pytest.mark.parametrize('case', [weights_case, solver_state_case, hdf5_data_case],
+                         ids=['weights', 'solverstate', 'HDF5Data'])
+def test_hdf5_values_in_another_file_are_refused_naming_the_file_and_dataset(
+        worker, tmp_path, case, kind, target):
+    """libhdf5 reads such values from wherever the file points: a regular file loaded
+    silently (any file the user can read, /dev/urandom, /dev/zero), a FIFO hung the reader
+    for good. Each reader refuses them before reading, in a child process that a hang
+    cannot hold."""
+    reader, args, names = case(tmp_path, kind, target)
+    answer = worker.run(reader, args)
+    assert answer['outcome'] == 'CaffeError', answer
+    message = one_line(answer['message'], *names)
+    assert 'refused' in message and ('fifo' if target == 'fifo' else 'secret') in message
+
+
+def test_soft_links_inside_the_file_still_load(tmp_path):
+    """A name that leads elsewhere in the same file reads nothing outside it."""
+    path = tmp_path / 'w.caffemodel.h5'
+    with h5py.File(path, 'w') as f:
+        layer = f.create_group('data/ip')
+        f['kept'] = np.full(2, 5.0, np.float32)
+        layer['0'] = np.ones((2, 3), np.float32)
+        layer['1'] = h5py.SoftLink('/kept')
+    weights = read_weights(str(path))
+    np.testing.assert_array_equal(weights.blobs['ip'][1], np.full(2, 5.0, np.float32))
+
+
+def test_deploy_shapes_come_from_an_h5_file_that_holds_its_values(tmp_path):
+    """No false alarm: the check leaves a file of Caffe's layout alone."""
+    with h5py.File(tmp_path / 'd.h5', 'w') as f:
+        f['data'] = np.zeros((4, 3, 5), np.float32)
+        f['label'] = np.zeros(4, np.float32)
+    (tmp_path / 'list.txt').write_text('%s\n' % (tmp_path / 'd.h5'))
+    (tmp_path / 'net.prototxt').write_text(
+        'layer { name: "h5" type: "HDF5Data" top: "data" top: "label" '
+        'hdf5_data_param { source: "%s" batch_size: 2 } }' % (tmp_path / 'list.txt'))
+    net = swap_data_layers_for_inputs(load_net_param(str(tmp_path / 'net.prototxt')))
+    assert [list(s.dim) for s in net.layer[0].input_param.shape] == [[2, 3, 5], [2]]
+
+
+def test_deploy_shapes_do_not_follow_a_link_to_a_fifo(tmp_path):
+    """Data layers swapped for Inputs (deploy, timing, drawing) take their shapes from the
+    first listed .h5 file where it holds them itself; one whose names lead to other files
+    gives the default shapes, where looking the names up waited on the FIFO for good."""
+    case = hdf5_data_case(tmp_path, 'external link', 'fifo')
+    script = ('import sys; from caffe_syncbn.netparam.inputs import swap_data_layers_for_inputs\n'
+              'from caffe_syncbn.netparam.upgrade import load_net_param\n'
+              'net = swap_data_layers_for_inputs(load_net_param(sys.argv[1]))\n'
+              'print([list(s.dim) for s in net.layer[0].input_param.shape])\n')
+    done = subprocess.run([sys.executable, '-c', script, case[1]['model']], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == '[[2, 1], [2]]'
+
+
 # ---- the memory limit ---------------------------------------------------------------------------
 PHYSICAL = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
