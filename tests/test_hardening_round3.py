@@ -186,6 +186,118 @@ def test_deploy_shapes_do_not_follow_a_link_to_a_fifo(tmp_path):
     assert done.stdout.strip() == '[[2, 1], [2]]'
 
 
+# ---- one run per snapshot prefix ----------------------------------------------------------------
+SOLVER = '''net: "net.prototxt" base_lr: 0.1 lr_policy: "fixed" max_iter: 2
+snapshot: %d snapshot_prefix: "snap/run"
+'''
+HOLDER = ('import sys\nfrom caffe_syncbn import get_solver\n'
+          'solver = get_solver("holder.prototxt")\n'
+          'print("ready", flush=True)\nsys.stdin.readline()\n')
+
+
+def solver_folder(folder, snapshot=1):
+    """solver.prototxt (snapshots every ``snapshot`` iterations) and holder.prototxt (every
+    iteration: it holds the prefix from its creation) on one prefix, snap/run."""
+    (folder / 'net.prototxt').write_text(NET)
+    (folder / 'solver.prototxt').write_text(SOLVER % snapshot)
+    (folder / 'holder.prototxt').write_text(SOLVER % 1)
+    (folder / 'snap').mkdir(exist_ok=True)
+    return folder
+
+
+class Holder:
+    """Another process with a solver on ``folder``'s holder.prototxt, alive until ``end``."""
+
+    def __init__(self, folder):
+        self.process = subprocess.Popen([sys.executable, '-c', HOLDER], cwd=folder, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        deadline = time.monotonic() + TIMEOUT
+        while not select.select([self.process.stdout], [], [], 1.0)[0]:
+            assert time.monotonic() < deadline and self.process.poll() is None, 'no solver'
+        assert self.process.stdout.readline() == 'ready\n'
+        self.pid = self.process.pid
+
+    def end(self):
+        self.process.communicate('done\n', timeout=TIMEOUT)
+        assert self.process.returncode == 0
+
+    def kill(self):
+        self.process.kill()
+        assert self.process.wait(timeout=TIMEOUT) == -signal.SIGKILL
+
+
+def test_a_second_run_on_one_prefix_is_one_line_naming_the_other_process(tmp_path, monkeypatch):
+    """Another process's solver holds snap/run: a pycaffe solver and `caffe-syncbn train`
+    on the same prefix are refused at their start, naming the prefix and that process;
+    once it ends (and its lock file with it), the prefix is free again."""
+    monkeypatch.chdir(solver_folder(tmp_path))
+    holder = Holder(tmp_path)
+    try:
+        assert (tmp_path / 'snap' / 'run.lock').read_text().split()[0] == str(holder.pid)
+        names = ('solver.prototxt: ', "snapshot prefix 'snap/run'", 'process %d' % holder.pid,
+                 "'%s'" % (tmp_path / 'snap' / 'run.lock'))
+        one_line(error_of(get_solver, 'solver.prototxt'), *names)
+        done = subprocess.run([sys.executable, '-m', 'caffe_syncbn', 'train', '-solver',
+                               'solver.prototxt'], capture_output=True, text=True,
+                              timeout=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert done.returncode == 1
+        lines = [line for line in done.stderr.splitlines() if line.startswith('error: ')]
+        assert lines == [done.stderr.strip().splitlines()[-1]], done.stderr
+        one_line(lines[0], *names)
+        assert not list((tmp_path / 'snap').glob('run_iter_*'))
+    finally:
+        holder.end()
+    assert not (tmp_path / 'snap' / 'run.lock').exists()
+    with get_solver('solver.prototxt') as solver:
+        solver.solve()
+    assert (tmp_path / 'snap' / 'run_iter_2.caffemodel').is_file()
+
+
+def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, monkeypatch, caplog):
+    """kill -9 leaves the lock file, but not the lock: the next run takes the file over and
+    says whose it was."""
+    monkeypatch.chdir(solver_folder(tmp_path))
+    holder = Holder(tmp_path)
+    holder.kill()
+    assert (tmp_path / 'snap' / 'run.lock').read_text().split()[0] == str(holder.pid)
+    solver = get_solver('solver.prototxt')
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+    one_line(warning, "snapshot prefix 'snap/run'", 'process %d' % holder.pid, "run.lock'")
+    assert (tmp_path / 'snap' / 'run.lock').read_text().split()[0] == str(os.getpid())
+    solver.close()
+    assert not (tmp_path / 'snap' / 'run.lock').exists()
+
+
+def test_a_solver_that_snapshots_only_when_asked_takes_the_prefix_then(tmp_path, monkeypatch):
+    """snapshot: 0 holds nothing at creation (a pycaffe loop of step() writes nothing
+    there), but solver.snapshot() and solve() (its final snapshot) take the prefix first."""
+    monkeypatch.chdir(solver_folder(tmp_path, snapshot=0))
+    solver = get_solver('solver.prototxt')
+    holder = Holder(tmp_path)
+    try:
+        for action in (solver.snapshot, solver.solve):
+            one_line(error_of(action), "snapshot prefix 'snap/run'", 'process %d' % holder.pid)
+        assert not list((tmp_path / 'snap').glob('run_iter_*'))
+    finally:
+        holder.end()
+    solver.snapshot()
+    assert (tmp_path / 'snap' / 'run.lock').read_text().split()[0] == str(os.getpid())
+    solver.close()
+
+
+def test_solvers_of_one_process_share_its_hold_on_a_prefix(tmp_path, monkeypatch):
+    """A script that builds a second solver on its solver file is one run: both work, and
+    the lock file stays until the last of them is closed."""
+    monkeypatch.chdir(solver_folder(tmp_path))
+    first, second = get_solver('solver.prototxt'), get_solver('solver.prototxt')
+    second.step(1)
+    first.close()
+    assert (tmp_path / 'snap' / 'run.lock').exists()
+    second.close()
+    assert not (tmp_path / 'snap' / 'run.lock').exists()
+
+
 # ---- the memory limit ---------------------------------------------------------------------------
 PHYSICAL = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 

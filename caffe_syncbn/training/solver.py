@@ -35,6 +35,7 @@ from ..netparam.solver_param import (check_net_files, copy_message, load_solver_
                                      test_net_params, train_net_param, upgrade_solver_param)
 from .lr_policy import LearningRatePolicy
 from .one_net import OneNet
+from .prefix_lock import PrefixLock
 from .rules import ParamUpdate, rule_class
 from .snapshot_layout import NetLayout, snapshot_names, snapshot_prefix_problem
 from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param
@@ -78,6 +79,7 @@ class Solver:
         check_solver_param(p, self.source)
         if net is None:
             check_net_files(p, self.source)
+        self.prefix_lock = PrefixLock()
         if p.snapshot > 0 or p.snapshot_after_train:
             self.check_snapshot_prefix()
         if p.random_seed >= 0:
@@ -406,8 +408,14 @@ class Solver:
             raise CaffeError('%s: %s' % (self.source, problem))
 
     def prefix_problem(self):
-        """Why no snapshot can be written at the prefix, or None."""
-        return snapshot_prefix_problem(self.param.snapshot_prefix)
+        """Why no snapshot can be written at the prefix (no room, another run's), or None."""
+        prefix = self.param.snapshot_prefix
+        problem = snapshot_prefix_problem(prefix)
+        return problem or (self.prefix_lock.take(prefix) if self.param.snapshot > 0 else None)
+
+    def hold_prefix(self):
+        """Take the prefix for this run, or raise naming the run that holds it."""
+        self.prefix_lock.hold(self.param.snapshot_prefix, self.source)
 
     def snapshot(self):
         """Write the weights and the solver state; returns their two file names. A failed
@@ -425,6 +433,7 @@ class Solver:
 
     def remove_stale_snapshot_files(self):
         """Remove the temporary files that snapshots of a killed run with this prefix left."""
+        self.hold_prefix()           # before touching the prefix's files, as before writing them
         for path in remove_stale_temporaries(self.param.snapshot_prefix + '_iter_'):
             log.info('Removed %s, left by an interrupted snapshot', path)
 
@@ -448,7 +457,8 @@ class Solver:
 
     # ---- resources ------------------------------------------------------------------------
     def close(self):
-        """Release what the solver holds besides memory (a data-parallel one: threads)."""
+        """Release what the solver holds besides memory (the prefix; threads, if parallel)."""
+        self.prefix_lock.release()
 
     def __enter__(self):
         return self
