@@ -82,11 +82,11 @@ def read_dataset(dataset, where):
 def other_files(f):
     """Why the open h5py File ``f`` would read other files, in one phrase: its first
     external (or user-defined) link, or dataset with external storage or virtual; None
-    where it holds all its values itself. libhdf5's walk (H5Lvisit) goes down hard links
-    only, and each object is opened by a path of hard links, so nothing outside ``f`` is
-    opened on the way."""
+    where it holds all its values itself. libhdf5's walks (H5Lvisit, H5Ovisit) go down
+    hard links only, and each dataset is opened by a path of hard links, so nothing
+    outside ``f`` is opened on the way."""
     import h5py
-    links = []          # the walk only lists them: an exception inside its callback is lost
+    links, objects = [], []     # the walks only list: an exception in their callback is lost
     f.id.links.visit(lambda name, info: links.append((name, info.type)), info=True)
     for raw_name, kind in links:
         name = raw_name.decode('utf-8', 'surrogateescape')
@@ -96,14 +96,19 @@ def other_files(f):
                                                           quote(link.filename))
         if kind not in (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT):
             return '%s is a user-defined link (type %d)' % (quote(name), kind)
-        item = f[raw_name] if kind == h5py.h5l.TYPE_HARD else None
-        if isinstance(item, h5py.Dataset) and item.is_virtual:
+    h5py.h5o.visit(f.id, lambda name, info: objects.append((name, info.type)), info=True)
+    for raw_name, kind in objects:
+        if kind != h5py.h5o.TYPE_DATASET:
+            continue
+        name = raw_name.decode('utf-8', 'surrogateescape')
+        plist = h5py.h5d.open(f.id, raw_name).get_create_plist()
+        if plist.get_layout() == h5py.h5d.VIRTUAL:
+            sources = {plist.get_virtual_filename(i) for i in range(plist.get_virtual_count())}
             return 'dataset %s is virtual: its values are in %s' % (
-                quote(name), name_list(sorted({source.file_name for source in
-                                               item.virtual_sources()}), 80))
-        if isinstance(item, h5py.Dataset) and item.external:
+                quote(name), name_list(sorted(sources), 80))
+        if plist.get_external_count():
             return 'dataset %s keeps its values in %s (external storage)' % (
-                quote(name), quote(item.external[0][0]))
+                quote(name), quote(plist.get_external(0)[0]))
     return None
 
 
