@@ -25,9 +25,16 @@ def memory_limit():
     limits = [os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')]
     for kind in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
         soft = resource.getrlimit(kind)[0]
-        if soft != resource.RLIM_INFINITY:
+        if _is_a_limit(soft):
             limits.append(soft)
     return min(limits)
+
+
+def _is_a_limit(soft):
+    """Whether an rlimit value limits anything. Python reads the kernel's unsigned rlim_t
+    as signed: infinity comes as -1 (or 2**64 - 1), and a limit set above 2**63 bytes
+    (``ulimit -v`` of 2**53 KiB or more) as a negative number; neither limits memory."""
+    return soft != resource.RLIM_INFINITY and 0 <= soft < 2 ** 63
 
 
 def set_memory_limit(nbytes=None):

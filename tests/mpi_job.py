@@ -241,8 +241,9 @@ def fault(out, link, solver_path):
 
 # ---- the snapshot prefix -----------------------------------------------------------------------
 def prefix(out, link):
-    """How many probes of the snapshot prefix each process makes, and the error each raises
-    when process 0 alone finds the prefix unwritable (a stand-in verdict)."""
+    """How many probes of the snapshot prefix each process makes, the lock file's text
+    while the solver lives (and this process's id), and the error each raises when process
+    0 alone finds the prefix unwritable (a stand-in verdict)."""
     import tempfile
 
     import caffe_syncbn.training.solver as solver_module
@@ -257,7 +258,10 @@ def prefix(out, link):
         return mkstemp(*args, **kwargs)
     tempfile.mkstemp = counting
     try:
-        DataParallelSolver(param, devices='cpu:1', link=link).close()
+        solver = DataParallelSolver(param, devices='cpu:1', link=link)
+        lock = (out / 'shared.lock').read_text()
+        link.barrier()                     # process 0's close removes the file
+        solver.close()
     finally:
         tempfile.mkstemp = mkstemp
     if link.rank == 0:
@@ -267,7 +271,8 @@ def prefix(out, link):
         DataParallelSolver(param, devices='cpu:1', link=link).close()
     except CaffeError as exc:
         error = str(exc)
-    np.savez(out / ('prefix-rank%d.npz' % link.rank), probes=len(probes), error=error)
+    np.savez(out / ('prefix-rank%d.npz' % link.rank), probes=len(probes), error=error, lock=lock,
+             pid=os.getpid())
 
 
 def uncaught(link):

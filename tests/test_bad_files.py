@@ -427,6 +427,7 @@ def test_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capfd, fmt
     one_line(error_of(solver.snapshot), 'cannot write snap/run_iter_0' + suffix,
              'No space left on device')
     assert 'HDF5-DIAG' not in capfd.readouterr().err
+    solver.close()                          # which removes the prefix's lock file
     assert sorted(os.listdir(tmp_path / 'snap')) == []
 
 
@@ -468,6 +469,7 @@ def test_temporary_files_of_a_killed_snapshot_are_removed(tmp_path, monkeypatch)
         write(tmp_path / 'snap' / name, 'x')
     solver = snapshot_solver(tmp_path)
     solver.snapshot()
+    solver.close()                          # which removes the prefix's lock file
     assert sorted(p.name for p in (tmp_path / 'snap').iterdir()) == sorted(
         kept + ['run_iter_0.caffemodel', 'run_iter_0.solverstate'])
     assert remove_stale_temporaries('snap/run_iter_') == []

@@ -334,6 +334,7 @@ def test_snapshot_schedule_and_restore(tmp_path):
     net = QuadraticNet([(3,), (2, 2)], [1.0, 1.0], [1.0, 1.0])
     solver = Solver(p, net=net)
     solver.solve()
+    solver.close()                          # which removes the prefix's lock file
     names = sorted(f.name for f in tmp_path.iterdir())
     assert names == ['a_iter_4.caffemodel.h5', 'a_iter_4.solverstate.h5',
                      'a_iter_6.caffemodel.h5', 'a_iter_6.solverstate.h5']
@@ -671,7 +672,7 @@ def test_the_prefix_probe_opens_no_predictable_name(tmp_path):
     target.write_text('keep me')
     planted = tmp_path / 'snap_iter_0.tempfile'
     planted.symlink_to(target)
-    _probe_solver(tmp_path, snapshot=2, snapshot_prefix=str(tmp_path / 'snap'))
+    _probe_solver(tmp_path, snapshot=2, snapshot_prefix=str(tmp_path / 'snap')).close()
     assert target.read_text() == 'keep me' and planted.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ['net.prototxt', 'precious.txt',
                                                          'snap_iter_0.tempfile']

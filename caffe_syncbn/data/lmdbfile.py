@@ -50,8 +50,9 @@ class LMDBFile:
 
     def _read(self, offset, length):
         data = os.pread(self.file.fileno(), length, offset)
-        if len(data) != length:
-            raise self._damaged('it ends at byte %d, inside a page' % self.size)
+        if len(data) != length:      # the file may have shrunk since it was opened
+            raise self._damaged('it ends at byte %d, inside a page'
+                                % os.fstat(self.file.fileno()).st_size)
         return data
 
     def _damaged(self, reason):

@@ -19,7 +19,7 @@ from ..errors import CaffeError, quote
 from .atomic import atomic_write
 from .blobs import array_to_blob, blob_to_array, is_hdf5, length_delimited, parse_binary_file
 from .file_kind import binary_kind, hdf5_kind, wrong_kind
-from .hdf5 import read_dataset, reading, writing
+from .hdf5 import read_dataset, reading, refuse_other_files, writing
 from .mapped import MappedBlob, read_mapped_weights
 from .regular import require_regular
 
@@ -83,6 +83,7 @@ _MAX_BLOBS = 1024
 def _read_hdf5(path):
     import h5py
     with reading(path, 'HDF5 weights file'), h5py.File(path, 'r') as f:
+        refuse_other_files(f, path)
         if not isinstance(f.get('data'), h5py.Group):
             raise wrong_kind(path, hdf5_kind(f), 'weights') or \
                 CaffeError("%s: no 'data' group: not a Caffe HDF5 weights file" % path)

@@ -6,6 +6,12 @@ depending on the structure the damage hit, with messages that run over several l
 ``read_dataset`` checks a dataset's type and declared size before reading it, so a
 damaged header cannot ask for terabytes. ``writing(path)`` writes atomically, and cleanly
 when the disk is full.
+
+A file may also keep a dataset's values in other files: external storage (raw bytes of
+any file), virtual datasets (datasets of other HDF5 files) and external links. libhdf5
+opens those files when the values are read or the name is looked up, so that any file the
+user can read would load as weights or data, and a FIFO would block the reader for good.
+``refuse_other_files`` turns such a file away before anything in it is read.
 """
 import contextlib
 import io
@@ -13,7 +19,7 @@ import os
 import re
 
 from ..blob import data_bytes, format_bytes, memory_limit
-from ..errors import CaffeError
+from ..errors import CaffeError, name_list, quote
 from .atomic import atomic_write
 
 #: what h5py raises on a damaged file
@@ -71,3 +77,51 @@ def read_dataset(dataset, where):
         raise CaffeError('%s declares shape %s, %s: more than the memory limit'
                          % (where, list(dataset.shape), format_bytes(size)))
     return dataset[()]
+
+
+def other_files(f):
+    """Why the open h5py File ``f`` would read other files, in one phrase: its first
+    external (or user-defined) link, or dataset with external storage or virtual; None
+    where it holds all its values itself. libhdf5's walks (H5Lvisit, H5Ovisit) go down
+    hard links only, and each dataset is opened by a path of hard links, so nothing
+    outside ``f`` is opened on the way."""
+    import h5py
+    links, objects = [], []     # the walks only list: an exception in their callback is lost
+    f.id.links.visit(lambda name, info: links.append((name, info.type)), info=True)
+    for raw_name, kind in links:
+        name = raw_name.decode('utf-8', 'surrogateescape')
+        if kind == h5py.h5l.TYPE_EXTERNAL:
+            link = f.get(raw_name, getlink=True)
+            return '%s is an external link to %s in %s' % (quote(name), quote(link.path),
+                                                          quote(link.filename))
+        if kind not in (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT):
+            return '%s is a user-defined link (type %d)' % (quote(name), kind)
+    h5py.h5o.visit(f.id, lambda name, info: objects.append((name, info.type)), info=True)
+    for raw_name, kind in objects:
+        if kind != h5py.h5o.TYPE_DATASET:
+            continue
+        name = raw_name.decode('utf-8', 'surrogateescape')
+        plist = h5py.h5d.open(f.id, raw_name).get_create_plist()
+        if plist.get_layout() == h5py.h5d.VIRTUAL:
+            sources = {plist.get_virtual_filename(i) for i in range(plist.get_virtual_count())}
+            return 'dataset %s is virtual: its values are in %s' % (
+                quote(name), name_list(sorted(sources), 80))
+        if plist.get_external_count():
+            return 'dataset %s keeps its values in %s (external storage)' % (
+                quote(name), quote(plist.get_external(0)[0]))
+    return None
+
+
+def other_files_refusal(f, path):
+    """The one line that turns the open h5py File ``f`` away, naming it ``path``, where it
+    would read other files (see ``other_files``); None where it holds its own values."""
+    found = other_files(f)
+    return found and '%s: %s, which is refused: an HDF5 file must hold its own values' % (
+        path, found)
+
+
+def refuse_other_files(f, path, error=CaffeError):
+    """Raise ``error(other_files_refusal(f, path))`` where there is one."""
+    refusal = other_files_refusal(f, path)
+    if refusal:
+        raise error(refusal)

@@ -17,7 +17,7 @@ from ..errors import CaffeError
 from .atomic import atomic_write
 from .blobs import array_to_blob, blob_to_array, is_hdf5, parse_binary_file
 from .file_kind import binary_kind, hdf5_kind, wrong_kind
-from .hdf5 import read_dataset, reading, writing
+from .hdf5 import read_dataset, reading, refuse_other_files, writing
 from .regular import require_regular
 
 
@@ -115,6 +115,7 @@ def _write_c_string(f, name, text):
 def _read_hdf5(path):
     import h5py
     with h5py.File(path, 'r') as f:
+        refuse_other_files(f, 'solver state %s' % path)
         for key in ('iter', 'history'):
             if key not in f:
                 raise wrong_kind(path, hdf5_kind(f), 'a solver state') or CaffeError(

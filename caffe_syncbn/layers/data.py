@@ -25,7 +25,7 @@ from ..backend import to_numpy
 from ..data.datum import listed
 from ..errors import name_list, quote
 from ..fillers import fill
-from ..formats.hdf5 import read_dataset, reading, writing
+from ..formats.hdf5 import other_files_refusal, read_dataset, reading, writing
 from ..formats.regular import require_regular
 from ..layer import Layer, register
 
@@ -160,11 +160,15 @@ class HDF5Reader:
         name = listed(self.files[self.file_order[self.position]], self.source, self.error)
         where = quote(name)
         with reading(where, 'HDF5 data file', self.error), h5py.File(name, 'r') as f:
-            missing, present = [d for d in self.datasets if d not in f], list(f.keys())
-            if not missing:
+            refused = other_files_refusal(f, where)
+            missing = [] if refused else [d for d in self.datasets if d not in f]
+            present = list(f)
+            if not refused and not missing:
                 self.arrays = [np.asarray(read_dataset(f[d], '%s: dataset %s' % (where, quote(d))),
                                           self.dtype) for d in self.datasets]
-        if missing:           # raised outside, where reading() would not wrap it again
+        if refused:           # raised outside, where reading() would not wrap them again
+            raise self.error(refused)
+        if missing:
             raise self.error('%s has no dataset %s (it has: %s)'
                              % (where, name_list(missing), name_list(present)))
         rows = {a.shape[0] if a.ndim else 0 for a in self.arrays}

@@ -5,7 +5,7 @@ import os
 from .. import caffe_pb2
 from ..errors import CaffeError
 from ..formats.blobs import read_blob_proto
-from ..formats.hdf5 import FAILURES
+from ..formats.hdf5 import FAILURES, other_files
 from ..formats.regular import not_regular
 from .upgrade import upgrade_net_param
 
@@ -51,6 +51,8 @@ def _hdf5_shapes(layer):
         if not_regular(first):
             return None
         with h5py.File(first, 'r') as h5:
+            if other_files(h5):               # its names could lead to a FIFO: the reader says so
+                return None
             return {top: h5[top].shape[1:] for top in layer.top}
     except (StopIteration,) + FAILURES:       # a damaged list or file: no shapes from it
         return None

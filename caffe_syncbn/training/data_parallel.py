@@ -298,6 +298,11 @@ class DataParallelSolver(Solver):
             problem = self.replication.link.bcast_bytes((problem or '').encode()).decode()
         return problem or None
 
+    def hold_prefix(self):
+        """Process 0 writes the snapshots: it alone holds the prefix."""
+        if self.process == 0:
+            super().hold_prefix()
+
     def solve(self, resume_file=None):
         if self.strategy.follows_process_0():
             return self.strategy.follow()
@@ -316,6 +321,7 @@ class DataParallelSolver(Solver):
         """End the replicas' threads (and the other processes' wait, under -async)."""
         self.strategy.close()
         self._release()
+        super().close()
 
 
 def _release(strategy, replicas, blas_limit):

@@ -1,5 +1,6 @@
 """The strategy of a solver on its own: its one net, in the caller's thread (what a
 strategy is: see solver.py)."""
+from .input_feed import feed
 
 
 class OneNet:
@@ -13,12 +14,14 @@ class OneNet:
         return float(solver.accumulate(solver.net.clear_param_diffs, self._one_pass))
 
     def _one_pass(self, last):
-        self.solver.feed(self.solver.net, 'train')
-        return self.solver.net.forward_backward()
+        solver = self.solver
+        feed(solver.net, solver.data_sources.get('train'))
+        return solver.net.forward_backward()
 
     def forward_all(self):
-        self.solver.feed(self.solver.net, 'train')
-        return self.solver.net.forward_prefilled()
+        solver = self.solver
+        feed(solver.net, solver.data_sources.get('train'))
+        return solver.net.forward_prefilled()
 
     def update(self, rate):
         self.solver.update_params(rate)

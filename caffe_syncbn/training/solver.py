@@ -34,8 +34,10 @@ from ..net_sharing import holds_only_params_of
 from ..netparam.layer_lines import naming_net_file
 from ..netparam.solver_param import (check_net_files, copy_message, load_solver_param,
                                      test_net_params, train_net_param, upgrade_solver_param)
+from .input_feed import feed
 from .lr_policy import LearningRatePolicy
 from .one_net import OneNet
+from .prefix_lock import PrefixLock
 from .rules import ParamUpdate, rule_class
 from .smoothed_loss import SmoothedLoss
 from .snapshot_layout import NetLayout, snapshot_names, snapshot_prefix_problem
@@ -80,6 +82,7 @@ class Solver:
         check_solver_param(p, self.source)
         if net is None:
             check_net_files(p, self.source)
+        self.prefix_lock = PrefixLock()
         if p.snapshot > 0 or p.snapshot_after_train:
             self.check_snapshot_prefix()
         if p.random_seed >= 0:
@@ -160,22 +163,6 @@ class Solver:
         ``test_net=None`` feeds the train net, an index feeds that test net.
         """
         self.data_sources['train' if test_net is None else int(test_net)] = source
-
-    def feed(self, net, key):
-        """Put what the data source of ``key`` ('train' or a test net's index) gives into
-        ``net``'s blobs (nothing without a source)."""
-        source = self.data_sources.get(key)
-        if source is None:
-            return
-        for name, value in source().items():
-            if name not in net.blobs:
-                raise CaffeError("data source gave blob '%s', which net '%s' does not have"
-                                 % (name, net.name))
-            blob = net.blobs[name]
-            value = blob.xp.asarray(value, dtype=blob.dtype)
-            if blob.shape != value.shape:
-                blob.reshape(value.shape)
-            blob.data[...] = value
 
     # ---- one iteration ------------------------------------------------------------------------
     def add_callback(self, on_start, on_gradients_ready=None):
@@ -386,7 +373,7 @@ class Solver:
 
     def _test_batch(self, net, test_net_id):
         """One batch of a test net: its loss and {output name: host array}."""
-        self.feed(net, test_net_id)
+        feed(net, self.data_sources.get(test_net_id))
         loss = net.forward_prefilled()
         return loss, {name: to_numpy(net.blobs[name].data).astype(self.dtype)
                       for name in net.outputs}
@@ -399,8 +386,14 @@ class Solver:
             raise CaffeError('%s: %s' % (self.source, problem))
 
     def prefix_problem(self):
-        """Why no snapshot can be written at the prefix, or None."""
-        return snapshot_prefix_problem(self.param.snapshot_prefix)
+        """Why no snapshot can be written at the prefix (no room, another run's), or None."""
+        prefix = self.param.snapshot_prefix
+        problem = snapshot_prefix_problem(prefix)
+        return problem or (self.prefix_lock.take(prefix) if self.param.snapshot > 0 else None)
+
+    def hold_prefix(self):
+        """Take the prefix for this run, or raise naming the run that holds it."""
+        self.prefix_lock.hold(self.param.snapshot_prefix, self.source)
 
     def snapshot(self):
         """Write the weights and the solver state; returns their two file names. A failed
@@ -418,6 +411,7 @@ class Solver:
 
     def remove_stale_snapshot_files(self):
         """Remove the temporary files that snapshots of a killed run with this prefix left."""
+        self.hold_prefix()           # before touching the prefix's files, as before writing them
         for path in remove_stale_temporaries(self.param.snapshot_prefix + '_iter_'):
             log.info('Removed %s, left by an interrupted snapshot', path)
 
@@ -441,7 +435,8 @@ class Solver:
 
     # ---- resources ------------------------------------------------------------------------
     def close(self):
-        """Release what the solver holds besides memory (a data-parallel one: threads)."""
+        """Release what the solver holds besides memory (the prefix; threads, if parallel)."""
+        self.prefix_lock.release()
 
     def __enter__(self):
         return self
