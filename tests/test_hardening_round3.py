@@ -8,11 +8,11 @@ import select
 import signal
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 import pytest
+import watchdog
 from fuzz_harness import Worker, short_folder
 
 import caffe_syncbn as caffe
@@ -46,7 +46,7 @@ def tmp_path():
 
 @pytest.fixture(scope='module')
 def worker():
-    worker = Worker(timeout=TIMEOUT)
+    worker = Worker(limit=TIMEOUT)
     yield worker
     worker.close()
 
@@ -180,8 +180,8 @@ def test_deploy_shapes_do_not_follow_a_link_to_a_fifo(tmp_path):
               'from caffe_syncbn.netparam.upgrade import load_net_param\n'
               'net = swap_data_layers_for_inputs(load_net_param(sys.argv[1]))\n'
               'print([list(s.dim) for s in net.layer[0].input_param.shape])\n')
-    done = subprocess.run([sys.executable, '-c', script, case[1]['model']], capture_output=True,
-                          text=True, timeout=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    done = watchdog.run([sys.executable, '-c', script, case[1]['model']], capture_output=True,
+                          text=True, limit=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == '[[2, 1], [2]]'
 
@@ -212,19 +212,20 @@ class Holder:
         self.process = subprocess.Popen([sys.executable, '-c', HOLDER], cwd=folder, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        deadline = time.monotonic() + TIMEOUT
-        while not select.select([self.process.stdout], [], [], 1.0)[0]:
-            assert time.monotonic() < deadline and self.process.poll() is None, 'no solver'
-        assert self.process.stdout.readline() == 'ready\n'
+        watchdog.wait_until(lambda: select.select([self.process.stdout], [], [], 0)[0] or
+                            self.process.poll() is not None, 'the holding solver',
+                            limit=TIMEOUT, cpu=lambda: watchdog.tree_cpu(self.process.pid))
+        assert self.process.stdout.readline() == 'ready\n', 'no solver'
         self.pid = self.process.pid
 
     def end(self):
-        self.process.communicate('done\n', timeout=TIMEOUT)
-        assert self.process.returncode == 0
+        self.process.stdin.write('done\n')
+        self.process.stdin.close()
+        assert watchdog.wait(self.process, 'the holding solver', limit=TIMEOUT) == 0
 
     def kill(self):
         self.process.kill()
-        assert self.process.wait(timeout=TIMEOUT) == -signal.SIGKILL
+        assert watchdog.wait(self.process, 'the killed solver') == -signal.SIGKILL
 
 
 def test_a_second_run_on_one_prefix_is_one_line_naming_the_other_process(tmp_path, monkeypatch):
@@ -238,9 +239,9 @@ def test_a_second_run_on_one_prefix_is_one_line_naming_the_other_process(tmp_pat
         names = ('solver.prototxt: ', "snapshot prefix 'snap/run'", 'process %d' % holder.pid,
                  "'%s'" % (tmp_path / 'snap' / 'run.lock'))
         one_line(error_of(get_solver, 'solver.prototxt'), *names)
-        done = subprocess.run([sys.executable, '-m', 'caffe_syncbn', 'train', '-solver',
+        done = watchdog.run([sys.executable, '-m', 'caffe_syncbn', 'train', '-solver',
                                'solver.prototxt'], capture_output=True, text=True,
-                              timeout=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                              limit=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         assert done.returncode == 1
         lines = [line for line in done.stderr.splitlines() if line.startswith('error: ')]
         assert lines == [done.stderr.strip().splitlines()[-1]], done.stderr
@@ -320,9 +321,9 @@ def test_a_real_address_space_limit_still_counts(monkeypatch):
 def test_a_net_builds_under_ulimit_v_above_2_to_the_63(tmp_path):
     (tmp_path / 'net.prototxt').write_text(NET)
     script = 'import caffe_syncbn as caffe; caffe.Net("net.prototxt", caffe.TEST); print("built")'
-    done = subprocess.run(['bash', '-c', 'ulimit -v 18014398509481983 && "$0" -c "$1"',
+    done = watchdog.run(['bash', '-c', 'ulimit -v 18014398509481983 && "$0" -c "$1"',
                            sys.executable, script], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          limit=TIMEOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0 and done.stdout.strip() == 'built', done.stderr[-2000:]
 
 
