@@ -26,7 +26,7 @@ import collections
 
 import numpy as np
 
-from .blob import address_of, storage_of
+from .blob import address_of, out_of_memory, storage_of
 
 #: the memory plans a Net takes: 'off' keeps every blob (pycaffe's Net); 'share' shares
 #: the blobs of a net that runs forward only, and the diffs of one that runs backward;
@@ -73,7 +73,12 @@ class MemoryPlan:
     def apply(self, xp):
         """Give every group's owner a view of its block, as its data or its diff (the
         layers' reshape makes the aliases' views again); returns the arena's bytes."""
-        self.arena = new_buffer(xp, _place(self.groups))
+        nbytes = _place(self.groups)
+        try:
+            self.arena = new_buffer(xp, nbytes)
+        except MemoryError:
+            raise out_of_memory("the arena of the net's memory plan (the storage its blobs "
+                                'share)', nbytes, on_host=xp is np) from None
         for group in self.groups:
             owner = group.owner
             block = self.arena[group.offset:group.offset + group.nbytes]

@@ -11,7 +11,7 @@ import numpy as np
 from . import layers  # noqa: F401  (importing the package registers the built-in layer types)
 from . import caffe_pb2
 from .backend import mode_array_module, to_numpy
-from .blob import Blob, format_bytes, memory_limit, storage_of
+from .blob import Blob, format_bytes, memory_limit, out_of_memory_text, storage_of
 from .errors import CaffeError, layer_error, name_list, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
 from .memory_plan import MEMORY_PLANS
@@ -119,10 +119,11 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
             try:
                 layer.setup(bottoms, tops)
                 layer.reshape(bottoms, tops)
-            except CaffeError as exc:
-                if exc.layer is not None:
+            except (CaffeError, MemoryError) as exc:
+                if getattr(exc, 'layer', None) is not None:
                     raise
-                raise layer_error(lp, str(exc)) from None
+                raise layer_error(lp, out_of_memory_text(exc) if isinstance(exc, MemoryError)
+                                  else str(exc)) from None
             for blob in tops + layer.blobs:      # views (Split, Reshape tops) count once
                 owner = storage_of(blob.data)
                 if id(owner) not in sized:
@@ -276,10 +277,13 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
             if i in self._absorbed:
                 continue                       # its head ran it
             layer, bottoms, tops = self.layers[i], self._bottoms[i], self._tops[i]
-            layer.reshape(bottoms, tops)
-            for k in self._chains[i]:
-                self.layers[k].reshape(self._bottoms[k], self._tops[k])
-            layer.forward(bottoms, tops)
+            try:
+                layer.reshape(bottoms, tops)
+                for k in self._chains[i]:
+                    self.layers[k].reshape(self._bottoms[k], self._tops[k])
+                layer.forward(bottoms, tops)
+            except MemoryError as exc:
+                raise layer.error('forward: %s' % out_of_memory_text(exc)) from None
             for blob, w in zip(tops, self._loss_weights[i]):
                 if w:
                     loss = loss + w * blob.data.sum().astype(np.float64)
@@ -334,7 +338,10 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
                     if id(blob) in self._recomputers:
                         self._recomputers[id(blob)].recompute(blob)
             if self._layer_need_backward[i]:
-                self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
+                try:
+                    self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
+                except MemoryError as exc:
+                    raise self.layers[i].error('backward: %s' % out_of_memory_text(exc)) from None
             if after_layer is not None:
                 after_layer(i)
 

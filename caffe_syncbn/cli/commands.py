@@ -22,6 +22,7 @@ import traceback
 
 from .. import TEST, TRAIN, Net, __version__, caffe_pb2
 from ..backend import to_numpy
+from ..blob import out_of_memory_text
 from ..comm.mpi import ending_job_on_error, job_link
 from ..errors import CaffeError
 from ..formats.regular import require_regular
@@ -189,6 +190,8 @@ def _report(link, exc):
     """The error line the command prints (as run_main does), naming the rank."""
     if isinstance(exc, (CaffeError, FileNotFoundError)):
         text = 'error: %s' % exc
+    elif isinstance(exc, MemoryError):
+        text = 'error: %s' % out_of_memory_text(exc)
     elif isinstance(exc, KeyboardInterrupt):
         text = 'interrupted'
     else:
@@ -368,7 +371,10 @@ def main(argv=None):
         return convert(argv)
     args = parse(command, argv)
     setup_logging(getattr(args, 'log_file', None))
-    return _RUN[command](args)
+    try:
+        return _RUN[command](args)
+    except MemoryError as exc:       # where no layer or thread pool named it: one line still
+        raise CaffeError(out_of_memory_text(exc)) from None
 
 
 def usage():

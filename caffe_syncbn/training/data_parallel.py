@@ -18,6 +18,7 @@ one run (comm/mpi.py): process 0 logs, tests and snapshots; the others log only 
 and errors. A solver holds threads: ``close()`` it, use it in a ``with``, or drop it (the
 threads end when it is collected).
 """
+import functools
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import weakref
 import numpy as np
 
 from .. import caffe_pb2
-from ..backend import to_numpy
+from ..backend import cpu_threads, to_numpy
 from ..comm.mpi import job_link
 from ..convert import to_syncbn
 from ..errors import CaffeError
@@ -147,6 +148,14 @@ class DataParallelSolver(Solver):
         log_batches(readers, replication.input_layers, replication, self.param.iter_size)
         replication.start_pipeline(seed, per_replica=not self.strategy.lockstep)
         return self.strategy.train_net(lambda: self._alone(net_param, phase), root)
+
+    def prepare_blas(self):
+        """The BLAS's buffers for every replica's thread (cpu_threads.start)."""
+        if self.devices[0].kind == 'cpu':
+            cpu_threads.start([functools.partial(self.pool.submit, rank)
+                               for rank in range(len(self.devices))])
+        else:
+            cpu_threads.start()
 
     def on_net_device(self, fn):
         """``fn()`` in replica 0's thread: its device current, its stream, and its queued

@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from .. import caffe_pb2
-from ..backend import get_array_module, to_numpy
+from ..backend import cpu_threads, get_array_module, to_numpy
 from ..errors import CaffeError, naming, quote
 from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
@@ -82,6 +82,7 @@ class Solver:
             self.check_snapshot_prefix()
         if p.random_seed >= 0:
             set_random_seed(p.random_seed)
+        cpu_threads.threads()        # the pool's threads start: a refused one is the first error
         if net is None:
             net = self._create_solver_net(train_net_param(p, self.source))
         self.net = net
@@ -121,6 +122,7 @@ class Solver:
         self.data_sources = {}
         #: (on_start, on_gradients_ready) pairs, run around each iteration's passes
         self.callbacks = []
+        self.prepare_blas()
 
     def _create_solver_net(self, solver_net):
         """A net the solver names; its errors name its file (and line) or the solver file."""
@@ -138,6 +140,12 @@ class Solver:
 
     def make_snapshot_layout(self):
         return NetLayout(self.net)
+
+    def prepare_blas(self):
+        """Under a memory limit, have the BLAS map its buffers now, once the nets are built,
+        or say in one error that there is no room for them (cpu_threads.start): before the
+        first iteration, where OpenBLAS's C code would end the process."""
+        cpu_threads.start()
 
     def on_net_device(self, fn):
         """``fn()`` where the solver's net works: here, in the caller's thread. (A
