@@ -8,10 +8,13 @@ import threading
 
 import numpy as np
 import pytest
+from test_data_parallel import batches, solver_param
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
+from caffe_syncbn.backend import to_numpy
 from caffe_syncbn.netparam.prototxt import parse_text
+from caffe_syncbn.training.solvers import get_solver
 
 BOUND = 300          # seconds: only a hang reaches it
 
@@ -46,6 +49,49 @@ class HeldCall:
         self.release.set()
         self.thread.join(BOUND)
         assert not self.thread.is_alive()
+
+
+def test_step_from_a_second_thread_is_one_error_and_the_replicas_stay_equal():
+    data = batches(6)
+    with get_solver(solver_param('BatchNorm'), devices='cpu:4') as solver:
+        fed = iter(range(100))
+        held = HeldCall(lambda: solver.step(3))
+
+        def source():
+            held.hold()
+            return data[next(fed) % len(data)]
+        solver.set_data_source(source)
+        with held:
+            with pytest.raises(caffe.CaffeError) as info:
+                solver.step(3)
+        assert held.error is None
+        message = str(info.value)
+        assert message == ("the solver: step() in thread 'MainThread' while thread "
+                           "'first-caller' is in step(): a solver takes one step at a time (its "
+                           'replicas take every step together); call it from one thread'), message
+        assert solver.iter == 3
+        solver.step(1)                       # the guard is free again
+        assert solver.iter == 4
+        learned = [i for i, lr in enumerate(solver.net.params_lr) if lr]   # not statistics
+        for replica in solver.replicas[1:]:
+            for i in learned:
+                np.testing.assert_array_equal(to_numpy(replica.learnable_params[i].data),
+                                              to_numpy(solver.net.learnable_params[i].data))
+
+
+def test_snapshot_from_a_second_thread_during_a_step_is_one_error(tmp_path):
+    param = solver_param('BatchNorm')
+    param.snapshot_prefix = str(tmp_path / 'snap')
+    solver = caffe.get_solver(param)
+    data = batches(2)
+    held = HeldCall(lambda: solver.step(1))
+    solver.set_data_source(lambda: (held.hold(), data[0])[1])
+    with held:
+        with pytest.raises(caffe.CaffeError, match=r"the solver: snapshot\(\) in thread "
+                                                   r"'MainThread' while thread 'first-caller' "
+                                                   r'is in step\(\)'):
+            solver.snapshot()
+    assert held.error is None and not list(tmp_path.iterdir())
 
 
 class HoldingLayer(caffe.Layer):

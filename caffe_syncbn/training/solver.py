@@ -18,11 +18,13 @@ replicas. A strategy has three methods, and uses the solver's public ones only:
 """
 import logging
 import os
+import time
 
 import numpy as np
 
 from .. import caffe_pb2
-from ..backend import cpu_threads, get_array_module, to_numpy
+from ..backend import cpu_threads, get_array_module
+from ..backend.one_caller import OneCaller, one_at_a_time
 from ..errors import CaffeError, naming, quote
 from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
@@ -37,12 +39,18 @@ from .lr_policy import LearningRatePolicy
 from .one_net import OneNet
 from .rules import ParamUpdate, rule_class
 from .snapshot_layout import NetLayout, snapshot_names, snapshot_prefix_problem
-from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param
+from .scoring import Scoring
+from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param, effect_text
 
 log = logging.getLogger('caffe_syncbn')
+#: what ``action_request`` may ask for between iterations: a snapshot, a stop, or both
+ACTIONS = ('snapshot', 'stop', 'snapshot_stop')
+#: what a second thread that calls a busy solver is told (backend/one_caller.py)
+STEPS_ONE_AT_A_TIME = ('a solver takes one step at a time (its replicas take every step '
+                       'together); call it from one thread')
 
 
-class Solver:
+class Solver(Scoring):
     """Caffe's solver. ``Solver(solver_prototxt_or_SolverParameter, net=None)``.
 
     The update rule comes from the class (``AdamSolver``) or, for ``Solver`` itself,
@@ -58,6 +66,7 @@ class Solver:
     def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None,
                  memory_plan=None):
         log_to_stderr_unless_configured()
+        self._one_caller = OneCaller('the solver', STEPS_ONE_AT_A_TIME)
         self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
             self.param = upgrade_solver_param(copy_message(solver))
@@ -107,13 +116,19 @@ class Solver:
         self.rule = self.updater.rule
         #: Caffe's root_solver(): only the root logs, tests and snapshots
         self.is_root = True
-        #: called after every iteration and test batch: returns None, 'stop' or 'snapshot'
+        #: called after every iteration and test batch: returns None or one of ACTIONS
         self.action_request = None
-        #: what the first non-finite loss or gradient does besides a warning: 'none' (train
-        #: on, as Caffe), 'snapshot' (the weights before that update), 'stop' (end before it)
+        #: what the first value that is not finite (loss, gradient, param, statistic) does
+        #: besides a warning: 'none' (train on, as Caffe), 'snapshot' (the weights before
+        #: that update), 'stop' (end before it)
         self.nan_effect = 'none'
         self._non_finite = FirstNonFinite()
         self.requested_early_exit = False
+        #: whether the run stopped at a value that was not finite (nan_effect 'stop')
+        self.stopped_on_non_finite = False
+        self._snapshot_iter = None       # the iteration this step last snapshotted
+        #: the seconds the last snapshot took to write, or None
+        self.last_snapshot_seconds = None
         self.smoothed_loss = 0.0
         #: the learning rate of the last update
         self.last_rate = None
@@ -256,13 +271,14 @@ class Solver:
                      'factor %g', *clipped)
 
     # ---- the loop -----------------------------------------------------------------------------
+    @one_at_a_time('step')
     def step(self, iters):
         """Run ``iters`` iterations (fewer when a stop is requested)."""
         if self.nan_effect not in NAN_EFFECTS:
             raise CaffeError("nan_effect is %r; expected 'none', 'snapshot' or 'stop'"
                              % self.nan_effect)
         start_iter, stop_iter = self.iter, self.iter + int(iters)
-        self._losses, self.smoothed_loss = [], 0.0
+        self._losses, self.smoothed_loss, self._snapshot_iter = [], 0.0, None
         p = self.param
         while self.iter < stop_iter:
             if p.test_interval and self.iter % p.test_interval == 0 \
@@ -280,26 +296,28 @@ class Solver:
                 log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
                 self.log_outputs(self.net, 'Train')
             effect = self._non_finite_effect(loss, unlearned)
-            if effect == 'snapshot':
+            if effect == 'snapshot' and not self._non_finite.spoiled_weights:
                 self.snapshot()
             elif effect == 'stop':
-                self.requested_early_exit = True
+                self.requested_early_exit = self.stopped_on_non_finite = True
                 break
             self.apply_update()
             self.iter += 1
             request = self.requested_action()
-            if (p.snapshot and self.iter % p.snapshot == 0 and self.is_root) or request == 'snapshot':
+            if (p.snapshot and self.iter % p.snapshot == 0 and self.is_root) or \
+                    request in ('snapshot', 'snapshot_stop'):
                 self.snapshot()
-            if request == 'stop':
+            if request in ('stop', 'snapshot_stop'):
                 self.requested_early_exit = True
                 break
 
+    @one_at_a_time('solve')
     def solve(self, resume_file=None):
         """Train to max_iter (resuming from a solverstate if given), as ``caffe train`` does."""
         p = self.param
         log.info('Solving %s', self.net.name)
         log.info('Learning Rate Policy: %s', p.lr_policy)
-        self.requested_early_exit = False
+        self.requested_early_exit = self.stopped_on_non_finite = False
         if self.is_root:
             self.remove_stale_snapshot_files()
         if resume_file:
@@ -307,7 +325,8 @@ class Solver:
             self.restore(resume_file)
         start_iter = self.iter
         self.step(p.max_iter - self.iter)
-        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0) and \
+                self._snapshot_iter != self.iter and not self._non_finite.spoiled_weights:
             self.snapshot()
         if self.requested_early_exit:
             log.info('Optimization stopped early.')
@@ -319,25 +338,15 @@ class Solver:
             self.test_all()
         log.info('Optimization Done.')
 
-    def _update_smoothed_loss(self, loss, start_iter):
-        d = self.dtype.type
-        average, loss = self.param.average_loss, d(loss)
-        if len(self._losses) < average:
-            self._losses.append(loss)
-            n = len(self._losses)
-            self.smoothed_loss = float((d(self.smoothed_loss) * d(n - 1) + loss) / d(n))
-        else:
-            slot = (self.iter - start_iter) % average
-            self.smoothed_loss = float(d(self.smoothed_loss) + (loss - self._losses[slot]) / d(average))
-            self._losses[slot] = loss
-
     def _non_finite_effect(self, loss, unlearned):
-        """At the first non-finite loss or gradient: a warning, and ``nan_effect``."""
-        what = self._non_finite.check(loss, self.net, unlearned) if self.is_root else None
-        if what is None:
+        """At the first value that is not finite: a warning, and ``nan_effect``."""
+        found = self._non_finite.check(loss, self.net, unlearned, self.nan_effect) \
+            if self.is_root else None
+        if found is None:
             return None
-        log.warning('Iteration %d: %s is not finite (first time); %s', self.iter, what,
-                    NAN_EFFECTS[self.nan_effect])
+        log.warning('Iteration %d: %s %s not finite (first time); %s', self.iter, found.what,
+                    'are' if found.what.startswith(('the weights', 'the running')) else 'is',
+                    effect_text(found, self.nan_effect))
         return self.nan_effect
 
     def requested_action(self):
@@ -345,66 +354,10 @@ class Solver:
         if self.action_request is None:
             return None
         action = self.action_request()
-        if action not in (None, 'none', 'stop', 'snapshot'):
-            raise CaffeError("action_request returned %r; expected None, 'stop' or 'snapshot'" % action)
+        if action not in (None, 'none') + ACTIONS:
+            raise CaffeError('action_request returned %r; expected None or one of %s'
+                             % (action, ', '.join(map(repr, ACTIONS))))
         return None if action == 'none' else action
-
-    def log_outputs(self, net, which, values=None):
-        """Caffe's '    Train net output #k: name = v (* w = w*v loss)' lines."""
-        d = self.dtype.type
-        index = 0
-        for name in net.outputs:
-            weight = net.output_blob_loss_weights.get(name, 0)
-            data = values[name] if values is not None else to_numpy(net.blobs[name].data)
-            for value in np.asarray(data, self.dtype).ravel():
-                extra = ' (* %g = %g loss)' % (weight, d(weight) * value) if weight else ''
-                log.info('    %s net output #%d: %s = %g%s', which, index, name, value, extra)
-                index += 1
-
-    # ---- testing ------------------------------------------------------------------------------
-    def test_all(self):
-        """Run every test net; returns one {output name: mean value} per test net."""
-        results = []
-        for i in range(len(self.test_nets)):
-            if self.requested_early_exit:
-                break
-            results.append(self.test(i))
-        return results
-
-    def test(self, test_net_id=0):
-        log.info('Iteration %d, Testing net (#%d)', self.iter, test_net_id)
-        net = self.test_nets[test_net_id]
-        net.share_weights_with(self.net)
-        iters = self.param.test_iter[test_net_id]
-        d = self.dtype.type
-        sums, loss = None, d(0)
-        for _ in range(iters):
-            request = self.requested_action()
-            while request is not None:
-                if request == 'snapshot':
-                    self.snapshot()
-                else:
-                    self.requested_early_exit = True
-                request = self.requested_action()
-            if self.requested_early_exit:
-                log.info('Test interrupted.')
-                return None
-            batch_loss, outputs = self.on_net_device(lambda: self._test_batch(net, test_net_id))
-            if self.param.test_compute_loss:
-                loss += d(batch_loss)
-            sums = outputs if sums is None else {k: sums[k] + v for k, v in outputs.items()}
-        if self.param.test_compute_loss:
-            log.info('Test loss: %g', loss / d(max(iters, 1)))
-        means = {k: v / d(iters) for k, v in (sums or {}).items()}
-        self.log_outputs(net, 'Test', means)
-        return {k: (v.item() if v.size == 1 else v) for k, v in means.items()}
-
-    def _test_batch(self, net, test_net_id):
-        """One batch of a test net: its loss and {output name: host array}."""
-        self.feed(net, test_net_id)
-        loss = net.forward_prefilled()
-        return loss, {name: to_numpy(net.blobs[name].data).astype(self.dtype)
-                      for name in net.outputs}
 
     # ---- snapshots ----------------------------------------------------------------------------
     def check_snapshot_prefix(self):
@@ -417,9 +370,11 @@ class Solver:
         """Why no snapshot can be written at the prefix, or None."""
         return snapshot_prefix_problem(self.param.snapshot_prefix)
 
+    @one_at_a_time('snapshot')
     def snapshot(self):
         """Write the weights and the solver state; returns their two file names. A failed
         write is a CaffeError naming the file that failed."""
+        self._snapshot_iter, start = self.iter, time.perf_counter()
         hdf5 = self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
         model, state = snapshot_names(self.param.snapshot_prefix, self.iter, hdf5)
         self.remove_stale_snapshot_files()
@@ -429,6 +384,7 @@ class Solver:
         log.info('Snapshotting solver state to %s file %s', kind, state)
         self.snapshot_layout.write_solver_state(state, self.iter, model, self.current_step,
                                                 self.rule.history)
+        self.last_snapshot_seconds = time.perf_counter() - start
         return model, state
 
     def remove_stale_snapshot_files(self):
@@ -436,6 +392,7 @@ class Solver:
         for path in remove_stale_temporaries(self.param.snapshot_prefix + '_iter_'):
             log.info('Removed %s, left by an interrupted snapshot', path)
 
+    @one_at_a_time('restore')
     def restore(self, path):
         """Continue from a ``.solverstate`` / ``.solverstate.h5`` (Caffe's or ours)."""
         path = os.fspath(path)
