@@ -344,8 +344,7 @@ class Solver(Scoring):
             if self.is_root else None
         if found is None:
             return None
-        log.warning('Iteration %d: %s %s not finite (first time); %s', self.iter, found.what,
-                    'are' if found.what.startswith(('the weights', 'the running')) else 'is',
+        log.warning('Iteration %d: %s (first time); %s', self.iter, found,
                     effect_text(found, self.nan_effect))
         return self.nan_effect
 

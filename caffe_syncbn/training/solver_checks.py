@@ -33,11 +33,15 @@ WATCHED = (('weights', True, 'data'), ('gradient', True, 'diff'), ('statistics',
 
 
 class Finding:
-    """A value that is not finite: ``what`` names it for the log; ``in_weights``: a learned
-    param, which the last update spoiled, so that no weights from before it are left."""
+    """A value that is not finite: ``what`` names it for the log (``plural`` for the verb);
+    ``in_weights``: a learned param, which the last update spoiled, so that no weights from
+    before it are left."""
 
-    def __init__(self, what, in_weights=False):
-        self.what, self.in_weights = what, in_weights
+    def __init__(self, what, in_weights=False, plural=False):
+        self.what, self.in_weights, self.plural = what, in_weights, plural
+
+    def __str__(self):
+        return '%s %s not finite' % (self.what, 'are' if self.plural else 'is')
 
 
 def non_finite(loss, net):
@@ -57,15 +61,14 @@ def non_finite(loss, net):
     found = [_locate(net, kind, learned, field) if not np.isfinite(total) else None
              for (kind, learned, field), total in zip(WATCHED, totals)]
     if found[0] is not None:
-        return Finding(found[0], in_weights=True)
+        return found[0]
     if not np.isfinite(loss):
         return Finding('the loss (%g)' % loss)
-    what = found[1] or found[2]
-    return Finding(what) if what is not None else None
+    return found[1] or found[2]
 
 
 def _locate(net, kind, learned, field):
-    """The name of the first param of ``kind`` whose ``field`` is not finite, or None."""
+    """The Finding of the first param of ``kind`` whose ``field`` is not finite, or None."""
     lr_of = {id(blob): lr for blob, lr in zip(net.learnable_params, net.params_lr)}
     for name, params in net.params.items():
         for j, blob in enumerate(params):
@@ -75,11 +78,13 @@ def _locate(net, kind, learned, field):
             if bool(blob.xp.isfinite(getattr(blob, field)).all()):
                 continue
             if kind != 'statistics':
-                return "the %s of layer '%s' (param %d)" % (kind, name, j)
+                return Finding("the %s of layer '%s' (param %d)" % (kind, name, j),
+                               in_weights=kind == 'weights', plural=kind == 'weights')
             fixed = net.layer_by_name[name].fixed_param_mults(j)
-            return ("the running statistics of layer '%s' (param %d)" % (name, j)
-                    if fixed is not None and fixed[0] == 0 else
-                    "the frozen param %d of layer '%s' (lr_mult 0)" % (j, name))
+            if fixed is not None and fixed[0] == 0:
+                return Finding("the running statistics of layer '%s' (param %d)" % (name, j),
+                               plural=True)
+            return Finding("the frozen param %d of layer '%s' (lr_mult 0)" % (j, name))
     return None
 
 
