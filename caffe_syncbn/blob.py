@@ -86,13 +86,49 @@ def format_bytes(count):
     return '%d bytes' % count
 
 
+class OutOfMemory(CaffeError, MemoryError):
+    """An allocation the process could not make, named with its bytes (``out_of_memory``):
+    a CaffeError, one line, and a MemoryError, which the Net turns into one naming the
+    layer that asked."""
+
+
+def out_of_memory(what, nbytes, on_host=True):
+    """The OutOfMemory of ``what`` (a blob of shape [..], the arena of a memory plan, ...),
+    which asked for ``nbytes``; in host memory, with the process's limit where it has one."""
+    return OutOfMemory('out of memory: %s needs %s%s' % (
+        what, format_bytes(nbytes), _limit_note() if on_host else ' on the device'))
+
+
+def out_of_memory_text(exc):
+    """What a MemoryError says: ours as it is; numpy's with the shape and bytes it asked
+    for; another's (a library that ran out) with its own words."""
+    if isinstance(exc, OutOfMemory):
+        return str(exc)
+    if hasattr(exc, '_total_size'):      # numpy's _ArrayMemoryError
+        return str(out_of_memory('an array of shape %s (%s)' % (list(exc.shape), exc.dtype),
+                                 exc._total_size))
+    return 'out of memory%s' % (' (%s)' % exc if str(exc) else '')
+
+
+def _limit_note():
+    """Where the process has an address-space or data limit, which it is."""
+    for kind, name in ((resource.RLIMIT_AS, 'address space (ulimit -v)'),
+                       (resource.RLIMIT_DATA, 'data (ulimit -d)')):
+        soft = resource.getrlimit(kind)[0]
+        if soft != resource.RLIM_INFINITY:
+            return '; the process may take %s of %s' % (format_bytes(soft), name)
+    return ''
+
+
 def _zeros(xp, shape, dtype):
+    what = 'a blob of shape %s' % list(shape)
     try:
         return xp.zeros(shape, dtype)
-    except (MemoryError, ValueError) as exc:       # ValueError: numpy's "array is too big"
-        reason = 'out of memory' if isinstance(exc, MemoryError) else str(exc).split(';')[0]
-        raise CaffeError('cannot allocate %s for a blob of shape %s: %s'
-                         % (format_bytes(data_bytes(shape, dtype)), list(shape), reason)) from None
+    except MemoryError:
+        raise out_of_memory(what, data_bytes(shape, dtype), on_host=xp is np) from None
+    except ValueError as exc:            # numpy's "array is too big"
+        raise CaffeError('cannot allocate %s for %s: %s' % (
+            format_bytes(data_bytes(shape, dtype)), what, str(exc).split(';')[0])) from None
 
 
 class Blob:

@@ -26,7 +26,8 @@ import collections
 
 import numpy as np
 
-from .blob import address_of, storage_of
+from .blob import address_of, out_of_memory, storage_of
+from .errors import CaffeError, quote
 
 #: the memory plans a Net takes: 'off' keeps every blob (pycaffe's Net); 'share' shares
 #: the blobs of a net that runs forward only, and the diffs of one that runs backward;
@@ -35,6 +36,18 @@ from .blob import address_of, storage_of
 #: whose layers write again in the backward the tops they can (Layer.recomputable,
 #: Layer.rerunnable); 'auto' is the Net's choice between the last two (AUTO_SAVING)
 MEMORY_PLANS = ('off', 'share', 'inplace_abn', 'recompute', 'auto')
+
+
+
+def solver_plan(given, in_file, source):
+    """The plan of a solver's nets: ``given`` by its caller, else the one its file names
+    (``in_file``), else 'off', pycaffe's; a CaffeError naming whoever asked for another."""
+    plan = given or in_file or 'off'
+    if plan not in MEMORY_PLANS:
+        raise CaffeError('%smemory_plan %s: expected one of %s' % (
+            '' if given else source + ': ', quote(plan), ', '.join(MEMORY_PLANS)))
+    return plan
+
 
 #: 'auto' takes 'recompute' where its arena comes to at most this fraction of
 #: 'inplace_abn''s: each recomputed top costs one more pass, which a small saving does
@@ -73,7 +86,12 @@ class MemoryPlan:
     def apply(self, xp):
         """Give every group's owner a view of its block, as its data or its diff (the
         layers' reshape makes the aliases' views again); returns the arena's bytes."""
-        self.arena = new_buffer(xp, _place(self.groups))
+        nbytes = _place(self.groups)
+        try:
+            self.arena = new_buffer(xp, nbytes)
+        except MemoryError:
+            raise out_of_memory("the arena of the net's memory plan (the storage its blobs "
+                                'share)', nbytes, on_host=xp is np) from None
         for group in self.groups:
             owner = group.owner
             block = self.arena[group.offset:group.offset + group.nbytes]

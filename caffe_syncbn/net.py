@@ -11,7 +11,8 @@ import numpy as np
 from . import layers  # noqa: F401  (importing the package registers the built-in layer types)
 from . import caffe_pb2
 from .backend import mode_array_module, to_numpy
-from .blob import Blob, format_bytes, memory_limit, storage_of
+from .backend.one_caller import OneCaller, one_at_a_time
+from .blob import Blob, format_bytes, memory_limit, out_of_memory_text, storage_of
 from .errors import CaffeError, layer_error, name_list, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
 from .memory_plan import MEMORY_PLANS
@@ -25,6 +26,9 @@ from .weights.copy import copy_weights
 from .weights.save import net_to_proto, write_caffemodel, write_hdf5
 
 log = logging.getLogger('caffe_syncbn')
+#: what a second thread that runs a pass on a busy Net is told (backend/one_caller.py)
+PASSES_ONE_AT_A_TIME = ('a Net runs one pass at a time, its blobs holding one batch, as in Caffe; '
+                        'give each thread a Net of its own, sharing the weights (share_with)')
 
 
 class Net(BatchedCalls, WeightSharing, PlannedMemory):
@@ -55,6 +59,7 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
         param = load_net_param(model)
         self.net_param = insert_splits(filter_net(param, net_state(param, phase, level, stages)))
         self.name = param.name
+        self._one_caller = OneCaller("net '%s'" % self.name, PASSES_ONE_AT_A_TIME)
         if memory_plan not in MEMORY_PLANS:
             raise CaffeError('memory_plan %s: expected one of %s'
                              % (quote(memory_plan), ', '.join(MEMORY_PLANS)))
@@ -119,10 +124,11 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
             try:
                 layer.setup(bottoms, tops)
                 layer.reshape(bottoms, tops)
-            except CaffeError as exc:
-                if exc.layer is not None:
+            except (CaffeError, MemoryError) as exc:
+                if getattr(exc, 'layer', None) is not None:
                     raise
-                raise layer_error(lp, str(exc)) from None
+                raise layer_error(lp, out_of_memory_text(exc) if isinstance(exc, MemoryError)
+                                  else str(exc)) from None
             for blob in tops + layer.blobs:      # views (Split, Reshape tops) count once
                 owner = storage_of(blob.data)
                 if id(owner) not in sized:
@@ -256,6 +262,7 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
             raise CaffeError("no layer named '%s' in net '%s'" % (name, self.name))
         return self._layer_names.index(name)
 
+    @one_at_a_time('forward')
     def forward_prefilled(self, start=0, end=None):
         """Run layers start..end (inclusive) on the blobs as they are; return the loss."""
         return self.read_pass(self._forward(start, end))
@@ -276,10 +283,13 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
             if i in self._absorbed:
                 continue                       # its head ran it
             layer, bottoms, tops = self.layers[i], self._bottoms[i], self._tops[i]
-            layer.reshape(bottoms, tops)
-            for k in self._chains[i]:
-                self.layers[k].reshape(self._bottoms[k], self._tops[k])
-            layer.forward(bottoms, tops)
+            try:
+                layer.reshape(bottoms, tops)
+                for k in self._chains[i]:
+                    self.layers[k].reshape(self._bottoms[k], self._tops[k])
+                layer.forward(bottoms, tops)
+            except MemoryError as exc:
+                raise layer.error('forward: %s' % out_of_memory_text(exc)) from None
             for blob, w in zip(tops, self._loss_weights[i]):
                 if w:
                     loss = loss + w * blob.data.sum().astype(np.float64)
@@ -313,6 +323,7 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
                 raise layer.error(message())
         return float(values[0])
 
+    @one_at_a_time('backward')
     def backward_from(self, start=None, end=0, after_layer=None):
         """Run backward for layers start down to end (inclusive); ``after_layer(i)`` is called
         once layer i is through (run or skipped), e.g. to start reducing its gradients."""
@@ -334,10 +345,14 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
                     if id(blob) in self._recomputers:
                         self._recomputers[id(blob)].recompute(blob)
             if self._layer_need_backward[i]:
-                self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
+                try:
+                    self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
+                except MemoryError as exc:
+                    raise self.layers[i].error('backward: %s' % out_of_memory_text(exc)) from None
             if after_layer is not None:
                 after_layer(i)
 
+    @one_at_a_time('forward')
     def forward(self, blobs=None, start=None, end=None, **inputs):
         """pycaffe's forward: set inputs by keyword, run, return {output name: array}."""
         for name, value in inputs.items():
@@ -355,6 +370,7 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
         names = self.outputs if end is None else self.top_names[self._layer_names[end_i]]
         return {name: self.blobs[name].data for name in list(names) + list(blobs or [])}
 
+    @one_at_a_time('backward')
     def backward(self, diffs=None, start=None, end=None, **top_diffs):
         """pycaffe's backward: set output diffs by keyword, run, return {input name: diff}."""
         for name, value in top_diffs.items():
@@ -369,6 +385,7 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
         names = self.inputs if end is None else self.bottom_names[self._layer_names[end_i]]
         return {name: self.blobs[name].diff for name in list(names) + list(diffs or [])}
 
+    @one_at_a_time('forward_backward')
     def forward_backward(self, after_layer=None):
         """One forward and backward pass; its loss, read once both are queued."""
         loss = self._forward(0, None)

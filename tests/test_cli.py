@@ -269,14 +269,14 @@ def test_signal_effect_none_ignores_the_signal_as_caffe_does():
     import signal
 
     from caffe_syncbn.cli.commands import SignalRequests
-    requests = SignalRequests('none', 'none')
+    requests = SignalRequests('none', 'none', 'none')
     try:
         os.kill(os.getpid(), signal.SIGHUP)          # would end this process uncaught
         os.kill(os.getpid(), signal.SIGINT)          # would raise KeyboardInterrupt
         assert requests.take() is None
     finally:
         requests.close()
-    requests = SignalRequests('stop', 'snapshot')
+    requests = SignalRequests('stop', 'snapshot', 'snapshot')
     try:
         os.kill(os.getpid(), signal.SIGHUP)
         assert requests.take() == 'snapshot' and requests.take() is None

@@ -164,7 +164,8 @@ def reads_per_iteration(gpu, blocks, devices):
 def test_an_iteration_reads_the_device_once_per_replica_and_pass_whatever_the_depth(gpu):
     """Per replica, one read before the pass (whether each chain may find x_hat from its
     output) and one after it (the loss and the label checks), and one by the solver (the
-    non-finite check of the gradients): 5 for two replicas, with 2 chains or with 6."""
+    non-finite check of the gradients, the params and the running statistics, together): 5 for
+    two replicas, with 2 chains or with 6."""
     assert reads_per_iteration(gpu, 2, 'gpu:0,0') == 5
     assert reads_per_iteration(gpu, 6, 'gpu:0,0') == 5
 

@@ -11,13 +11,24 @@ started: it runs that part itself. So work is at worst as fast as on one core.
 The number of threads is what the BLAS was configured with when first asked
 (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, else the cores), or CAFFE_SYNCBN_THREADS.
 From then on numpy's BLAS is kept at one thread per call.
+
+The pool's threads start when it is made (thread_start.py). OpenBLAS maps a buffer for
+each thread that calls it at once, at the first call that needs it, and its C code ends
+the process when the mapping is refused: under a memory limit, ``start`` has the BLAS
+take its buffers before the nets take the room, or says in one line that it cannot.
 """
+import logging
 import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from ..errors import CaffeError
+from .thread_start import mebibytes, room_left, start_workers
+
+log = logging.getLogger('caffe_syncbn')
 
 #: below this many multiply-adds a GEMM runs whole in the calling thread
 PARALLEL_GEMM_MIN_FLOPS = 1 << 24
@@ -36,7 +47,14 @@ ACCUMULATE_CHUNK_BYTES = 2 << 20
 MEMORY_BOUND_INNER = 16
 ACCUMULATE_CACHED_BYTES = 1 << 19
 
-_state = {'threads': None, 'pool': None, 'blas': None, 'blas_single': False}
+#: OpenBLAS's BUFFER_SIZE on x86-64 and most targets: one buffer per thread calling it at once
+OPENBLAS_BUFFER_BYTES = 32 << 20
+#: the side of the warm-up's GEMMs: large enough to take OpenBLAS's buffer (128 takes it),
+#: and long enough for the calls of several threads to overlap
+WARM_UP_SIDE = 512
+
+_state = {'threads': None, 'pool': None, 'blas': None, 'blas_single': False,
+          'blas_ready': 0}
 _lock = threading.Lock()
 _running_part = threading.local()      # a thread running a part of a split splits no further
 #: each thread's buffers by use, kept between calls: a fresh one of a megabyte or more is
@@ -62,6 +80,7 @@ def threads():
                 blas = _blas_controller()
                 wanted = os.environ.get('CAFFE_SYNCBN_THREADS')
                 _start(max(1, int(wanted) if wanted else blas.num_threads) if blas else 1, blas)
+                _reserve_blas()
     return _state['threads']
 
 
@@ -70,14 +89,93 @@ def set_threads(count):
     with _lock:
         old = _state['pool']
         _start(max(1, int(count)), _state['blas'] or _blas_controller())
+        _reserve_blas()
     if old is not None:
         old.shutdown(wait=False)
 
 
 def _start(count, blas):
+    pool = ThreadPoolExecutor(count - 1, 'caffe_syncbn') if count > 1 else None
+    if pool is not None:
+        try:
+            start_workers(pool, count - 1, 'the host thread pool (CAFFE_SYNCBN_THREADS=%d)'
+                          % count)
+        except CaffeError:
+            pool.shutdown(wait=False)
+            raise
     _state['blas'], _state['blas_single'] = blas, False
-    _state['pool'] = ThreadPoolExecutor(count - 1, 'caffe_syncbn') if count > 1 else None
-    _state['threads'] = count
+    _state['pool'], _state['threads'] = pool, count
+
+
+def start(callers=()):
+    """Start the pool (``threads()``) and, where the process has a memory limit, the BLAS's
+    buffers for every thread that may call it at once: the pool's, and the caller's or,
+    where given, the ``callers``': for each thread that calls ``split`` (a replica's), a
+    function that runs a function in it and returns its Future (DevicePool.submit). A
+    BLAS without room for them is one CaffeError, before the first iteration."""
+    threads()
+    with _lock:
+        _reserve_blas(callers)
+
+
+def _reserve_blas(callers=()):
+    """``start``'s buffers (the pool's and the callers'), with the lock held."""
+    _single_threaded_blas()
+    runners = [_state['pool'].submit] * (_state['threads'] - 1) if _state['pool'] else []
+    runners += list(callers)
+    count = len(runners) + (0 if callers else 1)
+    if count > _state['blas_ready'] and room_left() is not None:
+        _warm_up(runners, count, not callers)
+        _state['blas_ready'] = count
+
+
+def _warm_up(runners, count, in_caller):
+    """A GEMM in ``count`` threads at once (each of ``runners`` runs one, and the caller if
+    ``in_caller``), so that the BLAS maps a buffer for each: it does at a first call that
+    overlaps others. First each thread takes its allocator's arena (glibc maps 64 MiB for a
+    thread's first malloc), then the room left is checked, then the GEMMs run."""
+    square = np.ones((WARM_UP_SIDE, WARM_UP_SIDE), np.float32)
+    ready, go = threading.Barrier(len(runners) + 1), threading.Barrier(count)
+
+    def gemm(first_malloc=True):
+        try:
+            if first_malloc:
+                bytearray(1 << 12)                # above pymalloc's sizes: malloc's arena
+                ready.wait()
+            go.wait()
+        except threading.BrokenBarrierError:   # the room is short: no GEMM
+            return
+        for _ in range(2):
+            np.matmul(square, square)
+    parts = [run(gemm) for run in runners]
+    try:
+        ready.wait()
+        _check_room(count)
+    except BaseException:
+        go.abort()
+        raise
+    if in_caller:
+        gemm(first_malloc=False)
+    for part in parts:
+        part.result()
+
+
+def _check_room(count):
+    """One CaffeError where OpenBLAS would have no room for the buffers of ``count`` threads;
+    else a line saying what the BLAS takes (its last, should OpenBLAS end the process)."""
+    room = room_left()
+    blas = _state['blas']
+    name = 'OpenBLAS %s' % blas.version if getattr(blas, 'internal_api', None) == 'openblas' \
+        else None
+    need = (count - _state['blas_ready']) * OPENBLAS_BUFFER_BYTES
+    if name and need > room[0]:
+        raise CaffeError('%s asks for a buffer of %s in each of the %d threads that call it at '
+                         'once, %s more; the process has %s: raise the limit, or use fewer '
+                         'threads (CAFFE_SYNCBN_THREADS) or devices'
+                         % (name, mebibytes(OPENBLAS_BUFFER_BYTES), count, mebibytes(need),
+                            room[1]))
+    log.info('Starting the BLAS (%s) in %d threads at once under a memory limit: %s',
+             name or 'its buffers', count, room[1])
 
 
 def _single_threaded_blas():

@@ -15,13 +15,13 @@ time_net.py are this command's train, test and time.
 import functools
 import logging
 import os
-import signal
 import sys
 import time
 import traceback
 
 from .. import TEST, TRAIN, Net, __version__, caffe_pb2
 from ..backend import to_numpy
+from ..blob import out_of_memory_text
 from ..comm.mpi import ending_job_on_error, job_link
 from ..errors import CaffeError
 from ..formats.regular import require_regular
@@ -36,6 +36,7 @@ from . import convert as convert_command
 from .common import build_timing_net, progress_bar, run_main
 from .devices import device_query, select_device, train_devices
 from .flags import FlagParser, gpu_ids, non_negative_int, normalize, positive_int, stage_list
+from .signals import SignalRequests, exit_status, log_sigterm
 from .timing import time_net
 
 log = logging.getLogger('caffe_syncbn')
@@ -85,10 +86,11 @@ def _parser(command):
                help='with -async: a replica waits while it is more than K updates ahead of '
                     'the slowest (default: no bound)')
         for name, default in (('sigint_effect', 'stop'), ('sighup_effect', 'snapshot'),
-                              ('nan_effect', 'none')):
-            p.flag(name, choices=EFFECTS, default=default, help='what %s does (default %s)' % (
-                'the first non-finite loss or gradient' if name == 'nan_effect' else
-                'a ' + name.split('_')[0].upper(), default))
+                              ('sigterm_effect', 'snapshot'), ('nan_effect', 'none')):
+            p.flag(name, choices=EFFECTS, default=default, help='what %s does (default %s%s)' % (
+                'the first loss, gradient, param or statistic that is not finite'
+                if name == 'nan_effect' else 'a ' + name.split('_')[0].upper(), default,
+                ': a snapshot, then the run ends' if name == 'sigterm_effect' else ''))
         p.flag('log_file', metavar='FILE', help='also append the log to this file')
     if command in ('test', 'time'):
         default_phase = 'TEST' if command == 'test' else 'TRAIN'
@@ -139,29 +141,6 @@ def parse(command, argv):
 
 
 # ---- train ---------------------------------------------------------------------------------
-class SignalRequests:
-    """Turns SIGINT/SIGHUP into requests the training loop reads between iterations; an
-    effect of ``none`` catches the signal and ignores it, as Caffe does. The previous
-    handlers come back on close."""
-
-    def __init__(self, sigint_effect, sighup_effect):
-        self.pending = None
-        self.effects = {signal.SIGINT: sigint_effect, signal.SIGHUP: sighup_effect}
-        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.effects}
-
-    def _handle(self, signum, frame):
-        if self.effects[signum] != 'none':
-            self.pending = self.effects[signum]
-
-    def take(self):
-        request, self.pending = self.pending, None
-        return request
-
-    def close(self):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-
 def train(args):
     """caffe train; under mpiexec or srun, this process's part of one run (training/data_parallel.py).
     In a job of several processes, an error ends every process: this one prints it and
@@ -170,10 +149,10 @@ def train(args):
     if link is not None and link.rank > 0:
         _log_as_rank(link.rank)
     with ending_job_on_error(link, functools.partial(_report, link)):
-        _train(args)
+        status = _train(args)
         if link is not None:
             link.close()
-    return 0
+    return status
 
 
 def _log_as_rank(rank):
@@ -191,6 +170,8 @@ def _report(link, exc):
     """The error line the command prints (as run_main does), naming the rank."""
     if isinstance(exc, (CaffeError, FileNotFoundError)):
         text = 'error: %s' % exc
+    elif isinstance(exc, MemoryError):
+        text = 'error: %s' % out_of_memory_text(exc)
     elif isinstance(exc, KeyboardInterrupt):
         text = 'interrupted'
     else:
@@ -231,7 +212,7 @@ def _train(args):
         if args.snapshot:               # before the bar, so that it starts at the restored iter
             log.info('Resuming from %s', args.snapshot)
             solver.restore(args.snapshot)
-        requests = SignalRequests(args.sigint_effect, args.sighup_effect)
+        requests = SignalRequests(args.sigint_effect, args.sighup_effect, args.sigterm_effect)
         log.info('Starting Optimization')
         with progress_bar(solver.param.max_iter, solver.iter) as bar:
             solver.action_request = functools.partial(_advance, solver, requests, bar)
@@ -240,6 +221,7 @@ def _train(args):
         if requests is not None:
             requests.close()
         solver.close()
+    return exit_status(solver, requests)
 
 
 def _advance(solver, requests, bar):
@@ -247,7 +229,10 @@ def _advance(solver, requests, bar):
     if bar is not None and solver.iter > bar.n:
         bar.set_postfix_str('loss %.4g' % solver.smoothed_loss, refresh=False)
         bar.update(solver.iter - bar.n)
-    return requests.take()
+    request = requests.take()
+    if requests.sigterm_taken:
+        log_sigterm(solver, request, time.monotonic() - requests.sigterm_at)
+    return request
 
 
 # ---- test and time ---------------------------------------------------------------------------
@@ -371,7 +356,10 @@ def main(argv=None):
         return convert(argv)
     args = parse(command, argv)
     setup_logging(getattr(args, 'log_file', None))
-    return _RUN[command](args)
+    try:
+        return _RUN[command](args)
+    except MemoryError as exc:       # where no layer or thread pool named it: one line still
+        raise CaffeError(out_of_memory_text(exc)) from None
 
 
 def usage():

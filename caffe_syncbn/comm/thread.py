@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from ..backend.thread_start import start_thread
 from .base import CollectiveMismatch, CommAborted, Communicator, Handle
 
 DEFAULT_TIMEOUT = 300.0
@@ -255,7 +256,7 @@ class _Helper:
     def __init__(self, name):
         self._queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        start_thread(self._thread, "the collectives' helper thread %s" % name)
 
     def submit(self, fn, *args):
         handle = _FutureHandle()

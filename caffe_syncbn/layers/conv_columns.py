@@ -13,6 +13,7 @@ import threading
 import numpy as np
 
 from ..backend import cpu_threads
+from ..blob import out_of_memory
 
 #: col2im adds each kernel offset's column gradients to the block in one contiguous run
 #: where they come as large as the padded input block, zeros past the outputs (a 2-D
@@ -36,12 +37,18 @@ _buffers = threading.local()
 
 
 def scratch(name, shape, dtype):
-    """A buffer of the calling thread for ``name``; it grows to the largest size asked."""
+    """A buffer of the calling thread for ``name``; it grows to the largest size asked
+    (the smaller one goes first, so that both are never held)."""
     pool = _buffers.__dict__.setdefault('pool', {})
     size = int(math.prod(shape))
     buffer = pool.get((name, dtype))
     if buffer is None or buffer.size < size:
-        buffer = pool[(name, dtype)] = np.empty(size, dtype)
+        pool.pop((name, dtype), None)
+        try:
+            buffer = pool[(name, dtype)] = np.empty(size, dtype)
+        except MemoryError:
+            raise out_of_memory("the convolution's buffer of %s %s" % (name, list(shape)),
+                                size * np.dtype(dtype).itemsize) from None
     return buffer[:size].reshape(shape)
 
 

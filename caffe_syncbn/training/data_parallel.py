@@ -18,6 +18,7 @@ one run (comm/mpi.py): process 0 logs, tests and snapshots; the others log only 
 and errors. A solver holds threads: ``close()`` it, use it in a ``with``, or drop it (the
 threads end when it is collected).
 """
+import functools
 import json
 import logging
 import os
@@ -27,7 +28,8 @@ import weakref
 import numpy as np
 
 from .. import caffe_pb2
-from ..backend import to_numpy
+from ..backend import cpu_threads, to_numpy
+from ..backend.one_caller import one_at_a_time
 from ..comm.mpi import job_link
 from ..convert import to_syncbn
 from ..errors import CaffeError
@@ -39,6 +41,7 @@ from .device_names import describe_devices, parse_devices
 from .replicas import Replicas
 from .snapshot_layout import UserLayout
 from .solver import Solver
+from .solver_checks import NAN_EFFECTS
 from .start_log import log_batches, log_built, log_sync_bn
 from .synchronous import Synchronous
 
@@ -148,6 +151,14 @@ class DataParallelSolver(Solver):
         replication.start_pipeline(seed, per_replica=not self.strategy.lockstep)
         return self.strategy.train_net(lambda: self._alone(net_param, phase), root)
 
+    def prepare_blas(self):
+        """The BLAS's buffers for every replica's thread (cpu_threads.start)."""
+        if self.devices[0].kind == 'cpu':
+            cpu_threads.start([functools.partial(self.pool.submit, rank)
+                               for rank in range(len(self.devices))])
+        else:
+            cpu_threads.start()
+
     def on_net_device(self, fn):
         """``fn()`` in replica 0's thread: its device current, its stream, and its queued
         work done when ``fn`` returns (DevicePool)."""
@@ -207,6 +218,7 @@ class DataParallelSolver(Solver):
         super().log_outputs(net, which, values)
 
     # ---- processes -----------------------------------------------------------------------------
+    @one_at_a_time('test_all')
     def test_all(self):
         """Process 0 tests; the others learn whether a stop came during the test."""
         if self.process == 0:
@@ -223,12 +235,32 @@ class DataParallelSolver(Solver):
 
     def requested_action(self):
         """A stop or snapshot request (a signal) of any process holds for all of them: they
-        agree on it between iterations, so they stop at the same one."""
+        agree on it between iterations, so they stop at the same one (after a snapshot,
+        where one process asked for it)."""
         action = super().requested_action()
         if self._testing or self.replication.processes == 1 or not self.strategy.lockstep:
             return action
-        snapshot, stop = self._agree([action == 'snapshot', action == 'stop'])
-        return 'stop' if stop else ('snapshot' if snapshot else None)
+        snapshot, stop = self._agree([action in ('snapshot', 'snapshot_stop'),
+                                      action in ('stop', 'snapshot_stop')])
+        return {(True, True): 'snapshot_stop', (True, False): 'snapshot',
+                (False, True): 'stop'}.get((bool(snapshot), bool(stop)))
+
+    def _non_finite_effect(self, loss, unlearned):
+        """Under -nan_effect snapshot or stop, the processes agree on the first value that is
+        not finite, as on a signal: a running statistic of one process's replica may be the
+        only one."""
+        if self.nan_effect == 'none' or self._non_finite.seen or \
+                self.replication.processes == 1 or not self.strategy.lockstep:
+            return super()._non_finite_effect(loss, unlearned)
+        effect = super()._non_finite_effect(loss, unlearned)
+        if effect is None and self._agree([False])[0]:
+            self._non_finite.seen = True
+            log.warning('Iteration %d: another process found a value that is not finite (its '
+                        'warning names it); %s', self.iter, NAN_EFFECTS[self.nan_effect])
+            return self.nan_effect
+        if effect is not None:
+            self._agree([True])
+        return effect
 
     def _agree(self, flags):
         values = [np.array(flags, np.float64)] + \
@@ -236,6 +268,7 @@ class DataParallelSolver(Solver):
         return self.replication.sum_over_all(values) > 0
 
     # ---- state -----------------------------------------------------------------------------
+    @one_at_a_time('restore')
     def restore(self, path):
         super().restore(path)
         self._warn_if_global_batch_changed(path)
@@ -268,6 +301,7 @@ class DataParallelSolver(Solver):
                         'device); adjust base_lr or batch_size if that is not what you want',
                         self.replication.total, before.get('replicas', '?'), name, old, new)
 
+    @one_at_a_time('snapshot')
     def snapshot(self):
         """Caffe's snapshot, written by process 0 alone, with a line saying how long it took
         and how large it is."""
@@ -280,8 +314,9 @@ class DataParallelSolver(Solver):
                 f.write(json.dumps({'replicas': self.replication.total,
                                     'global_batches': self.global_batches()}).encode())
         size = sum(os.path.getsize(p) for p in paths or () if os.path.isfile(p))
+        self.last_snapshot_seconds = time.perf_counter() - start
         log.info('Snapshot of iteration %d written: %.3g MB in %.2f s', self.iter, size / 1e6,
-                 time.perf_counter() - start)
+                 self.last_snapshot_seconds)
         return paths
 
     def make_snapshot_layout(self):
@@ -303,11 +338,13 @@ class DataParallelSolver(Solver):
         if self.process == 0:
             super().hold_prefix()
 
+    @one_at_a_time('solve')
     def solve(self, resume_file=None):
         if self.strategy.follows_process_0():
             return self.strategy.follow()
         return super().solve(resume_file)
 
+    @one_at_a_time('step')
     def step(self, iters):
         if not self.strategy.lockstep and self.nan_effect != 'none':
             raise CaffeError('-nan_effect %s needs synchronous updates: under -async each '

@@ -5,6 +5,8 @@ import threading
 
 import numpy as np
 
+from ..backend.thread_start import start_thread
+
 
 def split_batch(arrays, parts):
     """Split each array along axis 0 into ``parts`` nearly equal, possibly empty, pieces."""
@@ -61,7 +63,7 @@ class InputPipeline:
             q = queue.Queue(maxsize=prefetch)
             thread = threading.Thread(target=self._produce, args=(reader, sizes, shard, q),
                                       name='prefetch-%s' % layer.name, daemon=True)
-            thread.start()
+            start_thread(thread, "the prefetch thread of data layer '%s'" % layer.name)
             self._queues[layer.name] = q
             self._threads.append(thread)
 

@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from ..backend.thread_start import start_workers
 from ..comm import CommAborted, SoloComm, communicators
 from ..errors import CaffeError
 from ..layer import LayerContext
@@ -195,6 +196,7 @@ def _copies(rngs):
 class DevicePool:
     """One long-lived worker thread per device; ``run(fn)`` calls ``fn(rank)`` on each.
 
+    The threads start with the pool (a refused one is one CaffeError: thread_start.py).
     A worker thread keeps its device current (a CUDA context is per thread) with a stream
     of its own, so a replica's work always happens on the same thread and stream. A GPU
     does not order one stream's work with another's, so every call is a hand-over both
@@ -212,8 +214,16 @@ class DevicePool:
         self.devices = list(devices)
         self.comms = list(comms)
         self.size = len(self.devices)
-        self._workers = [futures.ThreadPoolExecutor(1, thread_name_prefix='replica%d' % r)
-                         for r in range(self.size)]
+        self._workers = []
+        try:
+            for rank, device in enumerate(self.devices):
+                self._workers.append(futures.ThreadPoolExecutor(
+                    1, thread_name_prefix='replica%d' % rank))
+                start_workers(self._workers[-1], 1, 'the worker of replica %d (%s; %d replicas)'
+                              % (rank, device, self.size))
+        except CaffeError:
+            self.close()
+            raise
         self._distinct = list(dict.fromkeys(self.devices))
 
     def _finished(self, rank, fn, *args):

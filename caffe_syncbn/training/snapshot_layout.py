@@ -12,6 +12,7 @@ and ``history_in``, and on top of it ``write_solver_state``, ``read_solver_state
 ``load_learned_net``. A solverstate's history holds ``sets`` arrays per learnable param (2
 for Adam and AdaDelta), set after set.
 """
+import logging
 import os
 import tempfile
 
@@ -24,6 +25,8 @@ from ..formats.solverstate import SolverState, read_solver_state, write_solver_s
 from ..netparam.graph import filter_net, insert_splits
 from ..weights.copy import copy_weights
 from ..weights.norm_forms import fit_norm_weights, norm_units
+
+log = logging.getLogger('caffe_syncbn')
 
 
 def snapshot_names(prefix, iteration, hdf5):
@@ -97,6 +100,17 @@ class NetLayout:
     def save(self, path, hdf5):
         """Write the net's weights as a caffemodel (HDF5 if ``hdf5``)."""
         (self.net.save_hdf5 if hdf5 else self.net.save)(path)
+
+    def write_snapshot(self, prefix, iteration, hdf5, current_step, history):
+        """Caffe's snapshot of iteration ``iteration`` at ``prefix``: the weights, then the
+        solver state naming them, with Caffe's log lines; their two file names."""
+        model, state = snapshot_names(prefix, iteration, hdf5)
+        kind = 'HDF5' if hdf5 else 'binary proto'
+        log.info('Snapshotting to %s file %s', kind, model)
+        self.save(model, hdf5)
+        log.info('Snapshotting solver state to %s file %s', kind, state)
+        self.write_solver_state(state, iteration, model, current_step, history)
+        return model, state
 
     def write_solver_state(self, path, iteration, learned_net, current_step, history):
         """Write a solverstate, its history (a rule's) laid out as this layout's."""

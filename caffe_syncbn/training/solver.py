@@ -18,17 +18,19 @@ replicas. A strategy has three methods, and uses the solver's public ones only:
 """
 import logging
 import os
+import time
 
 import numpy as np
 
 from .. import caffe_pb2
-from ..backend import get_array_module, to_numpy
-from ..errors import CaffeError, naming, quote
+from ..backend import cpu_threads, get_array_module
+from ..backend.one_caller import OneCaller, one_at_a_time
+from ..errors import CaffeError, naming
 from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
 from ..glog import log_to_stderr_unless_configured
 from ..layer import LayerContext
-from ..memory_plan import MEMORY_PLANS
+from ..memory_plan import solver_plan
 from ..net import Net
 from ..net_sharing import holds_only_params_of
 from ..netparam.layer_lines import naming_net_file
@@ -36,14 +38,20 @@ from ..netparam.solver_param import (check_net_files, copy_message, load_solver_
                                      test_net_params, train_net_param, upgrade_solver_param)
 from .input_feed import feed
 from .lr_policy import LearningRatePolicy
+from .net_report import TestMeans, log_net_outputs
 from .one_net import OneNet
 from .prefix_lock import PrefixLock
 from .rules import ParamUpdate, rule_class
 from .smoothed_loss import SmoothedLoss
-from .snapshot_layout import NetLayout, snapshot_names, snapshot_prefix_problem
+from .snapshot_layout import NetLayout, snapshot_prefix_problem
 from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param
 
 log = logging.getLogger('caffe_syncbn')
+#: what ``action_request`` may ask for between iterations: a snapshot, a stop, or both
+ACTIONS = ('snapshot', 'stop', 'snapshot_stop')
+#: what a second thread that calls a busy solver is told (backend/one_caller.py)
+STEPS_ONE_AT_A_TIME = ('a solver takes one step at a time (its replicas take every step '
+                       'together); call it from one thread')
 
 
 class Solver:
@@ -62,6 +70,7 @@ class Solver:
     def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None,
                  memory_plan=None):
         log_to_stderr_unless_configured()
+        self._one_caller = OneCaller('the solver', STEPS_ONE_AT_A_TIME)
         self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
             self.param = upgrade_solver_param(copy_message(solver))
@@ -69,11 +78,7 @@ class Solver:
         else:
             self.source = os.fspath(solver)
             self.param = load_solver_param(self.source)
-        self.memory_plan = memory_plan or self.param.memory_plan or 'off'
-        if self.memory_plan not in MEMORY_PLANS:        # named by the caller or by the file
-            raise CaffeError('%smemory_plan %s: expected one of %s' % (
-                '' if memory_plan else self.source + ': ', quote(self.memory_plan),
-                ', '.join(MEMORY_PLANS)))
+        self.memory_plan = solver_plan(memory_plan, self.param.memory_plan, self.source)
         self.xp = xp
         self.dtype = np.dtype(dtype or (net.context.dtype if net is not None else np.float32))
         p = self.param
@@ -87,6 +92,7 @@ class Solver:
             self.check_snapshot_prefix()
         if p.random_seed >= 0:
             set_random_seed(p.random_seed)
+        cpu_threads.threads()        # the pool's threads start: a refused one is the first error
         if net is None:
             net = self._create_solver_net(train_net_param(p, self.source))
         self.net = net
@@ -111,13 +117,19 @@ class Solver:
         self.rule = self.updater.rule
         #: Caffe's root_solver(): only the root logs, tests and snapshots
         self.is_root = True
-        #: called after every iteration and test batch: returns None, 'stop' or 'snapshot'
+        #: called after every iteration and test batch: returns None or one of ACTIONS
         self.action_request = None
-        #: what the first non-finite loss or gradient does besides a warning: 'none' (train
-        #: on, as Caffe), 'snapshot' (the weights before that update), 'stop' (end before it)
+        #: what the first value that is not finite (loss, gradient, param, statistic) does
+        #: besides a warning: 'none' (train on, as Caffe), 'snapshot' (the weights before
+        #: that update), 'stop' (end before it)
         self.nan_effect = 'none'
         self._non_finite = FirstNonFinite()
         self.requested_early_exit = False
+        #: whether the run stopped at a value that was not finite (nan_effect 'stop')
+        self.stopped_on_non_finite = False
+        self._snapshot_iter = None       # the iteration this step last snapshotted
+        #: the seconds the last snapshot took to write, or None
+        self.last_snapshot_seconds = None
         #: the learning rate of the last update
         self.last_rate = None
         self._smoothing = SmoothedLoss(p.average_loss, self.dtype)
@@ -125,6 +137,7 @@ class Solver:
         self.data_sources = {}
         #: (on_start, on_gradients_ready) pairs, run around each iteration's passes
         self.callbacks = []
+        self.prepare_blas()
 
     def _create_solver_net(self, solver_net):
         """A net the solver names; its errors name its file (and line) or the solver file."""
@@ -142,6 +155,12 @@ class Solver:
 
     def make_snapshot_layout(self):
         return NetLayout(self.net)
+
+    def prepare_blas(self):
+        """Under a memory limit, have the BLAS map its buffers now, once the nets are built,
+        or say in one error that there is no room for them (cpu_threads.start): before the
+        first iteration, where OpenBLAS's C code would end the process."""
+        cpu_threads.start()
 
     def on_net_device(self, fn):
         """``fn()`` where the solver's net works: here, in the caller's thread. (A
@@ -236,6 +255,7 @@ class Solver:
                      'factor %g', *clipped)
 
     # ---- the loop -----------------------------------------------------------------------------
+    @one_at_a_time('step')
     def step(self, iters):
         """Run ``iters`` iterations (fewer when a stop is requested)."""
         if self.nan_effect not in NAN_EFFECTS:
@@ -243,6 +263,7 @@ class Solver:
                              % self.nan_effect)
         start_iter, stop_iter = self.iter, self.iter + int(iters)
         self._smoothing = SmoothedLoss(self.param.average_loss, self.dtype, start_iter)
+        self._snapshot_iter = None
         p = self.param
         while self.iter < stop_iter:
             if p.test_interval and self.iter % p.test_interval == 0 \
@@ -259,34 +280,38 @@ class Solver:
             if displaying and self.is_root:
                 log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
                 self.log_outputs(self.net, 'Train')
-            effect = self._non_finite_effect(loss, unlearned)
-            if effect == 'snapshot':
+            effect = self._non_finite.effect(loss, self.net, unlearned, self.nan_effect,
+                                             self.iter) if self.is_root else None
+            if effect == 'snapshot' and not self._non_finite.spoiled_weights:
                 self.snapshot()
             elif effect == 'stop':
-                self.requested_early_exit = True
+                self.requested_early_exit = self.stopped_on_non_finite = True
                 break
             self.apply_update()
             self.iter += 1
             request = self.requested_action()
-            if (p.snapshot and self.iter % p.snapshot == 0 and self.is_root) or request == 'snapshot':
+            if (p.snapshot and self.iter % p.snapshot == 0 and self.is_root) or \
+                    request in ('snapshot', 'snapshot_stop'):
                 self.snapshot()
-            if request == 'stop':
+            if request in ('stop', 'snapshot_stop'):
                 self.requested_early_exit = True
                 break
 
+    @one_at_a_time('solve')
     def solve(self, resume_file=None):
         """Train to max_iter (resuming from a solverstate if given), as ``caffe train`` does."""
         p = self.param
         log.info('Solving %s', self.net.name)
         log.info('Learning Rate Policy: %s', p.lr_policy)
-        self.requested_early_exit = False
+        self.requested_early_exit = self.stopped_on_non_finite = False
         if self.is_root:
             self.remove_stale_snapshot_files()
         if resume_file:
             log.info('Restoring previous solver status from %s', resume_file)
             self.restore(resume_file)
         self.step(p.max_iter - self.iter)
-        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0) and \
+                self._snapshot_iter != self.iter and not self._non_finite.spoiled_weights:
             self.snapshot()
         if self.requested_early_exit:
             log.info('Optimization stopped early.')
@@ -303,37 +328,22 @@ class Solver:
         """The loss the log displays (smoothed_loss.py)."""
         return self._smoothing.value
 
-    def _non_finite_effect(self, loss, unlearned):
-        """At the first non-finite loss or gradient: a warning, and ``nan_effect``."""
-        what = self._non_finite.check(loss, self.net, unlearned) if self.is_root else None
-        if what is None:
-            return None
-        log.warning('Iteration %d: %s is not finite (first time); %s', self.iter, what,
-                    NAN_EFFECTS[self.nan_effect])
-        return self.nan_effect
-
     def requested_action(self):
         """None, 'stop' or 'snapshot': what ``action_request`` asks for now."""
         if self.action_request is None:
             return None
         action = self.action_request()
-        if action not in (None, 'none', 'stop', 'snapshot'):
-            raise CaffeError("action_request returned %r; expected None, 'stop' or 'snapshot'" % action)
+        if action not in (None, 'none') + ACTIONS:
+            raise CaffeError('action_request returned %r; expected None or one of %s'
+                             % (action, ', '.join(map(repr, ACTIONS))))
         return None if action == 'none' else action
 
     def log_outputs(self, net, which, values=None):
-        """Caffe's '    Train net output #k: name = v (* w = w*v loss)' lines."""
-        d = self.dtype.type
-        index = 0
-        for name in net.outputs:
-            weight = net.output_blob_loss_weights.get(name, 0)
-            data = values[name] if values is not None else to_numpy(net.blobs[name].data)
-            for value in np.asarray(data, self.dtype).ravel():
-                extra = ' (* %g = %g loss)' % (weight, d(weight) * value) if weight else ''
-                log.info('    %s net output #%d: %s = %g%s', which, index, name, value, extra)
-                index += 1
+        """Caffe's lines of the outputs of ``net`` (net_report.py)."""
+        log_net_outputs(net, which, self.dtype, values)
 
     # ---- testing ------------------------------------------------------------------------------
+    @one_at_a_time('test_all')
     def test_all(self):
         """Run every test net; returns one {output name: mean value} per test net."""
         results = []
@@ -347,27 +357,22 @@ class Solver:
         log.info('Iteration %d, Testing net (#%d)', self.iter, test_net_id)
         net = self.test_nets[test_net_id]
         net.share_weights_with(self.net)
-        iters = self.param.test_iter[test_net_id]
-        d = self.dtype.type
-        sums, loss = None, d(0)
-        for _ in range(iters):
+        scores = TestMeans(self.dtype, self.param.test_iter[test_net_id])
+        for _ in range(scores.iters):
             request = self.requested_action()
             while request is not None:
-                if request == 'snapshot':
+                if request in ('snapshot', 'snapshot_stop'):
                     self.snapshot()
-                else:
+                if request in ('stop', 'snapshot_stop'):
                     self.requested_early_exit = True
                 request = self.requested_action()
             if self.requested_early_exit:
                 log.info('Test interrupted.')
                 return None
-            batch_loss, outputs = self.on_net_device(lambda: self._test_batch(net, test_net_id))
-            if self.param.test_compute_loss:
-                loss += d(batch_loss)
-            sums = outputs if sums is None else {k: sums[k] + v for k, v in outputs.items()}
+            scores.add(*self.on_net_device(lambda: self._test_batch(net, test_net_id)))
         if self.param.test_compute_loss:
-            log.info('Test loss: %g', loss / d(max(iters, 1)))
-        means = {k: v / d(iters) for k, v in (sums or {}).items()}
+            log.info('Test loss: %g', scores.mean_loss())
+        means = scores.means()
         self.log_outputs(net, 'Test', means)
         return {k: (v.item() if v.size == 1 else v) for k, v in means.items()}
 
@@ -395,19 +400,18 @@ class Solver:
         """Take the prefix for this run, or raise naming the run that holds it."""
         self.prefix_lock.hold(self.param.snapshot_prefix, self.source)
 
+    @one_at_a_time('snapshot')
     def snapshot(self):
         """Write the weights and the solver state; returns their two file names. A failed
         write is a CaffeError naming the file that failed."""
-        hdf5 = self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
-        model, state = snapshot_names(self.param.snapshot_prefix, self.iter, hdf5)
+        self._snapshot_iter, start = self.iter, time.perf_counter()
         self.remove_stale_snapshot_files()
-        kind = 'HDF5' if hdf5 else 'binary proto'
-        log.info('Snapshotting to %s file %s', kind, model)
-        self.snapshot_layout.save(model, hdf5)
-        log.info('Snapshotting solver state to %s file %s', kind, state)
-        self.snapshot_layout.write_solver_state(state, self.iter, model, self.current_step,
-                                                self.rule.history)
-        return model, state
+        paths = self.snapshot_layout.write_snapshot(
+            self.param.snapshot_prefix, self.iter,
+            self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5, self.current_step,
+            self.rule.history)
+        self.last_snapshot_seconds = time.perf_counter() - start
+        return paths
 
     def remove_stale_snapshot_files(self):
         """Remove the temporary files that snapshots of a killed run with this prefix left."""
@@ -415,6 +419,7 @@ class Solver:
         for path in remove_stale_temporaries(self.param.snapshot_prefix + '_iter_'):
             log.info('Removed %s, left by an interrupted snapshot', path)
 
+    @one_at_a_time('restore')
     def restore(self, path):
         """Continue from a ``.solverstate`` / ``.solverstate.h5`` (Caffe's or ours)."""
         path = os.fspath(path)

@@ -1,9 +1,11 @@
 """Checks of a solver's run: the SolverParameter before any net is built (settings Caffe
-would abort on), and the first non-finite loss or gradient as it trains."""
+would abort on), and the first value that is not finite as it trains: the loss, a
+gradient, a learned param or a running statistic."""
 import logging
 
 import numpy as np
 
+from ..backend import to_numpy
 from ..errors import CaffeError, quote
 
 log = logging.getLogger('caffe_syncbn')
@@ -24,36 +26,91 @@ def check_solver_param(p, source):
         raise CaffeError('%s: snapshot is set but snapshot_prefix is not' % source)
 
 
+#: the kinds of arrays watched besides the loss, in the order the check names them: the
+#: learned params (as the last update left them: the pass started from them), their
+#: gradients, and the params no update changes (running statistics, frozen layers)
+WATCHED = (('weights', True, 'data'), ('gradient', True, 'diff'), ('statistics', False, 'data'))
+
+
+class Finding:
+    """A value that is not finite: ``what`` names it for the log (``plural`` for the verb);
+    ``in_weights``: a learned param, which the last update spoiled, so that no weights from
+    before it are left."""
+
+    def __init__(self, what, in_weights=False, plural=False):
+        self.what, self.in_weights, self.plural = what, in_weights, plural
+
+    def __str__(self):
+        return '%s %s not finite' % (self.what, 'are' if self.plural else 'is')
+
+
 def non_finite(loss, net):
-    """What is not finite, the loss or the gradient of a param (named), or None. The sum of
-    every gradient is one pass over them, and is finite exactly when they all are (short of
-    an overflow, which would itself be a blow-up)."""
+    """The first value of the pass that is not finite (a Finding), or None: a learned param,
+    the loss, a gradient, then a param that no update changes. The sum of each kind's
+    arrays is finite exactly when they all are (short of an overflow, which the search
+    that follows finds to be none): one pass over each, and one read of the device for
+    all three."""
+    groups = [[getattr(blob, field) for blob, lr in zip(net.learnable_params, net.params_lr)
+               if (lr != 0) == learned] for _, learned, field in WATCHED]
+    totals = [0.0] * len(WATCHED)
+    if net.learnable_params:
+        xp = net.learnable_params[0].xp
+        totals = to_numpy(xp.stack([xp.asarray(sum(
+            (a.sum(dtype=np.promote_types(a.dtype, np.float32)) for a in group),
+            start=xp.asarray(0.0)), dtype=np.float64) for group in groups]))
+    found = [_locate(net, kind, learned, field) if not np.isfinite(total) else None
+             for (kind, learned, field), total in zip(WATCHED, totals)]
+    if found[0] is not None:
+        return found[0]
     if not np.isfinite(loss):
-        return 'the loss (%g)' % loss
-    sums = [blob.diff.sum(dtype=np.promote_types(blob.dtype, np.float32))
-            for blob in net.learnable_params]
-    if np.isfinite(float(sum(sums))):
-        return None
+        return Finding('the loss (%g)' % loss)
+    return found[1] or found[2]
+
+
+def _locate(net, kind, learned, field):
+    """The Finding of the first param of ``kind`` whose ``field`` is not finite, or None."""
+    lr_of = {id(blob): lr for blob, lr in zip(net.learnable_params, net.params_lr)}
     for name, params in net.params.items():
         for j, blob in enumerate(params):
-            if not bool(blob.xp.isfinite(blob.diff).all()):
-                return "the gradient of layer '%s' (param %d)" % (name, j)
-    return 'a gradient'
+            lr = lr_of.get(id(blob))
+            if lr is None or (lr != 0) != learned:
+                continue                 # shared from another layer, or another kind
+            if bool(blob.xp.isfinite(getattr(blob, field)).all()):
+                continue
+            if kind != 'statistics':
+                return Finding("the %s of layer '%s' (param %d)" % (kind, name, j),
+                               in_weights=kind == 'weights', plural=kind == 'weights')
+            fixed = net.layer_by_name[name].fixed_param_mults(j)
+            if fixed is not None and fixed[0] == 0:
+                return Finding("the running statistics of layer '%s' (param %d)" % (name, j),
+                               plural=True)
+            return Finding("the frozen param %d of layer '%s' (lr_mult 0)" % (j, name))
+    return None
 
 
-#: what each ``nan_effect`` does at the first non-finite loss or gradient, as the log says it
+#: what each ``nan_effect`` does at the first value that is not finite, as the log says it
 NAN_EFFECTS = {
     'none': 'training goes on, as in Caffe (-nan_effect snapshot or stop would save the '
             'weights before this update)',
     'snapshot': 'snapshotting the weights before this update; training goes on',
     'stop': 'training stops before this update, as on a stop signal'}
+#: ... where the last update already made learned params non-finite
+NAN_EFFECTS_ON_WEIGHTS = {
+    'none': 'training goes on, as in Caffe',
+    'snapshot': 'the last update made them so from finite gradients (is the learning rate '
+                'too high?), so no snapshot can hold the weights before it; training goes on',
+    'stop': 'the last update made them so from finite gradients (is the learning rate too '
+            'high?); training stops, without a snapshot of them'}
 
 
 class FirstNonFinite:
-    """The first non-finite loss or gradient of a run, found once."""
+    """The first value of a run that is not finite, found once."""
 
     def __init__(self):
         self.seen = False
+        #: whether learned params are not finite, under a nan_effect that keeps them out of
+        #: snapshots
+        self.spoiled_weights = False
 
     def keep_unlearned(self, net, nan_effect):
         """While ``nan_effect`` wants a snapshot at the first non-finite: copies of the params
@@ -63,15 +120,32 @@ class FirstNonFinite:
         return [(blob, blob.data.copy()) for blob, lr in
                 zip(net.learnable_params, net.params_lr) if lr == 0]
 
-    def check(self, loss, net, unlearned):
-        """What is not finite the first time (see non_finite), or None; the params of
-        ``unlearned`` (keep_unlearned) are then put back as they were before the passes."""
+    def check(self, loss, net, unlearned, nan_effect):
+        """What is not finite the first time (a Finding, see non_finite), or None; the params
+        of ``unlearned`` (keep_unlearned) are then put back as they were before the passes."""
         if self.seen:
             return None
-        what = non_finite(loss, net)
-        if what is None:
+        found = non_finite(loss, net)
+        if found is None:
             return None
         self.seen = True
+        self.spoiled_weights = found.in_weights and nan_effect != 'none'
         for blob, before in unlearned:
             blob.data[...] = before
-        return what
+        return found
+
+
+    def effect(self, loss, net, unlearned, nan_effect, iteration):
+        """``nan_effect`` at the first value that is not finite (``check``), with its
+        warning; None before it, and after."""
+        found = self.check(loss, net, unlearned, nan_effect)
+        if found is None:
+            return None
+        log.warning('Iteration %d: %s (first time); %s', iteration, found,
+                    effect_text(found, nan_effect))
+        return nan_effect
+
+
+def effect_text(found, nan_effect):
+    """What ``nan_effect`` does at ``found``, as the warning says it."""
+    return (NAN_EFFECTS_ON_WEIGHTS if found.in_weights else NAN_EFFECTS)[nan_effect]
