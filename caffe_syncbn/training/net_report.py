@@ -1,10 +1,11 @@
 """What a solver's log reports of its nets, as Caffe writes it: the output lines of a net,
-and a test net's means over its ``test_iter`` batches."""
+and a test net's batches and their means over its ``test_iter``."""
 import logging
 
 import numpy as np
 
 from ..backend import to_numpy
+from .input_feed import feed
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -21,6 +22,14 @@ def log_net_outputs(net, which, dtype, values=None):
             extra = ' (* %g = %g loss)' % (weight, d(weight) * value) if weight else ''
             log.info('    %s net output #%d: %s = %g%s', which, index, name, value, extra)
             index += 1
+
+
+def test_batch(net, source, dtype):
+    """One batch of a test net fed by ``source`` (or its data layers): its loss and
+    {output name: host array}."""
+    feed(net, source)
+    loss = net.forward_prefilled()
+    return loss, {name: to_numpy(net.blobs[name].data).astype(dtype) for name in net.outputs}
 
 
 class TestMeans:

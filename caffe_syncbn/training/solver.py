@@ -36,15 +36,14 @@ from ..net_sharing import holds_only_params_of
 from ..netparam.layer_lines import naming_net_file
 from ..netparam.solver_param import (check_net_files, copy_message, load_solver_param,
                                      test_net_params, train_net_param, upgrade_solver_param)
-from .input_feed import feed
 from .lr_policy import LearningRatePolicy
-from .net_report import TestMeans, log_net_outputs
+from .net_report import TestMeans, log_net_outputs, test_batch
 from .one_net import OneNet
 from .prefix_lock import PrefixLock
 from .rules import ParamUpdate, rule_class
 from .smoothed_loss import SmoothedLoss
 from .snapshot_layout import NetLayout, snapshot_prefix_problem
-from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param
+from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param, effect_text
 
 log = logging.getLogger('caffe_syncbn')
 #: what ``action_request`` may ask for between iterations: a snapshot, a stop, or both
@@ -280,8 +279,12 @@ class Solver:
             if displaying and self.is_root:
                 log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
                 self.log_outputs(self.net, 'Train')
-            effect = self._non_finite.effect(loss, self.net, unlearned, self.nan_effect,
-                                             self.iter) if self.is_root else None
+            found = self._non_finite.check(loss, self.net, unlearned, self.nan_effect) \
+                if self.is_root else None
+            if found is not None:     # once a run: FirstNonFinite finds the first only
+                log.warning('Iteration %d: %s (first time); %s', self.iter, found,
+                            effect_text(found, self.nan_effect))
+            effect = None if found is None else self.nan_effect
             if effect == 'snapshot' and not self._non_finite.spoiled_weights:
                 self.snapshot()
             elif effect == 'stop':
@@ -369,19 +372,13 @@ class Solver:
             if self.requested_early_exit:
                 log.info('Test interrupted.')
                 return None
-            scores.add(*self.on_net_device(lambda: self._test_batch(net, test_net_id)))
+            scores.add(*self.on_net_device(lambda: test_batch(
+                net, self.data_sources.get(test_net_id), self.dtype)))
         if self.param.test_compute_loss:
             log.info('Test loss: %g', scores.mean_loss())
         means = scores.means()
         self.log_outputs(net, 'Test', means)
         return {k: (v.item() if v.size == 1 else v) for k, v in means.items()}
-
-    def _test_batch(self, net, test_net_id):
-        """One batch of a test net: its loss and {output name: host array}."""
-        feed(net, self.data_sources.get(test_net_id))
-        loss = net.forward_prefilled()
-        return loss, {name: to_numpy(net.blobs[name].data).astype(self.dtype)
-                      for name in net.outputs}
 
     # ---- snapshots ----------------------------------------------------------------------------
     def check_snapshot_prefix(self):

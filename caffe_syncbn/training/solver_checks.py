@@ -135,17 +135,6 @@ class FirstNonFinite:
         return found
 
 
-    def effect(self, loss, net, unlearned, nan_effect, iteration):
-        """``nan_effect`` at the first value that is not finite (``check``), with its
-        warning; None before it, and after."""
-        found = self.check(loss, net, unlearned, nan_effect)
-        if found is None:
-            return None
-        log.warning('Iteration %d: %s (first time); %s', iteration, found,
-                    effect_text(found, nan_effect))
-        return nan_effect
-
-
 def effect_text(found, nan_effect):
     """What ``nan_effect`` does at ``found``, as the warning says it."""
     return (NAN_EFFECTS_ON_WEIGHTS if found.in_weights else NAN_EFFECTS)[nan_effect]
