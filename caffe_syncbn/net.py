@@ -16,7 +16,7 @@ from .errors import CaffeError, layer_error, name_list, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
 from .memory_plan import MEMORY_PLANS
 from .net_batches import BatchedCalls
-from .net_memory import PlannedMemory
+from .memory_planner import PlannedMemory
 from .net_sharing import WeightSharing
 from .netparam.graph import filter_net, insert_splits, net_state
 from .netparam.layer_lines import naming_net_file
