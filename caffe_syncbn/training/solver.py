@@ -23,12 +23,12 @@ import numpy as np
 
 from .. import caffe_pb2
 from ..backend import get_array_module, to_numpy
-from ..errors import CaffeError, naming, quote
+from ..errors import CaffeError, naming
 from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
 from ..glog import log_to_stderr_unless_configured
 from ..layer import LayerContext
-from ..memory_plan import MEMORY_PLANS
+from ..memory_planner import DEFAULT_PLAN, check_plan
 from ..net import Net
 from ..net_sharing import holds_only_params_of
 from ..netparam.layer_lines import naming_net_file
@@ -52,7 +52,7 @@ class Solver:
     ``dtype`` and ``xp`` choose the float type and backend of the nets it builds;
     ``strategy`` where the passes and updates run (see the module docstring; ``OneNet``
     unless given); ``memory_plan`` the Net's memory plan for the nets it builds (None:
-    the solver file's ``memory_plan``, else 'off', which keeps every diff as pycaffe's).
+    the solver file's ``memory_plan``, else pycaffe's default, DEFAULT_PLAN).
     """
 
     rule_class = None
@@ -67,11 +67,8 @@ class Solver:
         else:
             self.source = os.fspath(solver)
             self.param = load_solver_param(self.source)
-        self.memory_plan = memory_plan or self.param.memory_plan or 'off'
-        if self.memory_plan not in MEMORY_PLANS:        # named by the caller or by the file
-            raise CaffeError('%smemory_plan %s: expected one of %s' % (
-                '' if memory_plan else self.source + ': ', quote(self.memory_plan),
-                ', '.join(MEMORY_PLANS)))
+        self.memory_plan = check_plan(memory_plan or self.param.memory_plan or
+                                      DEFAULT_PLAN['pycaffe'], None if memory_plan else self.source)
         self.xp = xp
         self.dtype = np.dtype(dtype or (net.context.dtype if net is not None else np.float32))
         p = self.param
