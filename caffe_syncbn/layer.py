@@ -89,31 +89,6 @@ class LayerContext:
     def replicas(self):
         return self.comm.size if self.comm is not None else 1
 
-    def loss_normalizer(self, local_count):
-        """Caffe's loss normalizer ``max(1, count)``, taken over the GLOBAL batch.
-
-        The solver averages replica gradients (divides their sum by the replica count R),
-        so a replica that divides its local loss sum by ``max(1, global_count) / R`` makes
-        the average equal the loss of one device on the whole batch, even when the
-        replicas hold uneven splits or different numbers of ignored labels.
-        Alone (no communicator) this is exactly Caffe's ``max(1, count)``.
-
-        ``local_count`` is a number, or a 0-d array counted on a device: that count stays
-        there (a float64 0-d array comes back, summed over the replicas by a collective on
-        the device), where a host number would make the host wait for the device.
-        """
-        size = self.comm.size if self.comm is not None else 1
-        xp = get_array_module(local_count)
-        if xp is np:
-            if size == 1:
-                return max(1.0, float(local_count))
-            total = self.comm.allreduce_scalar(float(local_count), tag='loss normalizer')
-            return max(1.0, total) / size
-        count = local_count.astype(np.float64).reshape(1)
-        if size > 1:
-            self.comm.allreduce(count, tag='loss normalizer')
-        return xp.maximum(count[0], 1.0) / size
-
     def check_later(self, layer, failed, message):
         """Raise ``layer.error(message())`` if ``failed`` holds: at once for a host value;
         for a 0-d bool array of a device, when the Net reads the pass's loss, with every
