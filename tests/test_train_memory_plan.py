@@ -132,7 +132,8 @@ def test_kept_and_unwritten_diffs_have_storage_of_their_own():
             b.data[...] = a.data
     same_gradients(nets, inputs)
     kept, shared = nets
-    by_name = {name: blob for names, blobs in zip(shared.top_names.values(), shared._tops)
+    by_name = {name: blob for names, blobs in zip(shared.top_names.values(),
+                                                  shared.planner.wiring.tops)
                for name, blob in zip(names, blobs)}
     planned_diffs = {id(group.owner) for group in shared.planner.plan.groups if group.is_diff}
     for name in ('left', 'x', 'loss', 'a_relu_0_split_1'):
