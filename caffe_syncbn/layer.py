@@ -162,10 +162,11 @@ class Layer:
     # ---- what the Net asks ----------------------------------------------------------------
     # The Net and its MemoryPlanner (memory_planner.py) ask a layer only what this section
     # holds; each default suits a layer that knows nothing of it. While the net is built:
-    # is_loss, fixed_param_mults, allow_force_backward. For the memory plans:
-    # backward_runs, tops_persist, backward_reads (every plan but 'off'); absorb and
-    # output_survives ('inplace_abn'); recomputable, recompute and rerunnable
-    # ('recompute'). Before each pass: before_pass, then decided.
+    # is_loss, fixed_param_mults, allow_force_backward. For memory: backward_runs (what
+    # the forward need not keep); under every plan but 'off', tops_persist and
+    # backward_reads; under 'inplace_abn' and the plans built on it, absorb and
+    # output_survives; under 'recompute', recomputable, recompute and rerunnable. Before
+    # each pass: before_pass, then decided.
 
     #: top 0 of a loss layer gets loss_weight 1 unless the prototxt says otherwise
     is_loss = False

@@ -4,6 +4,7 @@ are named once (memory_planner.py), and the Net, the solvers and the command lin
 them from there."""
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import caffe_syncbn as caffe
 from caffe_syncbn import memory_planner
 from caffe_syncbn.cli import commands
+from caffe_syncbn.layer import Layer
 from caffe_syncbn.memory_planner import DEFAULT_PLAN, PLANS, MemoryPlanner, NetWiring
 from caffe_syncbn.net import Net
 from caffe_syncbn.training.solvers import get_solver
@@ -53,6 +55,24 @@ def test_the_planner_plans_from_the_wiring_alone(tmp_path):
     assert alone.chains == planned.planner.chains and alone.chains[2] == [3, 4]
     assert (alone.chosen, alone.plan.arena.nbytes) == (planned.memory_plan,
                                                        planned.planner.plan.arena.nbytes)
+
+
+def test_what_the_net_asks_of_a_layer_is_written_in_one_section_and_in_the_docs():
+    """layer.py's section "what the Net asks" names every hook it holds, each a Layer
+    attribute, and docs/architecture.md names the same ones."""
+    source = (PACKAGE / 'layer.py').read_text()
+    section = source[source.index('# ---- what the Net asks'):
+                     source.index("# ---- what a layer's own steps use")]
+    summary = ' '.join(line.strip('# ') for line in section.splitlines()
+                       if line.strip().startswith('# '))
+    defined = set(re.findall(r'^    def (\w+)\(', section, re.M)) | \
+        set(re.findall(r'^    (\w+) = ', section, re.M))
+    named = {word for word in re.findall(r'\b[a-z]+_[a-z_]+\b|\b(?:absorb|recompute|'
+                                         r'recomputable|rerunnable|decided)\b', summary)
+             if hasattr(Layer, word)}
+    assert named == defined and len(defined) == 13
+    docs = (ROOT / 'docs' / 'architecture.md').read_text()
+    assert [name for name in sorted(defined) if not re.search(r'`%s\b' % name, docs)] == []
 
 
 def test_every_default_comes_from_default_plan(monkeypatch, tmp_path):
