@@ -70,12 +70,13 @@ NetWiring = collections.namedtuple(
 class MemoryPlanner:
     """How a Net takes memory under ``plan`` (one of PLANS), given its NetWiring and the
     blob names to ``keep`` whatever the plan. The Net asks it before each forward
-    (``before_forward``), before each layer's backward (``before_backward``), and before a
-    partial pass (``check_pass``); it skips the layers of ``absorbed``, which their head
-    runs with it.
+    (``before_forward``), before a backward (``check_backward``) and each layer's
+    (``before_backward``), and before a partial pass (``check_pass``); it skips the
+    layers of ``absorbed``, which their head runs with it.
 
     chosen:      the plan the net takes ('auto' names its choice)
     plan:        the MemoryPlan (memory_plan.py), None under 'off'
+    kept:        the names of the blobs the net shows (``shown_blobs``)
     chains:      per layer, the indices of the layers it absorbed (Layer.absorb)
     absorbed:    the indices of every absorbed layer
     recomputers: {id(top): the layer that writes that top again} (Layer.recomputable)
