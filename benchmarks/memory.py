@@ -79,7 +79,7 @@ def measure_ours(args):
         start = time.perf_counter()
         net.forward_prefilled()
         if step == args.steps - 1:
-            plan = net._plan
+            plan = net.planner.plan
             blob_memory = {id(storage_of(array)) for b in list(net.blobs.values())
                            + net.learnable_params for array in _stored(b)}
             blob_memory |= {id(plan.arena)} if plan else set()
@@ -222,7 +222,7 @@ def byte_count(text):
 
 
 def plan_list(text):
-    from caffe_syncbn.memory_plan import MEMORY_PLANS
+    from caffe_syncbn.memory_planner import MEMORY_PLANS
     plans = list(MEMORY_PLANS) if text == 'all' else text.split(',')
     unknown = [plan for plan in plans if plan not in MEMORY_PLANS]
     if unknown:

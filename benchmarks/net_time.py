@@ -34,7 +34,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-from caffe_syncbn.memory_plan import MEMORY_PLANS  # noqa: E402
+from caffe_syncbn.memory_planner import DEFAULT_PLAN, MEMORY_PLANS  # noqa: E402
 
 
 def time_ours(args):
@@ -194,8 +194,9 @@ def print_by_type(runs, names=('ours', 'Caffe')):
 
 
 def add_memory_plan_flag(parser):
-    parser.add_argument('--memory-plan', default='auto', choices=MEMORY_PLANS,
-                        help="our Net's memory plan (default auto, as caffe-syncbn time)")
+    parser.add_argument('--memory-plan', default=DEFAULT_PLAN['command'], choices=MEMORY_PLANS,
+                        help="our Net's memory plan (default %s, as caffe-syncbn time)"
+                        % DEFAULT_PLAN['command'])
 
 
 def main(argv=None):

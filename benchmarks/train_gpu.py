@@ -51,7 +51,7 @@ from caffe_syncbn import caffe_pb2  # noqa: E402
 from caffe_syncbn.backend import get_array_module  # noqa: E402
 from caffe_syncbn.cli.common import run_main  # noqa: E402
 from caffe_syncbn.errors import CaffeError  # noqa: E402
-from caffe_syncbn.memory_plan import MEMORY_PLANS  # noqa: E402
+from caffe_syncbn.memory_planner import DEFAULT_PLAN, MEMORY_PLANS  # noqa: E402
 from caffe_syncbn.training.device_names import parse_devices  # noqa: E402
 
 MODEL = os.path.join(ROOT, 'examples', 'resnet50', 'ResNet-50-deploy.prototxt')
@@ -330,8 +330,9 @@ def main(argv=None):
     p.add_argument('--sync-bn', action='store_true', help='BatchNorm+Scale -> SyncBN')
     p.add_argument('--tf32', action='store_true', help='TF32 tensor cores for float32 GEMMs')
     p.add_argument('--model', default=MODEL, help='a deploy prototxt to train instead of ResNet-50')
-    p.add_argument('--memory-plan', choices=MEMORY_PLANS, default='off',
-                   help="the nets' memory plan (default off, as get_solver's)")
+    p.add_argument('--memory-plan', choices=MEMORY_PLANS, default=DEFAULT_PLAN['pycaffe'],
+                   help="the nets' memory plan (default %s, as get_solver's)"
+                   % DEFAULT_PLAN['pycaffe'])
     p.add_argument('--fit', type=plan_list, metavar='PLANS',
                    help="time nothing: the largest batch per GPU for each plan (e.g. off,auto)")
     args = p.parse_args(argv)

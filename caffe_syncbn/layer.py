@@ -89,31 +89,6 @@ class LayerContext:
     def replicas(self):
         return self.comm.size if self.comm is not None else 1
 
-    def loss_normalizer(self, local_count):
-        """Caffe's loss normalizer ``max(1, count)``, taken over the GLOBAL batch.
-
-        The solver averages replica gradients (divides their sum by the replica count R),
-        so a replica that divides its local loss sum by ``max(1, global_count) / R`` makes
-        the average equal the loss of one device on the whole batch, even when the
-        replicas hold uneven splits or different numbers of ignored labels.
-        Alone (no communicator) this is exactly Caffe's ``max(1, count)``.
-
-        ``local_count`` is a number, or a 0-d array counted on a device: that count stays
-        there (a float64 0-d array comes back, summed over the replicas by a collective on
-        the device), where a host number would make the host wait for the device.
-        """
-        size = self.comm.size if self.comm is not None else 1
-        xp = get_array_module(local_count)
-        if xp is np:
-            if size == 1:
-                return max(1.0, float(local_count))
-            total = self.comm.allreduce_scalar(float(local_count), tag='loss normalizer')
-            return max(1.0, total) / size
-        count = local_count.astype(np.float64).reshape(1)
-        if size > 1:
-            self.comm.allreduce(count, tag='loss normalizer')
-        return xp.maximum(count[0], 1.0) / size
-
     def check_later(self, layer, failed, message):
         """Raise ``layer.error(message())`` if ``failed`` holds: at once for a host value;
         for a 0-d bool array of a device, when the Net reads the pass's loss, with every
@@ -141,19 +116,6 @@ class BlobVec(list):
 
 class Layer:
     """Base class of every layer, the built-in ones and user ``Python`` layers alike."""
-
-    #: top 0 of a loss layer gets loss_weight 1 unless the prototxt says otherwise
-    is_loss = False
-    #: set by the Net: False when this layer's backward never runs (it leads to no loss and
-    #: backward is not forced), so its forward need not keep what only the backward reads
-    backward_runs = True
-    #: True for a layer that writes its tops once and whose later forwards rely on them
-    #: (DummyData's constant fillers): a memory plan gives its tops storage of their own
-    tops_persist = False
-    #: set by the Net on a layer that absorbed others (``absorb``): whether the chain's
-    #: output stays as the chain wrote it until the chain's backward (no later layer
-    #: writes that blob in place)
-    output_survives = False
 
     def __init__(self, param, ctx=None):
         self.param = param
@@ -197,13 +159,47 @@ class Layer:
     def backward(self, top, propagate_down, bottom):
         pass
 
+    # ---- what the Net asks ----------------------------------------------------------------
+    # The Net and its MemoryPlanner (memory_planner.py) ask a layer only what this section
+    # holds; each default suits a layer that knows nothing of it. While the net is built:
+    # is_loss, fixed_param_mults, allow_force_backward. For memory: backward_runs (what
+    # the forward need not keep); under every plan but 'off', tops_persist and
+    # backward_reads; under 'inplace_abn' and the plans built on it, absorb and
+    # output_survives; under 'recompute', recomputable, recompute and rerunnable. Before
+    # each pass: before_pass, then decided.
+
+    #: top 0 of a loss layer gets loss_weight 1 unless the prototxt says otherwise
+    is_loss = False
+    #: set by the Net: False when this layer's backward never runs (it leads to no loss and
+    #: backward is not forced, or a memory plan runs the net forward only), so its forward
+    #: need not keep what only the backward reads
+    backward_runs = True
+    #: True for a layer that writes its tops once and whose later forwards rely on them
+    #: (DummyData's constant fillers): a memory plan gives its tops storage of their own
+    tops_persist = False
+    #: set by the memory planner on a layer that absorbed others (``absorb``): whether the
+    #: chain's output stays as the chain wrote it until the chain's backward (no later
+    #: layer writes that blob in place)
+    output_survives = False
+
+    def fixed_param_mults(self, index):
+        """(lr_mult, decay_mult) this layer imposes on blob ``index`` whatever the prototxt
+        says (None in either place keeps the prototxt's value), or None. BatchNorm's
+        statistics, for example, are never learned."""
+        return None
+
+    def allow_force_backward(self, bottom_index):
+        """False for inputs that are indices or selectors, which have no gradient."""
+        return True
+
     def absorb(self, layer, top):
-        """Offered by a Net whose memory plan is 'inplace_abn': ``layer`` follows this one
-        (or the last layer it absorbed) in a chain: its only bottom is the chain's output,
-        which no other layer reads and the user did not ask to keep, and ``top`` is its
-        only top. Return True to take its forward and backward into this layer's: the Net
-        then runs neither; this layer writes ``top``, reads its diff, and accumulates
-        ``layer``'s param diffs as ``layer`` would."""
+        """Offered under a memory plan that absorbs chains ('inplace_abn' and the plans
+        built on it): ``layer`` follows this one (or the last layer it absorbed) in a
+        chain: its only bottom is the chain's output, which no other layer reads and the
+        user did not ask to keep, and ``top`` is its only top. Return True to take its
+        forward and backward into this layer's: the Net then runs neither; this layer
+        writes ``top``, reads its diff, and accumulates ``layer``'s param diffs as
+        ``layer`` would."""
         return False
 
     def backward_reads(self, bottom, top):
@@ -231,18 +227,6 @@ class Layer:
         keeping the bottoms until then costs less than keeping the top."""
         return False
 
-    def fixed_param_mults(self, index):
-        """(lr_mult, decay_mult) this layer imposes on blob ``index`` whatever the prototxt
-        says (None in either place keeps the prototxt's value), or None. BatchNorm's
-        statistics, for example, are never learned."""
-        return None
-
-    def wants_param_gradient(self, index):
-        """Whether learnable blob ``index`` gets a gradient (the Net turns it off for
-        lr_mult 0; a layer built outside a Net has no flags and wants them all)."""
-        flags = self.param_propagate_down
-        return index >= len(flags) or bool(flags[index])
-
     def before_pass(self):
         """A 1-D array of values this layer's next forward decides by, or None. The Net
         reads every layer's at once at the start of a pass and hands each its host copy
@@ -253,9 +237,12 @@ class Layer:
     def decided(self, values):
         """The host copy of what ``before_pass`` returned, before the pass's forward."""
 
-    def allow_force_backward(self, bottom_index):
-        """False for inputs that are indices or selectors, which have no gradient."""
-        return True
+    # ---- what a layer's own steps use ---------------------------------------------------
+    def wants_param_gradient(self, index):
+        """Whether learnable blob ``index`` gets a gradient (the Net turns it off for
+        lr_mult 0; a layer built outside a Net has no flags and wants them all)."""
+        flags = self.param_propagate_down
+        return index >= len(flags) or bool(flags[index])
 
     def error(self, message):
         return layer_error(self.param, message)

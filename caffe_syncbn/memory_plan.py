@@ -1,5 +1,6 @@
 """Memory plans: storage shared by liveness, in a net that runs forward only and in one
-that trains.
+that trains. Which plan a net takes, and how it runs under it, is the MemoryPlanner's
+(memory_planner.py); this module lays the blobs out.
 
 Blobs that alias one array (an in-place top, Split tops, Reshape and Flatten views) form
 one group, live from the first layer that writes one of its blobs to the last layer that
@@ -20,7 +21,7 @@ weight from the forward on, and a diff that its last consumer does not write (no
 backward, or propagate_down false), so that no backward reads another blob's gradient.
 
 The arena is a plain ``empty`` array: nothing is resident until a layer writes it. A plan
-holds while the shapes do; the Net plans again when its input shapes change.
+holds while the shapes do; the planner applies it again when the input shapes change.
 """
 import collections
 
@@ -28,32 +29,6 @@ import numpy as np
 
 from .blob import address_of, out_of_memory, storage_of
 from .errors import CaffeError, quote
-
-#: the memory plans a Net takes: 'off' keeps every blob (pycaffe's Net); 'share' shares
-#: the blobs of a net that runs forward only, and the diffs of one that runs backward;
-#: 'inplace_abn' shares as 'share' does, and lets layers absorb the chains that follow
-#: them (Layer.absorb: batch norm with its Scale and ReLU); 'recompute' is 'inplace_abn'
-#: whose layers write again in the backward the tops they can (Layer.recomputable,
-#: Layer.rerunnable); 'auto' is the Net's choice between the last two (AUTO_SAVING)
-MEMORY_PLANS = ('off', 'share', 'inplace_abn', 'recompute', 'auto')
-
-
-
-def solver_plan(given, in_file, source):
-    """The plan of a solver's nets: ``given`` by its caller, else the one its file names
-    (``in_file``), else 'off', pycaffe's; a CaffeError naming whoever asked for another."""
-    plan = given or in_file or 'off'
-    if plan not in MEMORY_PLANS:
-        raise CaffeError('%smemory_plan %s: expected one of %s' % (
-            '' if given else source + ': ', quote(plan), ', '.join(MEMORY_PLANS)))
-    return plan
-
-
-#: 'auto' takes 'recompute' where its arena comes to at most this fraction of
-#: 'inplace_abn''s: each recomputed top costs one more pass, which a small saving does
-#: not repay
-AUTO_SAVING = 0.9
-
 
 #: every block starts at a multiple of this many bytes: aligned for vector loads on the
 #: host and for CuPy's kernels

@@ -9,19 +9,17 @@ import os
 import numpy as np
 
 from . import layers  # noqa: F401  (importing the package registers the built-in layer types)
-from . import caffe_pb2
-from .backend import mode_array_module, to_numpy
+from . import caffe_pb2, net_batches, net_sharing
+from .backend import mode_array_module
 from .backend.one_caller import OneCaller, one_at_a_time
 from .blob import Blob, format_bytes, memory_limit, out_of_memory_text, storage_of
 from .errors import CaffeError, layer_error, name_list, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
-from .memory_plan import MEMORY_PLANS
-from .net_batches import BatchedCalls
-from .net_memory import PlannedMemory
-from .net_sharing import WeightSharing
+from .memory_planner import DEFAULT_PLAN, MemoryPlanner, NetWiring, check_plan
 from .netparam.graph import filter_net, insert_splits, net_state
 from .netparam.layer_lines import naming_net_file
 from .netparam.upgrade import load_net_param
+from .pass_reads import decide_before_pass, read_pass
 from .weights.copy import copy_weights
 from .weights.save import net_to_proto, write_caffemodel, write_hdf5
 
@@ -31,22 +29,22 @@ PASSES_ONE_AT_A_TIME = ('a Net runs one pass at a time, its blobs holding one ba
                         'give each thread a Net of its own, sharing the weights (share_with)')
 
 
-class Net(BatchedCalls, WeightSharing, PlannedMemory):
+class Net:
     """A Caffe net. ``Net(model, phase, weights=None)`` or pycaffe's old ``Net(model, weights, phase)``.
 
     model:   prototxt path or NetParameter
     phase:   TRAIN or TEST
     level, stages: the NetState used with include/exclude rules
     context: a LayerContext (backend, dtype, communicator) shared by every layer
-    memory_plan: 'off' keeps every blob, as pycaffe's Net does; 'share', 'inplace_abn',
-             'recompute' and 'auto' share storage by liveness (memory_plan.py; a TEST net
-             without force_backward runs forward only), and ``net.blobs`` holds the inputs,
-             the outputs and the blobs named in ``keep``; ``net.memory_plan`` says which
-             plan 'auto' chose
+    memory_plan: one of memory_planner.PLANS; 'off' keeps every blob, as pycaffe's Net
+             does; the others share storage by liveness (a TEST net without force_backward
+             then runs forward only), and ``net.blobs`` holds the inputs, the outputs and
+             the blobs named in ``keep``. ``net.planner`` is the net's MemoryPlanner, and
+             ``net.memory_plan`` the plan it took ('auto' names its choice).
     """
 
     def __init__(self, model, phase=None, weights=None, level=0, stages=(), context=None,
-                 dtype=None, memory_plan='off', keep=()):
+                 dtype=None, memory_plan=DEFAULT_PLAN['pycaffe'], keep=()):
         if isinstance(phase, (str, os.PathLike)):          # old form Net(model, weights, phase)
             phase, weights = weights, phase
         if phase is None:
@@ -60,21 +58,17 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
         self.net_param = insert_splits(filter_net(param, net_state(param, phase, level, stages)))
         self.name = param.name
         self._one_caller = OneCaller("net '%s'" % self.name, PASSES_ONE_AT_A_TIME)
-        if memory_plan not in MEMORY_PLANS:
-            raise CaffeError('memory_plan %s: expected one of %s'
-                             % (quote(memory_plan), ', '.join(MEMORY_PLANS)))
-        self._plan = None
+        check_plan(memory_plan)
         if isinstance(model, caffe_pb2.NetParameter):
             self._build()
         else:
             with naming_net_file(os.fspath(model), self.net_param):
                 self._build()
-        self._chains = [[] for _ in self.layers]     # per layer: the layers it absorbed
-        self._absorbed = set()                      # the layers some layer absorbed
-        self._recomputers = {}                      # id(top) -> the layer that writes it again
-        self.memory_plan = memory_plan
-        if memory_plan != 'off':
-            self._plan_memory(list(keep), memory_plan)
+        self.planner = MemoryPlanner(memory_plan, NetWiring(
+            self.net_param, phase, context.xp, self.layers, self._bottoms, self._tops,
+            self._loss_weights, self._layer_need_backward, self._bottom_need_backward,
+            self.blobs, self.inputs, self.outputs), keep)
+        self.blobs = self.planner.shown_blobs()
         if weights:
             self.copy_from(weights)
 
@@ -159,14 +153,17 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
             bottom_need_backward.append(bottom_needs)
         self._mark_backward(layer_need_backward, bottom_need_backward)
         self.layer_by_name = dict(zip(self._layer_names, self.layers))
-        self.params = collections.OrderedDict(
-            (name, layer.blobs) for name, layer in zip(self._layer_names, self.layers) if layer.blobs)
+        self.params = self._params_by_layer()
         self.inputs = [name for lp in self.net_param.layer if lp.type == 'Input' for name in lp.top]
         self.outputs = sorted(available)          # Caffe lists them by name
         self.output_blob_loss_weights = {
             name: w for tops, ws in zip(self.top_names.values(), self._loss_weights)
             for name, w in zip(tops, ws) if w}
         self._write_loss_weights()
+
+    def _params_by_layer(self):
+        return collections.OrderedDict((name, layer.blobs) for name, layer in
+                                       zip(self._layer_names, self.layers) if layer.blobs)
 
     def _register_param(self, lp, layer, j, blob, owners, explicit_mults):
         """Apply ParamSpec j (lr_mult, decay_mult, sharing); return whether it wants a gradient.
@@ -265,27 +262,22 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
     @one_at_a_time('forward')
     def forward_prefilled(self, start=0, end=None):
         """Run layers start..end (inclusive) on the blobs as they are; return the loss."""
-        return self.read_pass(self._forward(start, end))
+        return read_pass(self.context, self._forward(start, end))
 
     def _forward(self, start, end):
         """The forward of layers start..end; the loss, on the net's device."""
         end = len(self.layers) - 1 if end is None else end
-        if self._plan is not None:
-            self._plan.enter_forward()
-            # new shapes since the last plan; a pass that goes on from a later layer (as
-            # per-layer timing runs one) is checked where it started, from layer 0
-            if self._input_shapes() != self._planned_inputs or (
-                    start == 0 and not self._plan.holds()):
-                self._apply_plan()
-        self._decide(start, end)
+        planner = self.planner
+        planner.before_forward(start)
+        decide_before_pass(self.layers[start:end + 1], self.context.xp)
         loss = 0.0
         for i in range(start, end + 1):
-            if i in self._absorbed:
+            if i in planner.absorbed:
                 continue                       # its head ran it
             layer, bottoms, tops = self.layers[i], self._bottoms[i], self._tops[i]
             try:
                 layer.reshape(bottoms, tops)
-                for k in self._chains[i]:
+                for k in planner.chains[i]:
                     self.layers[k].reshape(self._bottoms[k], self._tops[k])
                 layer.forward(bottoms, tops)
             except MemoryError as exc:
@@ -296,54 +288,17 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
                     blob.diff[...] = w
         return loss
 
-    def _decide(self, start, end):
-        """Hand the layers of the pass what they decide by (Layer.before_pass), in one read."""
-        asked = [(layer, layer.before_pass()) for layer in self.layers[start:end + 1]]
-        asked = [(layer, values) for layer, values in asked if values is not None]
-        if not asked:
-            return
-        host = to_numpy(self.context.xp.concatenate([values for _, values in asked]))
-        offset = 0
-        for layer, values in asked:
-            layer.decided(host[offset:offset + values.size])
-            offset += values.size
-
-    def read_pass(self, loss):
-        """The pass's loss as a float, and its layers' checks (LayerContext.check_later),
-        in one read of the device; raises the first check that failed."""
-        checks = self.context.pending_checks
-        if not checks and isinstance(loss, float):     # numpy's float64 is a float
-            return float(loss)
-        xp = self.context.xp
-        values = to_numpy(xp.stack([xp.asarray(loss, dtype=np.float64)] +
-                                   [failed.astype(np.float64) for failed, _, _ in checks]))
-        self.context.pending_checks = []
-        for (_, layer, message), failed in zip(checks, values[1:]):
-            if failed:
-                raise layer.error(message())
-        return float(values[0])
-
     @one_at_a_time('backward')
     def backward_from(self, start=None, end=0, after_layer=None):
         """Run backward for layers start down to end (inclusive); ``after_layer(i)`` is called
         once layer i is through (run or skipped), e.g. to start reducing its gradients."""
         start = len(self.layers) - 1 if start is None else start
-        if self._plan is not None and self._plan.forward_only:
-            raise CaffeError("net '%s' runs forward only: its memory plan shares the blobs a "
-                             "backward would read; build it with memory_plan='off'" % self.name)
-        refills = self._plan.refills if self._plan is not None else {}
+        planner = self.planner
+        planner.check_backward()
         for i in range(start, end - 1, -1):
-            if i in self._absorbed:
+            if i in planner.absorbed:
                 continue        # its head's backward runs it, and then covers its params
-            for group in refills.get(i, ()):
-                self._plan.enter_backward(group)     # written again, for its first reader
-                if group.rerun is not None:
-                    k = group.rerun
-                    self.layers[k].forward(self._bottoms[k], self._tops[k])
-                    continue
-                for blob in group.members:
-                    if id(blob) in self._recomputers:
-                        self._recomputers[id(blob)].recompute(blob)
+            planner.before_backward(i)
             if self._layer_need_backward[i]:
                 try:
                     self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
@@ -364,8 +319,7 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
                 blob.reshape(value.shape)
             blob.data[...] = value
         start_i, end_i = self._index(start, 0), self._index(end, len(self.layers) - 1)
-        if self._plan is not None and (start_i, end_i) != (0, len(self.layers) - 1):
-            self._check_partial_pass(start_i, end_i, backward=False)
+        self.planner.check_pass(start_i, end_i, backward=False)
         self.forward_prefilled(start_i, end_i)
         names = self.outputs if end is None else self.top_names[self._layer_names[end_i]]
         return {name: self.blobs[name].data for name in list(names) + list(blobs or [])}
@@ -378,19 +332,27 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
                 raise CaffeError("backward(): '%s' is not an output of net '%s'" % (name, self.name))
             self.blobs[name].diff[...] = self.context.xp.asarray(value)
         start_i, end_i = self._index(start, len(self.layers) - 1), self._index(end, 0)
-        if self._plan is not None and not self._plan.forward_only and \
-                (start_i, end_i) != (len(self.layers) - 1, 0):
-            self._check_partial_pass(start_i, end_i, backward=True)
+        self.planner.check_pass(start_i, end_i, backward=True)
         self.backward_from(start_i, end_i)
         names = self.inputs if end is None else self.bottom_names[self._layer_names[end_i]]
         return {name: self.blobs[name].diff for name in list(names) + list(diffs or [])}
+
+    def forward_all(self, blobs=None, **inputs):
+        """pycaffe's forward_all: arrays of any length in batches of the net's batch size;
+        {output name: numpy array} (net_batches.forward_all)."""
+        return net_batches.forward_all(self, blobs, inputs)
+
+    def forward_backward_all(self, blobs=None, diffs=None, **arrays):
+        """pycaffe's forward_backward_all: input arrays and output diffs in batches;
+        ({output: array}, {input: diff array}) (net_batches.forward_backward_all)."""
+        return net_batches.forward_backward_all(self, blobs, diffs, arrays)
 
     @one_at_a_time('forward_backward')
     def forward_backward(self, after_layer=None):
         """One forward and backward pass; its loss, read once both are queued."""
         loss = self._forward(0, None)
         self.backward_from(after_layer=after_layer)
-        return self.read_pass(loss)
+        return read_pass(self.context, loss)
 
     def reshape(self):
         for layer, bottoms, tops in zip(self.layers, self._bottoms, self._tops):
@@ -428,6 +390,21 @@ class Net(BatchedCalls, WeightSharing, PlannedMemory):
             if hasattr(layer, 'set_input_arrays'):
                 return layer.set_input_arrays(data, labels)
         raise CaffeError("net '%s' has no layer that takes input arrays (MemoryData)" % self.name)
+
+    def share_with(self, other):
+        """Caffe's ShareTrainedLayersWith: every layer here named as one of ``other``'s uses
+        that layer's param data (not diffs), which must match in number and shape."""
+        net_sharing.share_trained_layers(self, other)
+
+    def share_weights_with(self, other):
+        """Make this net's params the same Blobs as ``other``'s, by layer name (test nets)."""
+        net_sharing.take_params(self, other)
+        self.params = self._params_by_layer()
+
+    @property
+    def memory_plan(self):
+        """The memory plan the net took (MemoryPlanner.chosen)."""
+        return self.planner.chosen
 
     @property
     def layer_dict(self):

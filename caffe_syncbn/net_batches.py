@@ -1,5 +1,6 @@
 """pycaffe's batched calls of a Net: ``forward_all`` and ``forward_backward_all`` take arrays
-of any length and run them through the net in batches of its batch size."""
+of any length and run them through the net in batches of its batch size. They use only
+the Net's public face: ``forward``, ``backward``, ``blobs``, ``inputs`` and ``outputs``."""
 import itertools
 
 import numpy as np
@@ -8,50 +9,48 @@ from .backend import to_numpy
 from .errors import CaffeError
 
 
-class BatchedCalls:
-    """What a Net adds for pycaffe's batched calls; it needs the Net's ``forward``,
-    ``backward``, ``blobs``, ``inputs`` and ``outputs``."""
+def forward_all(net, blobs, inputs):
+    """pycaffe's forward_all: arrays of any length, run in batches of the net's batch
+    size (the last one padded with zeros); returns {output name: numpy array} with the
+    padding dropped. An output without a batch axis (a loss) gives one value per batch."""
+    if not inputs:
+        return {name: to_numpy(value).copy() for name, value in net.forward(blobs).items()}
+    collected = {}
+    for batch, real in _batches(net, inputs):
+        _collect(collected, net.forward(blobs, **batch), real)
+    return {name: np.concatenate(parts) for name, parts in collected.items()}
 
-    def forward_all(self, blobs=None, **inputs):
-        """pycaffe's forward_all: arrays of any length, run in batches of the net's batch
-        size (the last one padded with zeros); returns {output name: numpy array} with the
-        padding dropped. An output without a batch axis (a loss) gives one value per batch."""
-        if not inputs:
-            return {name: to_numpy(value).copy() for name, value in self.forward(blobs).items()}
-        collected = {}
-        for batch, real in self._batches(inputs):
-            _collect(collected, self.forward(blobs, **batch), real)
-        return {name: np.concatenate(parts) for name, parts in collected.items()}
 
-    def forward_backward_all(self, blobs=None, diffs=None, **arrays):
-        """pycaffe's forward_backward_all: input arrays (by input name) and output diffs (by
-        output name) in batches; returns ({output: array}, {input: diff array})."""
-        _check_lengths(arrays)
-        forward = self._batches({k: v for k, v in arrays.items() if k in self.inputs})
-        backward = self._batches({k: v for k, v in arrays.items() if k in self.outputs})
-        outs, grads = {}, {}
-        for (fb, real), (bb, real_b) in itertools.zip_longest(forward, backward, fillvalue=({}, None)):
-            real = real if fb else real_b
-            _collect(outs, self.forward(blobs, **fb), real)
-            _collect(grads, self.backward(diffs, **bb), real)
-        return ({name: np.concatenate(parts) for name, parts in outs.items()},
-                {name: np.concatenate(parts) for name, parts in grads.items()})
+def forward_backward_all(net, blobs, diffs, arrays):
+    """pycaffe's forward_backward_all: input arrays (by input name) and output diffs (by
+    output name) in batches; returns ({output: array}, {input: diff array})."""
+    _check_lengths(arrays)
+    forward = _batches(net, {k: v for k, v in arrays.items() if k in net.inputs})
+    backward = _batches(net, {k: v for k, v in arrays.items() if k in net.outputs})
+    outs, grads = {}, {}
+    for (fb, real), (bb, real_b) in itertools.zip_longest(forward, backward, fillvalue=({}, None)):
+        real = real if fb else real_b
+        _collect(outs, net.forward(blobs, **fb), real)
+        _collect(grads, net.backward(diffs, **bb), real)
+    return ({name: np.concatenate(parts) for name, parts in outs.items()},
+            {name: np.concatenate(parts) for name, parts in grads.items()})
 
-    def _batches(self, arrays):
-        """Yield ({name: batch array}, number of real rows) in the net's batch size."""
-        if not arrays:
-            return
-        count = _check_lengths(arrays)
-        size = self.blobs[next(iter(arrays))].shape[0] or count
-        for start in range(0, count, size):
-            real = min(size, count - start)
-            batch = {}
-            for name, values in arrays.items():
-                part = np.asarray(values[start:start + real])
-                if real < size:
-                    part = np.concatenate([part, np.zeros((size - real,) + part.shape[1:], part.dtype)])
-                batch[name] = part
-            yield batch, real
+
+def _batches(net, arrays):
+    """Yield ({name: batch array}, number of real rows) in the net's batch size."""
+    if not arrays:
+        return
+    count = _check_lengths(arrays)
+    size = net.blobs[next(iter(arrays))].shape[0] or count
+    for start in range(0, count, size):
+        real = min(size, count - start)
+        batch = {}
+        for name, values in arrays.items():
+            part = np.asarray(values[start:start + real])
+            if real < size:
+                part = np.concatenate([part, np.zeros((size - real,) + part.shape[1:], part.dtype)])
+            batch[name] = part
+        yield batch, real
 
 
 def _check_lengths(arrays):

@@ -116,7 +116,7 @@ def test_a_chain_gives_the_gradients_of_off(head, slope, in_place, dtype, plan):
     run([reference, fused])
     assert_same_gradients(reference, fused, 2e-5 if dtype == np.float32 else 1e-10)
     bn = fused.layer_by_name['bn1']
-    absorbed = [fused._layer_names[k] for k in fused._chains[fused._layer_names.index('bn1')]]
+    absorbed = [fused._layer_names[k] for k in fused.planner.chains[fused._layer_names.index('bn1')]]
     assert absorbed == (['sc1'] if 'Scale' in head else []) + \
         (['relu1'] if slope is not None else [])
     # in place, only the batch formula after a ReLU of slope 0 makes the chain keep x_hat;
@@ -129,7 +129,7 @@ def test_a_chain_gives_the_gradients_of_off(head, slope, in_place, dtype, plan):
     assert len(kept) == (1 if in_place and not bn._recovered else 0)
     # what keeps x_hat in place writes its output again for the backward
     written_again = [fused._layer_names[fused.layers.index(layer)]
-                     for layer in fused._recomputers.values()]
+                     for layer in fused.planner.recomputers.values()]
     assert written_again == (['bn1'] if plan == 'recompute' and in_place and slope != 0.1 and
                              head != 'BatchNorm(global)+Scale' and
                              not (head == 'BatchNorm+Scale' and slope is None) else [])
@@ -164,7 +164,7 @@ def test_a_kept_or_shared_blob_ends_the_chain():
     text = chain_net('BatchNorm+Scale', 0.0, False)
     net = caffe.Net(parse_text(text, caffe_pb2.NetParameter()), caffe.TRAIN,
                     memory_plan='inplace_abn', keep=['sc1'])
-    assert [net._layer_names[k] for k in net._chains[net._layer_names.index('bn1')]] == ['sc1']
+    assert [net._layer_names[k] for k in net.planner.chains[net._layer_names.index('bn1')]] == ['sc1']
 
 
 def test_a_forward_only_net_fuses_the_inference_chain():
@@ -177,7 +177,7 @@ def test_a_forward_only_net_fuses_the_inference_chain():
         b.data[...] = a.data
     x = rs.standard_normal((4, 3, 6, 6))
     outputs = [net.forward(x=x, label=np.zeros(4))['loss'] for net in nets]
-    assert nets[1]._chains[nets[1]._layer_names.index('bn1')] != []
+    assert nets[1].planner.chains[nets[1]._layer_names.index('bn1')] != []
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-6)
 
 
@@ -196,7 +196,7 @@ def test_the_cuda_chain_in_the_emulation_gives_the_host_gradients(monkeypatch, h
                              plans=('off', plan))
     run([reference, fused])
     assert_same_gradients(reference, fused, 2e-4 if dtype == np.float32 else 1e-10)
-    assert bool(fused._recomputers) == (plan == 'recompute' and (
+    assert bool(fused.planner.recomputers) == (plan == 'recompute' and (
         slope is None and head == 'SyncBN' or slope == 0 and head != 'BatchNorm(global)+Scale'))
     fused_kernels = {name for name in called if name.startswith('fused_')}
     if head == 'SyncBN' and slope is None:       # nothing to absorb; recompute writes y again
@@ -225,7 +225,7 @@ def test_resnet50_gives_the_gradients_of_off():
         net.forward_prefilled()
         net.blobs['prob'].diff[...] = np.eye(1000)[[3, 7]] - net.blobs['prob'].data
         net.backward_from()
-    assert sum(map(len, fused._chains)) == 53 + 33 + 16    # Scales, ReLUs after them and after the sums
+    assert sum(map(len, fused.planner.chains)) == 53 + 33 + 16    # Scales, ReLUs after them and after the sums
     assert all(layer._recovered for layer in fused.layers if getattr(layer, 'chain', None))
     for j, (a, b) in enumerate(zip(reference.learnable_params, fused.learnable_params)):
         scale = max(float(np.abs(a.diff).max()), 1e-6)
@@ -255,7 +255,7 @@ def test_resnet50_with_batch_statistics_is_as_close_to_float64_as_off():
         net.forward_prefilled()
         net.blobs['prob'].diff[...] = np.eye(1000)[[3, 7]] - net.blobs['prob'].data
         net.backward_from()
-    assert len(nets[3]._recomputers) == 33               # the chains with a ReLU
+    assert len(nets[3].planner.recomputers) == 33               # the chains with a ReLU
 
     def error(net):
         return max(float(np.abs(a.diff - b.diff).max() / max(np.abs(a.diff).max(), 1e-6))
@@ -272,7 +272,7 @@ def train(plan, steps=10):
     solver.set_data_source(lambda: next(feed))
     solver.step(steps)
     weights = [to_numpy(b.data).copy() for layer in solver.net.layers for b in layer.blobs]
-    chains = solver.net._chains
+    chains = solver.net.planner.chains
     solver.close()
     return weights, chains
 
@@ -319,6 +319,6 @@ def test_an_eltwise_sum_absorbs_its_relu(monkeypatch, slope, in_place, coeff, ke
     text = RESIDUAL % {'sum': 's', 'out': 's' if in_place else 'r', 'coeff': coeff, 'slope': slope}
     reference, fused = twins(text, kernels=kernels)
     run([reference, fused])
-    assert fused._chains[fused._layer_names.index('sum')] == [fused._layer_names.index('relu')]
+    assert fused.planner.chains[fused._layer_names.index('sum')] == [fused._layer_names.index('relu')]
     assert_same_gradients(reference, fused, 2e-5)
     assert ({'fused_eltwise_sum_relu', 'fused_eltwise_sum_relu_backward'} <= called) == kernels

@@ -92,16 +92,16 @@ def test_resnet50_shares_a_few_buffers_and_gives_the_same_outputs():
     inputs = inputs_of(kept)
     same_outputs(kept, planned, inputs)
     all_blobs = sum(blob.data.nbytes for blob in kept.blobs.values())
-    arena = planned._plan.arena.nbytes
-    assert most_bytes_live(planned._plan.groups) <= arena <= 1.05 * most_bytes_live(
-        planned._plan.groups) and arena < all_blobs / 10
+    arena = planned.planner.plan.arena.nbytes
+    assert most_bytes_live(planned.planner.plan.groups) <= arena <= 1.05 * most_bytes_live(
+        planned.planner.plan.groups) and arena < all_blobs / 10
     # a new input shape plans again, and the outputs stay the same; back to the first
     # shape, the arena is as it was (each block sized for its blob, not for its old block)
     bigger = {name: np.concatenate([x, x[::-1]]) for name, x in inputs_of(kept, 2).items()}
     same_outputs(kept, planned, bigger)
-    assert planned._plan.holds() and planned._plan.arena.nbytes > arena
+    assert planned.planner.plan.holds() and planned.planner.plan.arena.nbytes > arena
     same_outputs(kept, planned, inputs)
-    assert planned._plan.arena.nbytes == arena
+    assert planned.planner.plan.arena.nbytes == arena
 
 
 def most_bytes_live(groups):
@@ -161,7 +161,7 @@ def test_a_top_never_takes_the_buffer_of_a_bottom_of_its_own_layer():
     layer { name: "e" type: "Sigmoid" bottom: "d" top: "e" }'''
     param = _text_param(text)
     kept, planned = twin_nets(param)
-    plan = planned._plan
+    plan = planned.planner.plan
     assert len({group.offset for group in plan.groups}) < len(plan.groups)   # d reuses a's
     for group in plan.groups:
         for other in plan.groups:

@@ -12,7 +12,7 @@ from caffe_syncbn import caffe_pb2
 from caffe_syncbn.blob import Blob
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import LayerContext
-from caffe_syncbn.memory_plan import MEMORY_PLANS
+from caffe_syncbn.memory_planner import MEMORY_PLANS
 from caffe_syncbn.training.rules import RULES
 from caffe_syncbn.formats.solverstate import SolverState, read_solver_state, write_solver_state
 from caffe_syncbn.netparam.solver_param import load_solver_param

@@ -93,13 +93,13 @@ def test_resnet50_diffs_share_a_few_buffers():
     same_gradients(nets, inputs_of(nets[0]))
     kept, shared = nets
     every_blob = sum(blob.data.nbytes + blob.diff.nbytes for blob in kept.blobs.values())
-    arena = shared._plan.arena.nbytes
-    assert most_bytes_live(shared._plan.groups) <= arena < every_blob / 2.5
+    arena = shared.planner.plan.arena.nbytes
+    assert most_bytes_live(shared.planner.plan.groups) <= arena < every_blob / 2.5
     # a new input shape plans again
     same_gradients(nets, {name: np.concatenate([x, x[::-1]])
                           for name, x in inputs_of(kept, 2).items()})
-    assert shared._plan.holds() and abs(shared._plan.arena.nbytes - 2 * arena) < 2 * len(
-        shared._plan.groups) * memory_plan.ALIGNMENT
+    assert shared.planner.plan.holds() and abs(shared.planner.plan.arena.nbytes - 2 * arena) < 2 * len(
+        shared.planner.plan.groups) * memory_plan.ALIGNMENT
 
 
 BRANCHES = '''name: "branches"
@@ -132,9 +132,10 @@ def test_kept_and_unwritten_diffs_have_storage_of_their_own():
             b.data[...] = a.data
     same_gradients(nets, inputs)
     kept, shared = nets
-    by_name = {name: blob for names, blobs in zip(shared.top_names.values(), shared._tops)
+    by_name = {name: blob for names, blobs in zip(shared.top_names.values(),
+                                                  shared.planner.wiring.tops)
                for name, blob in zip(names, blobs)}
-    planned_diffs = {id(group.owner) for group in shared._plan.groups if group.is_diff}
+    planned_diffs = {id(group.owner) for group in shared.planner.plan.groups if group.is_diff}
     for name in ('left', 'x', 'loss', 'a_relu_0_split_1'):
         assert id(by_name[name]) not in planned_diffs, name
     np.testing.assert_array_equal(shared.blobs['left'].diff, kept.blobs['left'].diff)
@@ -216,8 +217,8 @@ def test_recompute_runs_a_concat_again_and_its_gradients_stay_bitwise():
         same_gradients(nets, inputs, tol=1e-4)
         runs[plan] = nets[1]
     lean, full = runs['inplace_abn'], runs['recompute']
-    names = {full._layer_names[g.rerun] for g in full._plan.groups if g.rerun is not None}
-    assert 'cat' in names and full._plan.arena.nbytes < lean._plan.arena.nbytes
+    names = {full._layer_names[g.rerun] for g in full.planner.plan.groups if g.rerun is not None}
+    assert 'cat' in names and full.planner.plan.arena.nbytes < lean.planner.plan.arena.nbytes
     for a, b in zip(lean.learnable_params, full.learnable_params):
         np.testing.assert_array_equal(a.diff, b.diff)
     np.testing.assert_array_equal(lean.blobs['x'].diff, full.blobs['x'].diff)
@@ -228,7 +229,7 @@ def test_auto_takes_recompute_only_where_it_saves_a_tenth():
     for name, param in (('pyramid', _text_param(PYRAMID)), ('branches', _text_param(BRANCHES))):
         for plan in ('auto', 'inplace_abn', 'recompute'):
             net = caffe.Net(param, caffe.TRAIN, memory_plan=plan)
-            arenas[name, plan] = net._plan.arena.nbytes, net.memory_plan
+            arenas[name, plan] = net.planner.plan.arena.nbytes, net.memory_plan
     assert arenas['pyramid', 'auto'] == (arenas['pyramid', 'recompute'][0], 'recompute')
     assert arenas['pyramid', 'recompute'][0] <= 0.9 * arenas['pyramid', 'inplace_abn'][0]
     assert arenas['branches', 'auto'] == (arenas['branches', 'inplace_abn'][0], 'inplace_abn')
@@ -251,7 +252,7 @@ def test_recompute_runs_the_concat_again_on_the_cuda_kernels(monkeypatch):
     rs = np.random.RandomState(7)
     same_gradients(nets, {'x': rs.standard_normal((2, 3, 16, 16)),
                           'label': rs.randint(0, 8, (2, 1, 64, 64)).astype(float)}, tol=1e-4)
-    assert any(nets[1]._layer_names[g.rerun] == 'cat' for g in nets[1]._plan.groups
+    assert any(nets[1]._layer_names[g.rerun] == 'cat' for g in nets[1].planner.plan.groups
                if g.rerun is not None)
 
 

@@ -26,7 +26,7 @@ from ..comm.mpi import ending_job_on_error, job_link
 from ..errors import CaffeError
 from ..formats.regular import require_regular
 from ..glog import setup_logging
-from ..memory_plan import MEMORY_PLANS
+from ..memory_planner import DEFAULT_PLAN, MEMORY_PLANS, describe_plans
 from ..netparam.solver_param import load_solver_param
 from ..netparam.upgrade import load_net_param
 from ..netparam.upgrade_file import upgrade_file
@@ -108,14 +108,9 @@ def _parser(command):
         p.flag('input_shape', type=convert_command.parse_shape, metavar='N,C,H,W',
                help="the data's shape (default: what the data layers' sources give)")
     if command in ('train', 'test', 'time'):
-        p.flag('memory_plan', choices=MEMORY_PLANS,
-               help="share: storage shared by liveness, the blobs' of a net that runs "
-                    "forward only, the diffs' of one that trains; inplace_abn: share, and "
-                    'batch norms run the Scale and ReLU after them and keep only their '
-                    'output; recompute: inplace_abn, and outputs written again for the '
-                    'backward; auto (the default%s): recompute where it saves a tenth of '
-                    'the memory, else inplace_abn; off: every blob keeps its own, as in Caffe'
-                    % (', unless the solver file sets memory_plan' if command == 'train' else ''))
+        plans = describe_plans(DEFAULT_PLAN['command'], 'the default, unless the solver '
+                               'file sets memory_plan' if command == 'train' else 'the default')
+        p.flag('memory_plan', choices=MEMORY_PLANS, help=plans.replace('%', '%%'))  # argparse's %
         p.flag('level', type=int, metavar='N', help='the NetState level')
         p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
                help="NetState stages separated by ',' (the flag may repeat)")
@@ -179,11 +174,6 @@ def _report(link, exc):
     print('[rank %d] %s' % (link.rank, text), file=sys.stderr, flush=True)
 
 
-#: the memory plan of train, test and time where neither -memory_plan nor the solver file
-#: names one
-DEFAULT_PLAN = 'auto'
-
-
 def _train(args):
     if args.weights and args.snapshot:
         raise CaffeError('%s train: give -weights (to finetune) or -snapshot (to resume), not '
@@ -197,8 +187,8 @@ def _train(args):
     solver = get_solver(args.solver, devices=devices, sync_bn=args.sync_bn, level=args.level,
                         stages=args.stage, weights=weights if args.weights or args.snapshot
                         else None, mode='async' if args.async_updates else 'sync',
-                        max_staleness=args.max_staleness,
-                        memory_plan=args.memory_plan or param.memory_plan or DEFAULT_PLAN)
+                        max_staleness=args.max_staleness, memory_plan=args.memory_plan or
+                        param.memory_plan or DEFAULT_PLAN['command'])
     solver.nan_effect = args.nan_effect
     requests = None
     try:
@@ -259,7 +249,7 @@ def test(args):
 
     net = _build_on(devices, lambda: Net(args.model, TEST if args.phase == 'TEST' else TRAIN,
                                          level=args.level or 0, stages=args.stage,
-                                         memory_plan=args.memory_plan or DEFAULT_PLAN),
+                                         memory_plan=args.memory_plan or DEFAULT_PLAN['command']),
                    weights)
     if net.inputs:
         log.warning('Input blobs %s are not filled by the net; they stay zero',
@@ -289,7 +279,7 @@ def time_command(args):
     devices = select_device(args)
     net = _build_on(devices, lambda: build_timing_net(args.model, args.batch, args.phase,
                                                       args.level or 0, args.stage,
-                                                      args.memory_plan or DEFAULT_PLAN,
+                                                      args.memory_plan or DEFAULT_PLAN['command'],
                                                       args.input_shape))
     log.info('Performing Forward')
     log.info('Initial loss: %g', net.forward_prefilled())

@@ -8,6 +8,7 @@ import traceback
 
 from .. import TEST, TRAIN, Net
 from ..errors import CaffeError
+from ..memory_planner import DEFAULT_PLAN
 from .timing import timing_net_param
 
 
@@ -62,8 +63,8 @@ def run_main(main):
         sys.exit(130)
 
 
-def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=(), memory_plan='off',
-                     input_shape=None):
+def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=(),
+                     memory_plan=DEFAULT_PLAN['pycaffe'], input_shape=None):
     """A Net for timing (timing.timing_net_param: Input layers of batch ``batch``, shaped
     by their sources or ``input_shape``, backward forced), as the benchmarks time it."""
     phase = TRAIN if phase == 'TRAIN' else TEST

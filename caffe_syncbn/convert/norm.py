@@ -5,6 +5,7 @@ import collections
 from .. import caffe_pb2
 from ..formats.caffemodel import read_weights
 from ..netparam.upgrade import load_net_param
+from ..syncbn_policy import CONVERTED, is_frozen, syncbn_statistics
 from ..weights.copy import arrays_of, with_shared_params
 from ..weights.norm_forms import fit_norm_weights, norm_units
 
@@ -42,10 +43,9 @@ def _syncbn_layer(bn, scale):
         return layer
     bp = bn.batch_norm_param
     p.eps = bp.eps
-    # Caffe's sums, not an average: the same blobs as BatchNorm after any number of steps
-    p.statistics = caffe_pb2.BNParameter.BATCHNORM
+    p.statistics = syncbn_statistics(bn)
     p.momentum = bp.moving_average_fraction
-    p.frozen = bp.use_global_stats if bp.HasField('use_global_stats') else False
+    p.frozen = is_frozen(bn)
     p.slope_filler.type, p.slope_filler.value = 'constant', 1.0
     if scale is None:
         layer.param.extend([fixed, fixed])
@@ -66,8 +66,8 @@ def _syncbn_layer(bn, scale):
 
 
 def to_syncbn(net_param, weights=None):
-    """``(net_param, weights)`` with every BatchNorm(+Scale) and BN turned into SyncBN; one
-    made of a BatchNorm keeps its statistics as BatchNorm does (``statistics: BATCHNORM``).
+    """``(net_param, weights)`` with every BatchNorm(+Scale) and BN turned into SyncBN, each
+    keeping the statistics of the layer it was (syncbn_policy: what converts, and how).
 
     net_param: a NetParameter or prototxt path; weights: None, a caffemodel path (binary or
     HDF5), a NetParameter with blobs, or {layer name: [arrays]}. The weights come back as
@@ -84,7 +84,7 @@ def to_syncbn(net_param, weights=None):
     for i, layer in enumerate(layers):
         if i in absorbed:
             continue
-        if layer.type in ('BatchNorm', 'BN'):
+        if layer.type in CONVERTED:
             out.layer.add().CopyFrom(_syncbn_layer(layer, scales.get(i)))
         else:
             out.layer.add().CopyFrom(layer)

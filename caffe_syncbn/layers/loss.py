@@ -2,7 +2,7 @@
 
 Every loss divides its summed loss by ``LossLayer.normalizer``: the one place that turns
 Caffe's normalization modes into a divisor. It takes the count over all replicas (through
-``LayerContext.loss_normalizer``), so N replicas with averaged gradients equal one device
+``syncbn_policy.loss_normalizer``), so N replicas with averaged gradients equal one device
 on the whole batch; alone it is Caffe's ``max(1, count)``.
 Labels arrive as float blobs and are truncated to int, as Caffe's ``static_cast<int>`` does.
 """
@@ -11,6 +11,7 @@ import numpy as np
 from .. import caffe_pb2
 from ..formats.blobs import read_blob_proto
 from ..layer import Layer, register
+from ..syncbn_policy import loss_normalizer
 from . import loss_gpu
 from .loss_gpu import bad_label_message
 
@@ -94,7 +95,7 @@ class LossLayer(Layer):
             count = full_count if valid is None else valid.sum()
         else:
             raise self.error('unknown loss normalization mode %r' % mode)
-        return self.ctx.loss_normalizer(count)
+        return loss_normalizer(self.ctx.comm, count)
 
     def set_loss(self, top, loss_sum, normalizer):
         self._normalizer = normalizer

@@ -20,7 +20,7 @@ Rules kept from the fork (docs/detection.md lists them):
   the variances; its gradient then leaves out that factor, this layer's does not.
 
 Data parallelism: matching and mining stay within each image, and the normalizer is
-the count over all replicas (LayerContext.loss_normalizer), so N replicas of b images
+the count over all replicas (syncbn_policy.loss_normalizer), so N replicas of b images
 with averaged gradients equal one device on N * b images.
 """
 import numpy as np
@@ -28,6 +28,7 @@ import numpy as np
 from .. import caffe_pb2
 from ..backend import to_numpy
 from ..layer import Layer, register
+from ..syncbn_policy import loss_normalizer
 from . import boxes as host_boxes
 from . import detection_gpu
 from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, decode_boxes
@@ -270,7 +271,7 @@ class MultiBoxLossLayer(Layer):
         if self.normalization == LOSS.NONE:
             self.normalizer_value = 1.0 / self.ctx.replicas
         elif self.normalization in count:
-            self.normalizer_value = self.ctx.loss_normalizer(count[self.normalization])
+            self.normalizer_value = loss_normalizer(self.ctx.comm, count[self.normalization])
         else:
             raise self.error('unknown loss normalization mode %r' % self.normalization)
         loss = 0.0

@@ -36,7 +36,7 @@ union of every replica's local batch:
 * Parameter gradients: dslope = sum(dy*x_hat) and dbias = sum(dy) over the LOCAL
   batch, like every other layer's param diffs. The data-parallel solver averages
   param diffs over the R replicas, and the global loss normalizer
-  (LayerContext.loss_normalizer) makes each replica's top diff R times the
+  (syncbn_policy.loss_normalizer) makes each replica's top diff R times the
   one-device gradient of its samples, so the average is exactly the one-device
   gradient of the whole batch; put plainly, the SUM over replicas of the local
   param diffs is the gradient of the loss whose gradient the top diffs are.
@@ -55,8 +55,8 @@ an engine's (norm_math.py says what one does), chosen once at setup: the CUDA ke
 """
 import numpy as np
 
-from .. import caffe_pb2
 from ..layer import TEST, Layer, register
+from ..syncbn_policy import keeps_sums
 from . import norm_cpu, norm_gpu, norm_math
 from .norm_chain import Chain
 from .norm_math import STAT, RunningAverage, RunningSums, channel_view, inverse_std, moments
@@ -362,7 +362,7 @@ class SyncBN(BN):
     affine_frozen = False
 
     def make_statistics(self, p):
-        if p.statistics == caffe_pb2.BNParameter.BATCHNORM:
+        if keeps_sums(self.param):
             return RunningSums(self, self.STATISTICS, p.momentum)
         return RunningAverage(self, self.STATISTICS, p.momentum, unbiased_variance=True)
 

@@ -37,7 +37,7 @@ from concurrent import futures
 import numpy as np
 
 from ..backend import to_numpy
-from ..errors import CaffeError
+from ..syncbn_policy import check_asynchronous
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -155,12 +155,7 @@ class Asynchronous:
 
     def train_net(self, build_alone, root):
         """The holder: a net of its own on process 0 (the replicas compute on theirs)."""
-        names = [layer.name for layer in root.layers if layer.type == 'SyncBN']
-        if names:
-            raise CaffeError('-async cannot train SyncBN layers (%s): they normalize with the '
-                             'statistics of all replicas in the same step, and asynchronous '
-                             'replicas take no steps together; use BatchNorm or BN'
-                             % ', '.join(names))
+        check_asynchronous(layers=root.layers)
         net = self.replicas.nets[0]
         updated = {id(b) for b, lr in zip(net.learnable_params, net.params_lr) if lr != 0}
         self._kept = [i for i, blob in enumerate(b for layer in net.layers for b in layer.blobs)

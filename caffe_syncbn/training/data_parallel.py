@@ -5,7 +5,8 @@ Rules (the README states them for users):
   pipeline draws a global batch of R x batch_size per forward and splits it over the R
   replicas along axis 0 (unevenly when the source gives fewer samples).
 - Each replica runs forward and backward on its slice. Loss layers divide by the GLOBAL
-  normalizer (see LayerContext.loss_normalizer) and SyncBN layers use global statistics.
+  normalizer and SyncBN layers use global statistics (syncbn_policy.py: SyncBN's policy,
+  what -sync_bn converts, and what -async refuses).
 - The gradients of the learned params are summed over replicas and divided by R, so the
   result is the gradient of one device on the whole batch. The sums run in buckets that
   start while backward goes on (gradient_buckets.py). Every replica then applies the same
@@ -36,6 +37,7 @@ from ..errors import CaffeError
 from ..formats.atomic import atomic_write
 from ..layer import TRAIN, LayerContext
 from ..net import Net
+from ..syncbn_policy import check_asynchronous
 from .asynchronous import Asynchronous
 from .device_names import describe_devices, parse_devices
 from .replicas import Replicas
@@ -73,10 +75,8 @@ class DataParallelSolver(Solver):
                  link='auto', memory_plan=None):
         if mode not in MODES:
             raise CaffeError('mode %r: expected one of %s' % (mode, ', '.join(MODES)))
-        if mode == 'async' and sync_bn:
-            raise CaffeError('-async cannot run with -sync_bn: SyncBN normalizes with the '
-                             'statistics of all replicas in the same step, and asynchronous '
-                             'replicas take no steps together')
+        if mode == 'async':
+            check_asynchronous(sync_bn=sync_bn)
         if max_staleness is not None and (mode != 'async' or max_staleness < 0):
             raise CaffeError('-max_staleness %s: needs -async and a number >= 0' % max_staleness)
         devices = parse_devices(devices)

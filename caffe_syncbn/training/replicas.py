@@ -55,7 +55,7 @@ class Replicas:
     def __len__(self):
         return len(self.devices)
 
-    def build(self, net_param, phase, seed, xp, dtype, memory_plan='off'):
+    def build(self, net_param, phase, seed, xp, dtype, memory_plan):
         """The replica nets, built one after another: the fillers share one seeded RNG, and
         replica 0 must draw the same weights whatever the number of devices (the others
         get its weights anyway). Each replica's own RNG (Dropout, ...) follows its global

@@ -30,7 +30,7 @@ from ..fillers import set_random_seed
 from ..formats.atomic import remove_stale_temporaries
 from ..glog import log_to_stderr_unless_configured
 from ..layer import LayerContext
-from ..memory_plan import solver_plan
+from ..memory_planner import DEFAULT_PLAN, check_plan
 from ..net import Net
 from ..net_sharing import holds_only_params_of
 from ..netparam.layer_lines import naming_net_file
@@ -61,7 +61,7 @@ class Solver:
     ``dtype`` and ``xp`` choose the float type and backend of the nets it builds;
     ``strategy`` where the passes and updates run (see the module docstring; ``OneNet``
     unless given); ``memory_plan`` the Net's memory plan for the nets it builds (None:
-    the solver file's ``memory_plan``, else 'off', which keeps every diff as pycaffe's).
+    the solver file's ``memory_plan``, else pycaffe's default, DEFAULT_PLAN).
     """
 
     rule_class = None
@@ -77,7 +77,8 @@ class Solver:
         else:
             self.source = os.fspath(solver)
             self.param = load_solver_param(self.source)
-        self.memory_plan = solver_plan(memory_plan, self.param.memory_plan, self.source)
+        self.memory_plan = check_plan(memory_plan or self.param.memory_plan or
+                                      DEFAULT_PLAN['pycaffe'], None if memory_plan else self.source)
         self.xp = xp
         self.dtype = np.dtype(dtype or (net.context.dtype if net is not None else np.float32))
         p = self.param

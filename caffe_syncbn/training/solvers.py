@@ -53,8 +53,7 @@ def get_solver(solver, devices=None, sync_bn=False, dtype=None, level=None, stag
     'async' makes asynchronous updates, with replicas at most ``max_staleness`` updates
     ahead of the slowest (None: no bound). Under mpiexec or srun, every process's devices
     join one run. ``memory_plan`` is the nets' (Net's ``memory_plan``); None takes the
-    solver file's ``memory_plan``, else 'off', which keeps every blob's diff as pycaffe's
-    solver does.
+    solver file's ``memory_plan``, else pycaffe's default (memory_planner.DEFAULT_PLAN).
 
     ``devices=None``: pycaffe's single-device solver of the file's type (``add_callback``
     works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype`` and

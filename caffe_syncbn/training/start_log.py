@@ -4,6 +4,7 @@ their running statistics."""
 import logging
 import time
 
+from ..syncbn_policy import start_lines
 from ..weights.norm_forms import norm_units
 
 log = logging.getLogger('caffe_syncbn')
@@ -33,32 +34,6 @@ def log_batches(readers, input_layers, replication, iter_size):
 
 def log_sync_bn(net_param):
     """Say what --sync-bn turns into SyncBN, how their running statistics accumulate, and
-    which of them keep frozen statistics."""
-    units = norm_units(net_param.layer)
-    if not units:
-        log.warning("--sync-bn: net '%s' has no BatchNorm or BN layer; nothing is synchronized",
-                    net_param.name)
-        return
-    forms = [('BatchNorm+Scale', sum(u.kind == 'BatchNorm' and u.scale_name is not None
-                                      for u in units)),
-             ('BatchNorm', sum(u.kind == 'BatchNorm' and u.scale_name is None for u in units)),
-             ('BN', sum(u.kind == 'BN' for u in units)),
-             ('SyncBN', sum(u.kind == 'SyncBN' for u in units))]
-    log.info('--sync-bn: %d layer(s) run as SyncBN (%s)', len(units),
-             ', '.join('%d %s' % (n, form) for form, n in forms if n))
-    sums = sum(u.keeps_sums for u in units)
-    conventions = [("%d as BatchNorm's sums (moving_average_fraction)" % sums, sums),
-                   ('%d as a momentum average' % (len(units) - sums), len(units) - sums)]
-    log.info('--sync-bn: running statistics of the global batch, kept %s',
-             ' and '.join(text for text, n in conventions if n))
-    frozen = [u.name for u in units if _is_frozen(net_param.layer[u.index])]
-    if frozen:
-        log.info('--sync-bn: %d of them keep their running statistics (use_global_stats: true '
-                 'or frozen: true), as frozen SyncBN: %s', len(frozen), ', '.join(frozen))
-
-
-def _is_frozen(layer):
-    if layer.type == 'BatchNorm':
-        p = layer.batch_norm_param
-        return p.HasField('use_global_stats') and p.use_global_stats
-    return layer.bn_param.frozen
+    which of them keep frozen statistics (syncbn_policy.start_lines)."""
+    for level, line in start_lines(net_param, norm_units(net_param.layer)):
+        log.log(level, line)

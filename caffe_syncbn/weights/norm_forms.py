@@ -28,20 +28,14 @@ import math
 
 import numpy as np
 
-from .. import caffe_pb2
 from ..errors import CaffeError
 from ..formats.caffemodel import as_array
+from ..syncbn_policy import keeps_sums
 
 NormUnit = collections.namedtuple('NormUnit',
                                   'kind name index scale_name scale_index keeps_sums')
 #: ``sums``: BatchNorm's (mean_sum, var_sum, factor) as stored, or None
 NormStats = collections.namedtuple('NormStats', 'mean var slope bias dtype sums')
-
-
-def keeps_sums(layer):
-    """Whether a batch norm layer keeps BVLC BatchNorm's sums (not a momentum average)."""
-    return layer.type == 'BatchNorm' or (
-        layer.type == 'SyncBN' and layer.bn_param.statistics == caffe_pb2.BNParameter.BATCHNORM)
 
 
 def _form_blobs(unit):
