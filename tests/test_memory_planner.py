@@ -85,8 +85,8 @@ def test_every_default_comes_from_default_plan(monkeypatch, tmp_path):
     model.write_text(RELU_CHAIN)
     asked = []
 
-    def timing_net(*args):
-        asked.append(args[-1])
+    def timing_net(model, batch, phase, level, stages, memory_plan, input_shape=None):
+        asked.append(memory_plan)
         raise caffe.CaffeError('stop here')
     monkeypatch.setattr(commands, 'build_timing_net', timing_net)
     monkeypatch.setitem(DEFAULT_PLAN, 'command', 'recompute')
