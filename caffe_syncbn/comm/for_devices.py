@@ -12,7 +12,7 @@ from . import mpi
 from .nccl import NcclComm
 from .same_device import SameDeviceComm
 from .solo import SoloComm
-from .thread import ThreadComm
+from .rendezvous import ThreadComm
 
 
 def communicators(devices, link=None):
