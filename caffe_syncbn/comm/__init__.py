@@ -12,7 +12,7 @@ from .base import (CollectiveMismatch, CommAborted, Communicator, CompletedHandl
                    Handle)
 from .for_devices import communicators
 from .solo import SoloComm
-from .rendezvous import ThreadComm
+from .thread import ThreadComm
 
 __all__ = ['CollectiveMismatch', 'CommAborted', 'Communicator', 'CompletedHandle',
            'Handle', 'SoloComm', 'ThreadComm', 'communicators']

@@ -12,7 +12,7 @@ from . import mpi
 from .nccl import NcclComm
 from .same_device import SameDeviceComm
 from .solo import SoloComm
-from .rendezvous import ThreadComm
+from .thread import ThreadComm
 
 
 def communicators(devices, link=None):

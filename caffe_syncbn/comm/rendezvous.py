@@ -286,29 +286,3 @@ class _Helper:
                 handle.finish(result=fn(*args))
             except BaseException as exc:      # handed to the waiting caller
                 handle.finish(error=exc)
-
-
-class ThreadComm(GroupMember):
-    """One member of a group of threads; build the group with ``ThreadComm.create(n)``."""
-
-    @classmethod
-    def create(cls, size, timeout=DEFAULT_TIMEOUT):
-        group = Group(size, timeout)
-        return [cls(group, rank) for rank in range(size)]
-
-    def allreduce(self, array, tag=None):
-        return self.in_order(self.allreduce_host, _host_array(array), tag)
-
-    def allreduce_async(self, array, tag=None):
-        return self.in_order_async(self.allreduce_host, _host_array(array), tag)
-
-    def broadcast(self, array, root=0, tag=None):
-        if not 0 <= root < self.size:
-            raise ValueError('broadcast root %d out of range for %d members' % (root, self.size))
-        return self.in_order(self.broadcast_host, _host_array(array), root, tag)
-
-
-def _host_array(array):
-    if not isinstance(array, np.ndarray):
-        raise TypeError('ThreadComm works on numpy arrays, got %s' % type(array).__name__)
-    return array
