@@ -27,11 +27,11 @@ from ..errors import CaffeError
 from ..formats.regular import require_regular
 from ..glog import setup_logging
 from ..memory_plan import MEMORY_PLANS
-from ..netparam.solver_param import load_solver_param
 from ..netparam.upgrade import load_net_param
 from ..netparam.upgrade_file import upgrade_file
 from ..pycaffe.draw import draw_net_to_file
-from ..training.solvers import get_solver
+from ..training.rules import rule_class
+from ..training.solvers import checked_solver_param, get_solver
 from . import convert as convert_command
 from .common import build_timing_net, progress_bar, run_main
 from .devices import device_query, select_device, train_devices
@@ -210,7 +210,7 @@ def _train(args):
     weights = _paths(args.weights)
     _require_files([('-solver', args.solver), ('-snapshot', args.snapshot)] +
                    [('-weights', path) for path in weights])
-    param = load_solver_param(args.solver)
+    param = checked_solver_param(args.solver)
     devices = train_devices(args, param)
     # as caffe train: -weights replace the solver's weights, and -snapshot drops them
     solver = get_solver(args.solver, devices=devices, sync_bn=args.sync_bn, level=args.level,
@@ -344,7 +344,7 @@ def draw(args):
 
 def upgrade(args):
     _require_files([('source', args.source)])
-    upgrade_file(args.source, args.target)
+    upgrade_file(args.source, args.target, check_solver_type=rule_class)
     return 0
 
 

@@ -62,11 +62,12 @@ class Solver:
         log_to_stderr_unless_configured()
         self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
-            self.param = upgrade_solver_param(copy_message(solver))
-            self.source = 'solver'
+            self.param, self.source = upgrade_solver_param(copy_message(solver)), 'solver'
         else:
             self.source = os.fspath(solver)
             self.param = load_solver_param(self.source)
+        named = rule_class(self.param.type, self.source)    # checked where a class forces one too
+        self.rule_class = self.rule_class or named
         self.memory_plan = memory_plan or self.param.memory_plan or 'off'
         if self.memory_plan not in MEMORY_PLANS:        # named by the caller or by the file
             raise CaffeError('%smemory_plan %s: expected one of %s' % (
@@ -75,7 +76,6 @@ class Solver:
         self.xp = xp
         self.dtype = np.dtype(dtype or (net.context.dtype if net is not None else np.float32))
         p = self.param
-        self.rule_class = self.rule_class or rule_class(p.type)
         self.iter = 0
         check_solver_param(p, self.source)
         if net is None:
