@@ -13,7 +13,7 @@ from cuda_emulation import emulated_kernels
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2, memory_plan
 from caffe_syncbn.backend import cuda_kernels, to_numpy
-from caffe_syncbn.cli.timing import timing_net_param
+from caffe_syncbn.analysis.timing import timing_net_param
 from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.training.solvers import get_solver

@@ -12,6 +12,7 @@
 Flags take every gflags spelling (see flags.py); tools/train_net.py, test_net.py and
 time_net.py are this command's train, test and time.
 """
+import difflib
 import functools
 import logging
 import os
@@ -20,7 +21,10 @@ import sys
 import time
 import traceback
 
+import numpy as np
+
 from .. import TEST, TRAIN, Net, __version__, caffe_pb2
+from ..analysis.timing import build_timing_net, time_net
 from ..backend import to_numpy
 from ..comm.mpi import ending_job_on_error, job_link
 from ..errors import CaffeError
@@ -33,10 +37,9 @@ from ..pycaffe.draw import draw_net_to_file
 from ..training.rules import rule_class
 from ..training.solvers import checked_solver_param, get_solver
 from . import convert as convert_command
-from .common import build_timing_net, progress_bar, run_main
+from .common import progress_bar, run_main
 from .devices import device_query, select_device, train_devices
 from .flags import FlagParser, gpu_ids, non_negative_int, normalize, positive_int, stage_list
-from .timing import time_net
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -270,8 +273,6 @@ def test(args):
     weights = _paths(args.weights)
     _require_files([('-model', args.model)] + [('-weights', path) for path in weights])
     devices = select_device(args)
-    import numpy as np
-
     net = _build_on(devices, lambda: Net(args.model, TEST if args.phase == 'TEST' else TRAIN,
                                          level=args.level or 0, stages=args.stage,
                                          memory_plan=args.memory_plan or DEFAULT_PLAN),
@@ -385,7 +386,6 @@ def usage():
 
 
 def _unknown_command(argv):
-    import difflib
     if argv[0].startswith('-'):        # flags, then perhaps their values: no command at all
         return '%s: no command given before or after %s; the commands are %s' % (
             PROG, argv[0], ', '.join(COMMANDS))
