@@ -233,6 +233,7 @@ def test_resnet50_gives_the_gradients_of_off():
                                    err_msg='param %d' % j)
 
 
+@pytest.mark.slow
 def test_resnet50_with_batch_statistics_is_as_close_to_float64_as_off():
     """With batch statistics, a deep net at batch 2 magnifies float32 rounding: each plan's
     gradients are measured against float64 'off', and may be no further from it than
