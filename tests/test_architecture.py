@@ -14,9 +14,10 @@ MAX_LINES = 450
 #: the one way to import inside a function: these optional or heavy modules load where they
 #: are first needed, so that `import caffe_syncbn` (and a process that never uses them) goes
 #: without them: the GPU's, MPI's, images', plots', diagrams', scipy's resampling, HDF5's
-#: (a quarter of a second), ONNX's (14 MiB) and pycaffe's selective search's
+#: (a quarter of a second), ONNX's (14 MiB), pycaffe's selective search's, and LMDB's,
+#: which the GPU machine's bare Python lacks (tests/test_gpu_bundle.py)
 LAZY_MODULES = {'cupy', 'mpi4py', 'cv2', 'matplotlib', 'pydot', 'scipy', 'h5py', 'onnx',
-                'selective_search_ijcv_with_python'}
+                'lmdb', 'selective_search_ijcv_with_python'}
 #: imports inside functions and private names across modules that the rooms being rebuilt
 #: still hold, as 'path:line': to be emptied, not added to
 KNOWN_VIOLATIONS = set()

@@ -11,7 +11,6 @@ import os
 import shutil
 import tempfile
 
-import lmdb
 import numpy as np
 from google.protobuf.message import DecodeError
 
@@ -266,6 +265,7 @@ def write_lmdb(path, batches, map_size=1 << 26):
     folder ``path``, atomically: the database is built in a temporary folder beside ``path``
     and renamed only when complete, so an interrupted run leaves no half database.
     The map grows (doubling) as needed."""
+    import lmdb
     path = os.path.abspath(path)
     if os.path.exists(path):
         raise CaffeError('%s already exists; remove it or choose another name' % path)
