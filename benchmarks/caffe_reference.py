@@ -79,7 +79,7 @@ def write_timing_prototxt(model, batch, folder, training=False):
     asked; its path."""
     from google.protobuf import text_format
 
-    from caffe_syncbn.cli.timing import timing_net_param
+    from caffe_syncbn.analysis.timing import timing_net_param
     param = timing_net_param(model, batch)
     path = os.path.join(folder, 'timed.prototxt')
     with open(path, 'w') as f:

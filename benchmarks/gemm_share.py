@@ -62,7 +62,7 @@ def measure(args):
     import numpy as np
 
     from caffe_syncbn import TRAIN, Net
-    from caffe_syncbn.cli.timing import time_net, timing_net_param
+    from caffe_syncbn.analysis.timing import time_net, timing_net_param
     meter = GemmMeter(np)
     try:
         net = Net(timing_net_param(args.model, args.batch), TRAIN)

@@ -64,13 +64,13 @@ def kept_arrays(layer, xp, blob_memory):
 
 
 def measure_ours(args):
-    from caffe_syncbn.cli.timing import peak_memory_kb
+    from caffe_syncbn.analysis.timing import peak_memory_kb
     print('after imports:        peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
     from caffe_reference import as_training
 
     from caffe_syncbn import TRAIN, Net
     from caffe_syncbn.blob import storage_of
-    from caffe_syncbn.cli.timing import timing_net_param
+    from caffe_syncbn.analysis.timing import timing_net_param
     param = with_input_size(timing_net_param(args.model, args.batch), args.input_size)
     net = Net(as_training(param) if args.as_training else param, TRAIN,
               memory_plan=args.memory_plan[0])
@@ -187,7 +187,7 @@ def alternate_steps(args):
     from caffe_reference import as_training
 
     from caffe_syncbn import TRAIN, Net
-    from caffe_syncbn.cli.timing import timing_net_param
+    from caffe_syncbn.analysis.timing import timing_net_param
     param = with_input_size(timing_net_param(args.model, args.batch), args.input_size)
     param = as_training(param) if args.as_training else param
     nets = {plan: Net(param, TRAIN, memory_plan=plan) for plan in args.memory_plan}

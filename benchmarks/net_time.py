@@ -39,7 +39,8 @@ from caffe_syncbn.memory_planner import DEFAULT_PLAN, MEMORY_PLANS  # noqa: E402
 
 def time_ours(args):
     from caffe_syncbn import TEST, TRAIN, Net
-    from caffe_syncbn.cli.timing import format_timings, peak_memory_kb, time_net, timing_net_param
+    from caffe_syncbn.analysis.timing import (format_timings, peak_memory_kb, time_net,
+                                              timing_net_param)
     net = Net(timing_net_param(args.model, args.batch, force_backward=not args.forward_only),
               TRAIN if args.phase == 'TRAIN' else TEST, memory_plan=args.memory_plan)
     result = time_net(net, args.iterations, backward=not args.forward_only)
@@ -118,7 +119,7 @@ def compare_winograd(args):
     each."""
     from caffe_reference import blas_env, run_measured
     from caffe_syncbn import TEST, TRAIN, Net
-    from caffe_syncbn.cli.timing import time_net, timing_net_param
+    from caffe_syncbn.analysis.timing import time_net, timing_net_param
     from caffe_syncbn.layers import winograd_cpu
     print('%s, batch %s, %s, %d iterations per run, %d thread(s); load average %.2f %.2f '
           '%.2f' % (args.model, args.batch or "the prototxt's", args.phase, args.iterations,

@@ -30,7 +30,7 @@ def write_model(model, batch, folder):
     from google.protobuf import text_format
 
     from caffe_syncbn import TEST, Net
-    from caffe_syncbn.cli.timing import timing_net_param
+    from caffe_syncbn.analysis.timing import timing_net_param
     param = timing_net_param(model, batch, force_backward=False)
     prototxt, weights = os.path.join(folder, 'scored.prototxt'), os.path.join(folder, 'w.caffemodel')
     with open(prototxt, 'w') as f:

@@ -101,7 +101,7 @@ def model_train_param(model, local_batch, size):
     ``local_batch``, its 4-D inputs ``size`` square when given."""
     from caffe_reference import as_training
 
-    from caffe_syncbn.cli.timing import timing_net_param
+    from caffe_syncbn.analysis.timing import timing_net_param
     net = timing_net_param(model, 1, force_backward=False)
     for shape in input_shapes(net):
         if size and len(shape.dim) == 4:

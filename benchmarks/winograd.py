@@ -43,7 +43,7 @@ def layer_text(channels_out, pad, group, bias):
 def shapes_of(name):
     """{(N, C, H, W, K, pad, group, bias): count} of the set's Winograd-able layers."""
     from caffe_syncbn import TRAIN, Net
-    from caffe_syncbn.cli.timing import timing_net_param
+    from caffe_syncbn.analysis.timing import timing_net_param
     path, batch = SETS[name]
     found = {}
     if path is None:

@@ -2,6 +2,8 @@
 
 The names here follow pycaffe, so ``import caffe_syncbn as caffe`` works for most scripts.
 """
+import importlib
+
 from .backend import set_device, set_mode_cpu, set_mode_gpu
 from .blob import Blob
 from .errors import CaffeError
@@ -26,20 +28,21 @@ _LAZY = {
     'Classifier': ('.pycaffe.classifier', 'Classifier'), 'Detector': ('.pycaffe.detector', 'Detector'),
     'install_as_caffe': ('.pycaffe.caffe', 'install_as_caffe'),
 }
-_LAZY.update({name: ('.training.solvers', name) for name in (
-    'SGDSolver', 'NesterovSolver', 'AdaGradSolver', 'RMSPropSolver', 'AdaDeltaSolver', 'AdamSolver')})
 _LAZY.update({name: ('.pycaffe.runtime', name) for name in (
     'NCCL', 'Timer', 'has_nccl', 'init_log', 'log', 'set_multiprocess', 'set_solver_count',
     'set_solver_rank', 'solver_count', 'solver_rank')})
 
 
 def __getattr__(name):
-    if name not in _LAZY:
-        raise AttributeError("module 'caffe_syncbn' has no attribute %r" % name)
-    import importlib
-    module_name, attribute = _LAZY[name]
-    module = importlib.import_module(module_name, __name__)
-    return module if attribute is None else getattr(module, attribute)
+    if name in _LAZY:
+        module_name, attribute = _LAZY[name]
+        module = importlib.import_module(module_name, __name__)
+        return module if attribute is None else getattr(module, attribute)
+    if name.endswith('Solver'):     # SGDSolver ... AdamSolver: a class per registered solver type
+        found = importlib.import_module('.training.solvers', __name__).solver_class_named(name)
+        if found is not None:
+            return found
+    raise AttributeError("module 'caffe_syncbn' has no attribute %r" % name)
 
 
 __all__ = ['Blob', 'CaffeError', 'Layer', 'LayerContext', 'Net', 'TEST', 'TRAIN', 'layer_type_list',

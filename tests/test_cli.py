@@ -291,7 +291,7 @@ def test_the_command_line_loads_onnx_only_for_an_export(tmp_path):
     """`caffe-syncbn time` and the other commands run without the onnx package in the
     process (14 MiB of a small net's peak); to-onnx loads it, and without it says how to
     get it in one line."""
-    script = ('import sys; import caffe_syncbn.cli, caffe_syncbn.cli.timing; '
+    script = ('import sys; import caffe_syncbn.cli, caffe_syncbn.analysis.timing; '
               'print("onnx" in sys.modules)')
     loaded = watchdog.run([sys.executable, '-c', script], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout.split()

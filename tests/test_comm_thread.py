@@ -7,7 +7,7 @@ from counting_comm import CountingComm
 from threads import run_threads
 
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted, ThreadComm
-from caffe_syncbn.comm.thread import PARALLEL_SUM_MIN_SIZE
+from caffe_syncbn.comm.rendezvous import PARALLEL_SUM_MIN_SIZE
 
 
 def run_members(fn, comms):
@@ -48,6 +48,19 @@ def test_allreduce_in_place_multidimensional():
         return a
     for a in ok(fn, comms):
         assert np.array_equal(a, np.full((2, 3), 6.0))
+
+
+@pytest.mark.parametrize('order', ['C', 'F'])
+def test_a_large_allreduce_sums_arrays_of_either_memory_order(order):
+    """The members' slices of the sum write through a flat view of the result: a result laid
+    out as a Fortran-ordered input is would take them in a copy, and lose them."""
+    rs = np.random.RandomState(3)
+    shape = (PARALLEL_SUM_MIN_SIZE // 64 + 1, 64)
+    inputs = [np.asarray(rs.standard_normal(shape), order=order) for _ in range(3)]
+    expected = inputs[0] + inputs[1] + inputs[2]
+    results = ok(lambda c: c.allreduce(inputs[c.rank].copy(order=order)), ThreadComm.create(3))
+    for r in results:
+        assert np.array_equal(r, expected)
 
 
 @pytest.mark.parametrize('count', [5, PARALLEL_SUM_MIN_SIZE + 1])

@@ -27,7 +27,7 @@ NETS = {   # AlexNet's and CaffeNet's batch is 10, FCN-8s takes any size: smalle
     'fcn8s': ('shelhamer_fcn.berkeleyvision.org__voc-fcn8s_deploy.prototxt', (1, 3, 256, 256)),
     'pspnet50': ('hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt', None),
 }
-SLOW = {'fcn8s', 'pspnet50'}
+SLOW = {'alexnet', 'caffenet', 'fcn8s', 'pspnet50'}
 
 
 def opencv(tmp_path, deployed, param, weights):

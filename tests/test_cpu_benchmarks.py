@@ -108,7 +108,7 @@ def test_cpu_suite_nets_build_and_retinaface_runs_small():
     sys.path.insert(0, str(ROOT / 'benchmarks'))
     import cpu_suite
     from caffe_syncbn import TRAIN, Net
-    from caffe_syncbn.cli.timing import timing_net_param
+    from caffe_syncbn.analysis.timing import timing_net_param
     for model, batch, _ in cpu_suite.NETS.values():
         require(pathlib.Path(model))
         timing_net_param(model, batch)
@@ -137,7 +137,7 @@ def test_resnet101_prototxt_is_its_generators_in_the_released_layout():
     and torchvision's 44,549,160 learned values (convolutions, classifier, and the Scale
     layers' gamma and beta, which torchvision's BatchNorm holds)."""
     from caffe_syncbn import TEST, Net
-    from caffe_syncbn.cli.timing import timing_net_param
+    from caffe_syncbn.analysis.timing import timing_net_param
     nets = ROOT / 'benchmarks' / 'nets'
 
     def written(*args):

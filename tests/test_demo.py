@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from caffe_syncbn.cli.logparse import parse_log
+from caffe_syncbn.analysis.logparse import parse_log
 from caffe_syncbn.formats.caffemodel import read_net_param
 from caffe_syncbn.training.solvers import get_solver
 

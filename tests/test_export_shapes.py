@@ -18,7 +18,7 @@ from google.protobuf import text_format
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.cli import main
-from caffe_syncbn.cli.timing import timing_net_param
+from caffe_syncbn.analysis.timing import timing_net_param
 from caffe_syncbn.convert import fold_bn, to_deploy
 from caffe_syncbn.data.top_shapes import data_top_shapes
 from caffe_syncbn.errors import CaffeError

@@ -39,6 +39,7 @@ INPUT = 'layer { name: "in" type: "Input" top: "a" top: "b" top: "c"\n' \
         '  input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }\n'
 
 
+@pytest.mark.slow
 def test_every_layer_type_with_any_number_of_blobs(worker, folder):
     """Each registered type, default parameters, 0 to 3 bottoms and 0 to 3 tops."""
     tally = Tally('layer types x blob counts')
@@ -55,6 +56,7 @@ def test_every_layer_type_with_any_number_of_blobs(worker, folder):
     tally.check()
 
 
+@pytest.mark.slow
 def test_every_layer_type_with_a_zero_sized_axis(worker, folder):
     """Each registered type on 1 to 3 bottoms with an axis of size 0 (Caffe's blobs may
     have one), run forward and backward in TRAIN and forward in TEST: it works or is a
@@ -175,6 +177,7 @@ def generated():
     print(tally.summary())
 
 
+@pytest.mark.slow
 @settings(max_examples=2500, derandomize=not SEED, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @seed(SEED)
@@ -221,6 +224,7 @@ GOLDEN_NETS = ['conv_basic', 'format_hdf5_caffemodel', 'lstm', 'psp_ppm_train', 
                'net_lenet', 'resnet_basic_block', 'slice_axis1', 'reshape_infer']
 
 
+@pytest.mark.slow
 def test_mutated_prototxts(worker, folder):
     tally = Tally('mutated prototxts')
     sources = [(path, 'net_param') for path in sorted(CORPUS.glob('*.prototxt'))

@@ -217,6 +217,7 @@ def test_the_record_bound_can_be_set(monkeypatch):
     assert len(read_weights(path).blobs) > 5
 
 
+@pytest.mark.slow
 def test_running_out_of_memory_on_a_weights_file_says_so(tmp_path, monkeypatch):
     """Under a memory limit, with the record bound raised past it, the parser fails to
     allocate: that is no truncated or corrupt file."""

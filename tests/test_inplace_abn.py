@@ -13,7 +13,7 @@ from cuda_emulation import emulated_kernels
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2, memory_plan
 from caffe_syncbn.backend import cuda_kernels, to_numpy
-from caffe_syncbn.cli.timing import timing_net_param
+from caffe_syncbn.analysis.timing import timing_net_param
 from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.training.solvers import get_solver
@@ -233,6 +233,7 @@ def test_resnet50_gives_the_gradients_of_off():
                                    err_msg='param %d' % j)
 
 
+@pytest.mark.slow
 def test_resnet50_with_batch_statistics_is_as_close_to_float64_as_off():
     """With batch statistics, a deep net at batch 2 magnifies float32 rounding: each plan's
     gradients are measured against float64 'off', and may be no further from it than

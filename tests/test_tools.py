@@ -9,7 +9,7 @@ import pytest
 import watchdog
 from data_sources import write_sources
 
-from caffe_syncbn.cli.logparse import parse_lines, read_csv
+from caffe_syncbn.analysis.logparse import parse_lines, read_csv
 
 from conftest import CORPUS, ROOT, require
 
@@ -133,7 +133,7 @@ def test_time_net_on_lenet():
 
 
 def test_timing_nets_take_the_batch_also_for_input_layers(tmp_path, monkeypatch):
-    from caffe_syncbn.cli.common import build_timing_net
+    from caffe_syncbn.analysis.timing import build_timing_net
     model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet.prototxt')   # an Input layer
     assert build_timing_net(str(model), batch=3).blobs['data'].shape == (3, 1, 28, 28)
     model = require(CORPUS / 'BVLC_caffe__examples_mnist_lenet_train_test.prototxt')

@@ -11,7 +11,7 @@ from google.protobuf import text_format
 import caffe_syncbn as caffe
 from caffe_syncbn import memory_plan
 from caffe_syncbn.backend import to_numpy
-from caffe_syncbn.cli.timing import timing_net_param
+from caffe_syncbn.analysis.timing import timing_net_param
 from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.training.solvers import get_solver
 from conftest import GOLDEN, ROOT, require

@@ -17,7 +17,7 @@ sys.path.insert(0, EXAMPLE)
 from compare import write_initial_weights, write_net_and_solver  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
-from caffe_syncbn.cli.logparse import parse_lines  # noqa: E402
+from caffe_syncbn.analysis.logparse import parse_lines  # noqa: E402
 
 ITERATIONS = 20
 SEED = 1

@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 from caffe_syncbn.cli.common import run_main  # noqa: E402
-from caffe_syncbn.cli.logparse import (TRAIN_COLUMNS, parse_log, plot_curves,  # noqa: E402
+from caffe_syncbn.analysis.logparse import (TRAIN_COLUMNS, parse_log, plot_curves,  # noqa: E402
                                        test_columns, write_csv)
 from caffe_syncbn.errors import CaffeError  # noqa: E402
 

@@ -10,7 +10,8 @@ started: it runs that part itself. So work is at worst as fast as on one core.
 
 The number of threads is what the BLAS was configured with when first asked
 (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, else the cores), or CAFFE_SYNCBN_THREADS.
-From then on numpy's BLAS is kept at one thread per call.
+From then on numpy's BLAS is kept at one thread per call. Replicas that share the
+machine's cores share its BLAS threads too (``share_blas``).
 
 The pool's threads start when it is made (thread_start.py). OpenBLAS maps a buffer for
 each thread that calls it at once, at the first call that needs it, and its C code ends
@@ -27,6 +28,11 @@ import numpy as np
 
 from ..errors import CaffeError
 from .thread_start import mebibytes, room_left, start_workers
+
+try:
+    import threadpoolctl
+except ImportError:          # no control: leave the BLAS as it is, work in one thread
+    threadpoolctl = None
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -64,12 +70,20 @@ _zeros = {}
 
 
 def _blas_controller():
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:          # no control: leave the BLAS as it is, work in one thread
+    if threadpoolctl is None:
         return None
-    found = ThreadpoolController().select(user_api='blas')
+    found = threadpoolctl.ThreadpoolController().select(user_api='blas')
     return found.lib_controllers[0] if found.lib_controllers else None
+
+
+def share_blas(replicas):
+    """Give each of ``replicas`` replicas on this machine's cores its share of numpy's BLAS
+    threads (else R replicas x all cores of BLAS threads fight over the same cores). Returns
+    the limit, which ``restore_original_limits()`` lifts, or None when there is none."""
+    if replicas < 2 or threadpoolctl is None:
+        return None
+    return threadpoolctl.threadpool_limits(limits=max(1, (os.cpu_count() or 1) // replicas),
+                                           user_api='blas')
 
 
 def threads():

@@ -12,6 +12,7 @@
 Flags take every gflags spelling (see flags.py); tools/train_net.py, test_net.py and
 time_net.py are this command's train, test and time.
 """
+import difflib
 import functools
 import logging
 import os
@@ -19,7 +20,10 @@ import sys
 import time
 import traceback
 
+import numpy as np
+
 from .. import TEST, TRAIN, Net, __version__, caffe_pb2
+from ..analysis.timing import build_timing_net, time_net
 from ..backend import to_numpy
 from ..blob import out_of_memory_text
 from ..comm.mpi import ending_job_on_error, job_link
@@ -31,13 +35,13 @@ from ..netparam.solver_param import load_solver_param
 from ..netparam.upgrade import load_net_param
 from ..netparam.upgrade_file import upgrade_file
 from ..pycaffe.draw import draw_net_to_file
-from ..training.solvers import get_solver
+from ..training.rules import rule_class
+from ..training.solvers import checked_solver_param, get_solver
 from . import convert as convert_command
-from .common import build_timing_net, progress_bar, run_main
+from .common import progress_bar, run_main
 from .devices import device_query, select_device, train_devices
 from .flags import FlagParser, gpu_ids, non_negative_int, normalize, positive_int, stage_list
 from .signals import SignalRequests, exit_status, log_sigterm
-from .timing import time_net
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -181,7 +185,7 @@ def _train(args):
     weights = _paths(args.weights)
     _require_files([('-solver', args.solver), ('-snapshot', args.snapshot)] +
                    [('-weights', path) for path in weights])
-    param = load_solver_param(args.solver)
+    param = checked_solver_param(args.solver)
     devices = train_devices(args, param)
     # as caffe train: -weights replace the solver's weights, and -snapshot drops them
     solver = get_solver(args.solver, devices=devices, sync_bn=args.sync_bn, level=args.level,
@@ -245,8 +249,6 @@ def test(args):
     weights = _paths(args.weights)
     _require_files([('-model', args.model)] + [('-weights', path) for path in weights])
     devices = select_device(args)
-    import numpy as np
-
     net = _build_on(devices, lambda: Net(args.model, TEST if args.phase == 'TEST' else TRAIN,
                                          level=args.level or 0, stages=args.stage,
                                          memory_plan=args.memory_plan or DEFAULT_PLAN['command']),
@@ -319,7 +321,7 @@ def draw(args):
 
 def upgrade(args):
     _require_files([('source', args.source)])
-    upgrade_file(args.source, args.target)
+    upgrade_file(args.source, args.target, check_solver_type=rule_class)
     return 0
 
 
@@ -363,7 +365,6 @@ def usage():
 
 
 def _unknown_command(argv):
-    import difflib
     if argv[0].startswith('-'):        # flags, then perhaps their values: no command at all
         return '%s: no command given before or after %s; the commands are %s' % (
             PROG, argv[0], ', '.join(COMMANDS))

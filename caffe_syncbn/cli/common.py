@@ -1,15 +1,14 @@
-"""What the command-line tools share: one clear error line instead of a traceback,
-logging in glog's format, a progress bar that log lines do not break, and nets built
-for timing."""
+"""What the command-line tools share: one clear error line instead of a traceback, and a
+progress bar that log lines do not break."""
 import contextlib
 import logging
 import sys
 import traceback
 
-from .. import TEST, TRAIN, Net
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from ..errors import CaffeError
-from ..memory_planner import DEFAULT_PLAN
-from .timing import timing_net_param
 
 
 @contextlib.contextmanager
@@ -21,8 +20,6 @@ def progress_bar(total, initial=0):
     if stream is None:
         yield None
         return
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
     bar = tqdm(total=total, initial=initial, file=stream, unit='it', dynamic_ncols=True,
                leave=False)
     try:
@@ -62,12 +59,3 @@ def run_main(main):
         print('interrupted', file=sys.stderr)
         sys.exit(130)
 
-
-def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=(),
-                     memory_plan=DEFAULT_PLAN['pycaffe'], input_shape=None):
-    """A Net for timing (timing.timing_net_param: Input layers of batch ``batch``, shaped
-    by their sources or ``input_shape``, backward forced), as the benchmarks time it."""
-    phase = TRAIN if phase == 'TRAIN' else TEST
-    return Net(timing_net_param(model, batch, phase=phase, level=level, stages=stages,
-                                input_shape=input_shape),
-               phase, level=level, stages=stages, memory_plan=memory_plan)

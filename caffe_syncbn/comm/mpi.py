@@ -36,8 +36,8 @@ import numpy as np
 
 from ..errors import CaffeError
 from .base import CommAborted
-from .nccl import NcclComm, _Members, nccl_module
-from .thread import DEFAULT_TIMEOUT, GroupMember, _Call, new_group
+from .nccl import NcclComm, nccl_module
+from .rendezvous import DEFAULT_TIMEOUT, Call, Group, GroupMember
 
 #: how often a process tells the others it is alive, and how long a silence may last
 HEARTBEAT_SECONDS = 1.0
@@ -275,41 +275,40 @@ class _Processes:
 
 
 class ProcessGroupComm(GroupMember):
-    """One replica of a group that spans processes: threads inside a process meet in a
-    rendezvous; the last to arrive does the MPI part for all of them."""
+    """One replica of a group that spans processes: the threads inside a process meet
+    (rendezvous.py), and the last to arrive does the MPI part for all of them. Its place in
+    the process's group is ``index``; its ``rank`` is global."""
 
     @classmethod
     def create(cls, link, local_size, timeout=DEFAULT_TIMEOUT):
         processes = _Processes(link, link.allgather(local_size))
-        group = new_group(local_size, timeout)
+        group = Group(local_size, timeout)
         return [cls(group, k, processes) for k in range(local_size)]
 
-    def __init__(self, group, local_rank, processes):
-        super().__init__(group, local_rank)
-        self.local_rank = local_rank
+    def __init__(self, group, index, processes):
+        super().__init__(group, index)
         self._processes = processes
-        self.rank, self.size = processes.offset + local_rank, processes.total
+        self.rank, self.size = processes.offset + index, processes.total
 
     def allreduce(self, array, tag=None):
-        return self._in_order(self._allreduce, _host(array), tag)
+        return self.in_order(self._allreduce, _host(array), tag)
 
     def allreduce_async(self, array, tag=None):
-        return self._submit_async(self._allreduce, _host(array), tag)
+        return self.in_order_async(self._allreduce, _host(array), tag)
 
     def broadcast(self, array, root=0, tag=None):
         if not 0 <= root < self.size:
             raise ValueError('broadcast root %d out of range for %d members' % (root, self.size))
-        return self._in_order(self._broadcast, _host(array), root, tag)
+        return self.in_order(self._broadcast, _host(array), root, tag)
 
     def barrier(self, tag=None):
         link = self._processes.link
-        self._in_order(self._group.rendezvous, self.local_rank, _Call('barrier', tag),
-                       lambda calls: link.barrier('barrier %r' % (tag,)))
+        self.in_order(self.meet, Call('barrier', tag),
+                      lambda calls: link.barrier('barrier %r' % (tag,)))
 
     # ---- implementation ----------------------------------------------------------------
     def _allreduce(self, array, tag):
-        total = self._group.rendezvous(self.local_rank, _Call('allreduce', tag, array),
-                                       lambda calls: self._chain_sum(calls, tag))
+        total = self.meet(Call('allreduce', tag, array), lambda calls: self._chain_sum(calls, tag))
         array[...] = total
         return array
 
@@ -338,8 +337,7 @@ class ProcessGroupComm(GroupMember):
             link.bcast(value, owner, 'broadcast %r' % (tag,))
             return value
 
-        array[...] = self._group.rendezvous(self.local_rank, _Call('broadcast', tag, array, root),
-                                            across)
+        array[...] = self.meet(Call('broadcast', tag, array, root), across)
         return array
 
 
@@ -358,16 +356,5 @@ def nccl_across_processes(link, device_ids, nccl=None, streams_for=None):
     nccl = nccl or nccl_module()
     processes = _Processes(link, link.allgather(len(device_ids)))
     uid = link.bcast_bytes(NcclComm.unique_id(nccl) if link.rank == 0 else b'')
-    members = []
-    nccl.groupStart()
-    try:
-        for k, device in enumerate(device_ids):
-            members.append(NcclComm.from_unique_id(processes.total, uid, processes.offset + k,
-                                                   device=device, nccl=nccl,
-                                                   streams_for=streams_for))
-    finally:
-        nccl.groupEnd()
-    local = _Members([m._raw for m in members])      # abort stops every local rank
-    for member in members:
-        member._members = local
-    return members
+    return NcclComm.join_ranks(processes.total, uid, processes.offset, device_ids, nccl=nccl,
+                               streams_for=streams_for)

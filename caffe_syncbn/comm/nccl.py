@@ -13,12 +13,12 @@ handle whose ``wait()`` orders the caller's current stream after the reduction; 
 gradient buckets use it to overlap backward. ``group()`` fuses several calls
 (ncclGroupStart/End); ``allreduce_many`` uses it for a list of buffers.
 
-Groups made by ``create_all`` also share a host rendezvous (ThreadComm's), so that
+Groups made by ``create_all`` also meet on the host (rendezvous.py), so that
 collectives issued in different orders raise CollectiveMismatch on every member
 instead of hanging on the GPU, and ``abort`` wakes waiting members and aborts every
 member's NCCL communicator (ncclCommAbort ends kernels waiting on a dead peer).
 Groups of several processes cannot compare their calls; ``abort`` then aborts the
-local communicator, and the process launcher must stop the others.
+communicators of this process's ranks, and the process launcher must stop the others.
 
 NCCL needs distinct GPUs: for replicas that share one, use SameDeviceComm.
 """
@@ -28,7 +28,7 @@ import numpy as np
 
 from ..backend.device import RUNTIMES
 from .base import CommAborted, Communicator, Handle
-from .thread import DEFAULT_TIMEOUT, _Call, _Group
+from .rendezvous import DEFAULT_TIMEOUT, Call, Group, ValueCall, sum_values
 
 
 def nccl_module():
@@ -43,7 +43,7 @@ def _dtype_codes(nccl):
 
 
 class _Members:
-    """The raw communicators of a single-process group, for a group-wide abort."""
+    """The raw communicators of this process's ranks, for an abort of them all."""
 
     def __init__(self, raw):
         self.raw = list(raw)
@@ -74,7 +74,7 @@ class NcclComm(Communicator):
                              'GPU need SameDeviceComm' % devices)
         nccl = nccl or nccl_module()
         raw = nccl.NcclCommunicator.initAll(devices)
-        group, members = _Group(len(devices), float(timeout)), _Members(raw)
+        group, members = Group(len(devices), timeout), _Members(raw)
         return [cls(raw[r], r, len(devices), _streams(streams_for, d), nccl, group, members)
                 for r, d in enumerate(devices)]
 
@@ -88,6 +88,25 @@ class NcclComm(Communicator):
         with streams.device_scope():
             raw = nccl.NcclCommunicator(int(nranks), uid, int(rank))
         return cls(raw, int(rank), int(nranks), streams, nccl, None, _Members([raw]))
+
+    @classmethod
+    def join_ranks(cls, nranks, uid, first_rank, device_ids, nccl=None, streams_for=None):
+        """This process's ranks ``first_rank``, ``first_rank + 1``, ... of ``nranks`` that
+        share ``uid``, one per GPU of ``device_ids``, joined in one NCCL group (one thread
+        initializes them all); an abort of one aborts them all."""
+        nccl = nccl or nccl_module()
+        members = []
+        nccl.groupStart()
+        try:
+            for k, device in enumerate(device_ids):
+                members.append(cls.from_unique_id(nranks, uid, first_rank + k, device=device,
+                                                  nccl=nccl, streams_for=streams_for))
+        finally:
+            nccl.groupEnd()
+        local = _Members([member._raw for member in members])
+        for member in members:
+            member._members = local
+        return members
 
     @staticmethod
     def unique_id(nccl=None):
@@ -127,13 +146,13 @@ class NcclComm(Communicator):
 
     def allreduce_scalar(self, value, tag=None):
         if self._group is not None:      # threads of one process: a host sum, no GPU sync
-            return self._group.rendezvous(self.rank, _Value('allreduce_scalar', tag, float(value)),
-                                          _sum_values)
+            return self._group.rendezvous(self.rank, ValueCall('allreduce_scalar', tag,
+                                                               float(value)), sum_values)
         return super().allreduce_scalar(value, tag=tag)
 
     def barrier(self, tag=None):
         if self._group is not None:
-            self._group.rendezvous(self.rank, _Call('barrier', tag))
+            self._group.rendezvous(self.rank, Call('barrier', tag))
             return
         token = self._streams.to_device(np.zeros(1, np.float32))
         done = self._enqueue('allreduce', tag, [token])
@@ -165,8 +184,8 @@ class NcclComm(Communicator):
             if a.dtype not in self._codes:
                 raise TypeError('NCCL has no %s type' % a.dtype)
         if self._group is not None:      # one process: compare the calls on the host first
-            self._group.rendezvous(self.rank, _Call(op, tag, arrays[0] if len(arrays) == 1
-                                                    else _Signature(arrays), root))
+            self._group.rendezvous(self.rank, Call(op, tag, arrays[0] if len(arrays) == 1
+                                                   else _Signature(arrays), root))
         if self._members.aborted:
             raise self._aborted(op, tag)
         streams = self._streams
@@ -227,21 +246,6 @@ class _Signature:
     def __init__(self, arrays):
         self.shape = tuple(a.shape for a in arrays)
         self.dtype = self._Dtypes(arrays)
-
-
-class _Value(_Call):
-    __slots__ = ('value',)
-
-    def __init__(self, op, tag, value):
-        super().__init__(op, tag)
-        self.value = value
-
-
-def _sum_values(calls):
-    total = 0.0
-    for call in calls:
-        total += call.value
-    return total
 
 
 def _streams(streams_for, device):

@@ -5,8 +5,8 @@
 Each replica works on its own stream. An allreduce of a device buffer:
 
 1. the member records an event on its stream once its buffer is written (stream order);
-2. a host rendezvous (the same as ThreadComm's: mismatched collectives and aborts raise
-   on every member, a missing member times out) exchanges buffers and events;
+2. a meeting of the members (rendezvous.py, as ThreadComm's: mismatched collectives and
+   aborts raise on every member, a missing member times out) exchanges buffers and events;
 3. the last member to arrive makes member 0's stream wait on every member's event (and
    on every member's last copy-out, so that the scratch is free), and enqueues there the
    sum of the R buffers, in rank order (((b0 + b1) + b2) + ...), into the group's scratch
@@ -26,10 +26,10 @@ honours stream order and event waits, so CI tests the ordering logic without a G
 import numpy as np
 
 from ..backend.device import RUNTIMES
-from .thread import DEFAULT_TIMEOUT, GroupMember, _Call, new_group
+from .rendezvous import DEFAULT_TIMEOUT, Call, Group, GroupMember, ValueCall, sum_values
 
 
-class _StreamCall(_Call):
+class _StreamCall(Call):
     """A member's call, with its stream and the event that marks its buffer ready."""
     __slots__ = ('stream', 'event')
 
@@ -64,7 +64,7 @@ class SameDeviceComm(GroupMember):
     @classmethod
     def create(cls, size, device=0, timeout=DEFAULT_TIMEOUT, streams=None):
         """``size`` members on ``device``; ``streams`` defaults to the GPU runtime's."""
-        group = new_group(size, timeout)
+        group = Group(size, timeout)
         shared = _Shared(streams if streams is not None else RUNTIMES['gpu'].streams(device),
                          int(size))
         return [cls(group, shared, rank) for rank in range(size)]
@@ -77,32 +77,32 @@ class SameDeviceComm(GroupMember):
     # ---- collectives -------------------------------------------------------------------
     def allreduce(self, array, tag=None):
         if not self._streams.is_device_array(array):
-            return self._in_order(self._allreduce_host, array, tag)
+            return self.in_order(self.allreduce_host, array, tag)
         stream = self._streams.current_stream()
         event = self._streams.record_event(stream)
-        return self._in_order(self._allreduce_device, array, tag, stream, event)
+        return self.in_order(self._allreduce_device, array, tag, stream, event)
 
     def allreduce_async(self, array, tag=None):
         if not self._streams.is_device_array(array):
-            return self._submit_async(self._allreduce_host, array, tag)
+            return self.in_order_async(self.allreduce_host, array, tag)
         # the entry event is recorded now, so the sum sees the buffer as of this call
         stream = self._streams.current_stream()
         event = self._streams.record_event(stream)
-        return self._submit_async(self._allreduce_device, array, tag, stream, event)
+        return self.in_order_async(self._allreduce_device, array, tag, stream, event)
 
     def allreduce_scalar(self, value, tag=None):
         """A host sum in rank order: no device buffer, no stream."""
-        return self._in_order(self._group.rendezvous, self.rank,
-                              _ScalarCall('allreduce_scalar', tag, float(value)), _sum_scalars)
+        return self.in_order(self.meet, ValueCall('allreduce_scalar', tag, float(value)),
+                             sum_values)
 
     def broadcast(self, array, root=0, tag=None):
         if not 0 <= root < self.size:
             raise ValueError('broadcast root %d out of range for %d members' % (root, self.size))
         if not self._streams.is_device_array(array):
-            return self._in_order(self._broadcast_host, array, root, tag)
+            return self.in_order(self.broadcast_host, array, root, tag)
         stream = self._streams.current_stream()
         event = self._streams.record_event(stream)
-        return self._in_order(self._broadcast, array, root, tag, stream, event)
+        return self.in_order(self._broadcast, array, root, tag, stream, event)
 
     # ---- implementation ----------------------------------------------------------------
     def _allreduce_device(self, array, tag, stream, event):
@@ -119,64 +119,28 @@ class SameDeviceComm(GroupMember):
             return out, streams.record_event(first)
 
         call = _StreamCall('allreduce', tag, array, stream=stream, event=event)
-        out, done = self._group.rendezvous(self.rank, call, reduce_on_member0)
+        out, done = self.meet(call, reduce_on_member0)
         streams.wait_event(stream, done)
         streams.copy(array, out, stream)
         shared.copied[self.rank] = streams.record_event(stream)
         return array
 
-    def _allreduce_host(self, array, tag):
-        total = self._group.rendezvous(self.rank, _Call('allreduce', tag, array), _host_sum)
-        array[...] = total
-        return array
-
-    def _broadcast_host(self, array, root, tag):
-        calls = self._group.rendezvous(self.rank, _Call('broadcast', tag, array, root))
-        if self.rank != root:
-            array[...] = calls[root].array
-        self._group.rendezvous(self.rank, _Call('broadcast (copied)', tag))
-        return array
-
     def _broadcast(self, array, root, tag, stream, event):
         _require_contiguous(array)
         streams = self._streams
-        calls = self._group.rendezvous(
-            self.rank, _StreamCall('broadcast', tag, array, root, stream, event))
+        calls = self.meet(_StreamCall('broadcast', tag, array, root, stream, event))
         copied = None
         if self.rank != root:
             streams.wait_event(stream, calls[root].event)
             streams.copy(array, calls[root].array, stream)
             copied = streams.record_event(stream)
         # the root's buffer must not change before every member has copied it
-        calls = self._group.rendezvous(
-            self.rank, _StreamCall('broadcast (copied)', tag, event=copied))
+        calls = self.meet(_StreamCall('broadcast (copied)', tag, event=copied))
         if self.rank == root:
             for call in calls:
                 if call.event is not None:
                     streams.wait_event(stream, call.event)
         return array
-
-
-class _ScalarCall(_Call):
-    __slots__ = ('value',)
-
-    def __init__(self, op, tag, value):
-        super().__init__(op, tag)
-        self.value = value
-
-
-def _sum_scalars(calls):
-    total = 0.0
-    for call in calls:
-        total += call.value
-    return total
-
-
-def _host_sum(calls):
-    total = calls[0].array.copy()
-    for call in calls[1:]:
-        total += call.array
-    return total
 
 
 def _require_contiguous(array):

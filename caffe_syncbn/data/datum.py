@@ -8,6 +8,8 @@ with more pixels than a bound is refused before it is decoded (see image_size.py
 """
 import math
 import os
+import shutil
+import tempfile
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -263,9 +265,6 @@ def write_lmdb(path, batches, map_size=1 << 26):
     folder ``path``, atomically: the database is built in a temporary folder beside ``path``
     and renamed only when complete, so an interrupted run leaves no half database.
     The map grows (doubling) as needed."""
-    import shutil
-    import tempfile
-
     import lmdb
     path = os.path.abspath(path)
     if os.path.exists(path):

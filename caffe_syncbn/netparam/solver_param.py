@@ -12,8 +12,7 @@ from .upgrade import load_net_param
 
 log = logging.getLogger('caffe_syncbn')
 
-#: the solver types Caffe knows, by the names of SolverParameter.type
-SOLVER_TYPES = ('SGD', 'Nesterov', 'AdaGrad', 'RMSProp', 'AdaDelta', 'Adam')
+#: the deprecated solver_type enum's values as SolverParameter.type names
 _LEGACY_TYPES = {caffe_pb2.SolverParameter.SGD: 'SGD', caffe_pb2.SolverParameter.NESTEROV: 'Nesterov',
                  caffe_pb2.SolverParameter.ADAGRAD: 'AdaGrad', caffe_pb2.SolverParameter.RMSPROP: 'RMSProp',
                  caffe_pb2.SolverParameter.ADADELTA: 'AdaDelta', caffe_pb2.SolverParameter.ADAM: 'Adam'}
@@ -42,16 +41,14 @@ def load_solver_param(path):
 
 
 def upgrade_solver_param(param, source='solver'):
-    """Turn the deprecated ``solver_type`` enum into the ``type`` string, and check it."""
+    """Turn the deprecated ``solver_type`` enum into the ``type`` string. Which types there
+    are is the training room's registry (training/rules.py), which checks the type."""
     if param.HasField('solver_type'):
         if param.HasField('type'):
             raise CaffeError('%s: the deprecated solver_type and type are both set; keep only type'
                              % source)
         param.type = _LEGACY_TYPES[param.solver_type]
         param.ClearField('solver_type')
-    if param.type not in SOLVER_TYPES:
-        raise CaffeError('%s: unknown solver type %s; expected one of %s'
-                         % (source, quote(param.type), ', '.join(SOLVER_TYPES)))
     return param
 
 

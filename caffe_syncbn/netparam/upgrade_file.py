@@ -3,6 +3,8 @@ prototxt in the current format, as Caffe's upgrade_net_proto_text,
 upgrade_net_proto_binary and upgrade_solver_proto_text write it."""
 import logging
 
+from google.protobuf import text_format
+
 from .. import caffe_pb2
 from ..errors import CaffeError
 from ..formats.atomic import atomic_write
@@ -15,12 +17,12 @@ from .upgrade import upgrade_net_param
 log = logging.getLogger('caffe_syncbn')
 
 
-def upgrade_file(source, target):
+def upgrade_file(source, target, check_solver_type):
     """Write ``source`` (a net prototxt, a binary caffemodel or a solver prototxt) to
     ``target`` in the current format, atomically, in the form it came in (text or binary).
-    Returns what the file is: 'net prototxt', 'binary net' or 'solver prototxt'."""
-    from google.protobuf import text_format
-
+    Returns what the file is: 'net prototxt', 'binary net' or 'solver prototxt'.
+    ``check_solver_type(type, source)`` raises for a solver type that no update rule
+    registered (the training room knows them, this floor does not)."""
     with open(require_regular(source), 'rb') as f:
         head = f.read(1 << 16)
     if not head:
@@ -34,6 +36,7 @@ def upgrade_file(source, target):
         kind, original = 'binary net', parse_binary_file(source, caffe_pb2.NetParameter)
     if kind == 'solver prototxt':
         upgraded = upgrade_solver_param(copy_message(original), source)
+        check_solver_type(upgraded.type, source)
     else:
         upgraded = upgrade_net_param(original)
     if upgraded == original:

@@ -15,9 +15,7 @@ from ..errors import CaffeError  # noqa: F401
 from ..fillers import set_random_seed  # noqa: F401
 from ..layer import TEST, TRAIN, Layer, layer_type_list  # noqa: F401
 from ..net import Net  # noqa: F401
-from ..training.solvers import (AdaDeltaSolver, AdaGradSolver, AdamSolver,  # noqa: F401
-                                NesterovSolver, RMSPropSolver, SGDSolver, get_solver,
-                                get_solver_from_string)
+from ..training.solvers import get_solver, get_solver_from_string, solver_class_named  # noqa: F401
 from . import net_spec  # noqa: F401
 from . import classifier, coord_map, detector, draw, io, proto  # noqa: F401
 from .classifier import Classifier  # noqa: F401
@@ -25,6 +23,14 @@ from .detector import Detector  # noqa: F401
 from .net_spec import NetSpec, layers, params, to_proto  # noqa: F401
 from .runtime import (NCCL, Timer, has_nccl, init_log, log, set_multiprocess,  # noqa: F401
                       set_solver_count, set_solver_rank, solver_count, solver_rank)
+
+
+def __getattr__(name):
+    """``caffe.SGDSolver`` ... ``caffe.AdamSolver``: a class for every registered solver type."""
+    found = solver_class_named(name)
+    if found is None:
+        raise AttributeError("module 'caffe' has no attribute %r" % name)
+    return found
 
 
 def install_as_caffe():

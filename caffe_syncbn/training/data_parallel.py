@@ -54,15 +54,10 @@ RUN_FILE_SUFFIX = '.replicas.json'
 
 
 def _share_cores(devices, link):
-    """Virtual CPU devices share the machine's cores (with the devices of the job's other
-    processes on it): give each replica's BLAS calls its share, or R replicas x all cores
-    of BLAS threads fight over the same cores."""
+    """Virtual CPU devices share the machine's cores with the devices of the job's other
+    processes on it, and so its BLAS threads."""
     processes = link.processes_on_this_node() if link is not None else 1
-    if len(devices) * processes < 2 or devices[0].kind != 'cpu':
-        return None
-    from threadpoolctl import threadpool_limits
-    return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // (len(devices) * processes)),
-                             user_api='blas')
+    return cpu_threads.share_blas(len(devices) * processes) if devices[0].kind == 'cpu' else None
 
 
 class DataParallelSolver(Solver):

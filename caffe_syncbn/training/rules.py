@@ -1,6 +1,11 @@
 """Caffe's update of the params: ``ParamUpdate`` (clip, normalize, regularize, the rule,
 ``w -= update``) and the update rules, the ComputeUpdateValue step of each solver type.
 
+``@solver_type('Adam')`` registers a rule as the solver type its SolverParameter ``type``
+names: the types a solver file may name, pycaffe's solver classes (``AdamSolver``) and the
+errors that list the types all come from this registry, in the order the rules register
+(Caffe's: SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam).
+
 A rule owns the history arrays of every learnable param, in Caffe's order (the order
 the solverstate stores them in), and turns a param's (normalized, regularized)
 gradient in ``blob.diff`` into the update that the solver then subtracts from
@@ -12,10 +17,26 @@ import math
 import numpy as np
 
 from ..errors import CaffeError, quote
-from ..netparam.solver_param import SOLVER_TYPES
+
+#: {SolverParameter.type: its update rule class}, in the order the types registered
+RULES = {}
+
+
+def solver_type(type_name):
+    """Register an UpdateRule subclass as the solver type ``type_name``."""
+    def register(rule):
+        if type_name in RULES:
+            raise ValueError('solver type %s is registered twice (%s and %s)'
+                             % (type_name, RULES[type_name].__name__, rule.__name__))
+        rule.type_name = type_name
+        RULES[type_name] = rule
+        return rule
+    return register
 
 
 class UpdateRule:
+    #: SolverParameter.type, set by @solver_type
+    type_name = None
     #: how many history arrays each param has (Adam and AdaDelta keep two)
     history_per_param = 1
 
@@ -44,6 +65,7 @@ class UpdateRule:
         raise NotImplementedError
 
 
+@solver_type('SGD')
 class SGDRule(UpdateRule):
     """v = momentum * v + lr * g; the update is v."""
 
@@ -54,6 +76,7 @@ class SGDRule(UpdateRule):
         blob.diff[...] = history
 
 
+@solver_type('Nesterov')
 class NesterovRule(UpdateRule):
     """Step back along the old velocity, then over-step along the new one."""
 
@@ -67,17 +90,15 @@ class NesterovRule(UpdateRule):
 
 
 class _NoMomentumRule(UpdateRule):
-    name = ''
-
     def check(self):
         if self.param.momentum != 0:
             raise CaffeError('momentum cannot be used with %s (got momentum %g); remove it'
-                             % (self.name, self.param.momentum))
+                             % (self.type_name, self.param.momentum))
 
 
+@solver_type('AdaGrad')
 class AdaGradRule(_NoMomentumRule):
     """h += g^2; update = lr * g / (sqrt(h) + delta)."""
-    name = 'AdaGrad'
 
     def compute_update(self, i, blob, rate, iteration=0):
         history, grad = self.history[i], blob.diff
@@ -85,9 +106,9 @@ class AdaGradRule(_NoMomentumRule):
         blob.diff[...] = self.local_rate(i, rate) * (grad / (blob.xp.sqrt(history) + self.delta))
 
 
+@solver_type('RMSProp')
 class RMSPropRule(_NoMomentumRule):
     """h = decay * h + (1 - decay) * g^2; update = lr * g / (sqrt(h) + delta)."""
-    name = 'RMSProp'
 
     def check(self):
         super().check()
@@ -103,6 +124,7 @@ class RMSPropRule(_NoMomentumRule):
         blob.diff[...] = self.local_rate(i, rate) * (grad / (blob.xp.sqrt(history) + self.delta))
 
 
+@solver_type('AdaDelta')
 class AdaDeltaRule(UpdateRule):
     """Zeiler's AdaDelta; history[i] is E[g^2], history[N + i] is E[dx^2] (without the lr)."""
     history_per_param = 2
@@ -121,6 +143,7 @@ class AdaDeltaRule(UpdateRule):
         blob.diff[...] = self.local_rate(i, rate) * step
 
 
+@solver_type('Adam')
 class AdamRule(UpdateRule):
     """Adam; history[i] is the first moment m, history[N + i] the second moment v."""
     history_per_param = 2
@@ -147,17 +170,16 @@ class AdamRule(UpdateRule):
         blob.diff[...] = (self.local_rate(i, rate) * correction) * (first / (xp.sqrt(second) + self.delta))
 
 
-RULES = dict(zip(SOLVER_TYPES, (SGDRule, NesterovRule, AdaGradRule, RMSPropRule, AdaDeltaRule,
-                                 AdamRule)))
-
-
-def rule_class(type_name):
-    """The update rule of a SolverParameter ``type`` ('SGD', 'Adam', ...)."""
+def rule_class(type_name, source=None):
+    """The update rule of a SolverParameter ``type`` ('SGD', 'Adam', ...); for a type no rule
+    registered, the one error that lists those that did (naming ``source``, the solver
+    file, when given)."""
     try:
         return RULES[type_name]
     except KeyError:
-        raise CaffeError('unknown solver type %s; expected one of %s'
-                         % (quote(type_name), ', '.join(RULES))) from None
+        raise CaffeError('%sunknown solver type %s; expected one of %s'
+                         % (source + ': ' if source else '', quote(type_name), ', '.join(RULES))) \
+            from None
 
 
 class ParamUpdate:

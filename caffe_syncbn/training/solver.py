@@ -72,17 +72,17 @@ class Solver:
         self._one_caller = OneCaller('the solver', STEPS_ONE_AT_A_TIME)
         self.strategy = strategy or OneNet(self)
         if isinstance(solver, caffe_pb2.SolverParameter):
-            self.param = upgrade_solver_param(copy_message(solver))
-            self.source = 'solver'
+            self.param, self.source = upgrade_solver_param(copy_message(solver)), 'solver'
         else:
             self.source = os.fspath(solver)
             self.param = load_solver_param(self.source)
+        named = rule_class(self.param.type, self.source)    # checked where a class forces one too
+        self.rule_class = self.rule_class or named
         self.memory_plan = check_plan(memory_plan or self.param.memory_plan or
                                       DEFAULT_PLAN['pycaffe'], None if memory_plan else self.source)
         self.xp = xp
         self.dtype = np.dtype(dtype or (net.context.dtype if net is not None else np.float32))
         p = self.param
-        self.rule_class = self.rule_class or rule_class(p.type)
         self.iter = 0
         check_solver_param(p, self.source)
         if net is None:

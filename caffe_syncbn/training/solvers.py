@@ -1,12 +1,15 @@
-"""Caffe's solver types (SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam) and ``get_solver``,
-the one way to build a solver from a solver file, under ``import caffe_syncbn as caffe``
-and after ``install_as_caffe()`` alike.
+"""pycaffe's solver classes, one per solver type that registered its update rule
+(rules.py: ``SGDSolver`` ... ``AdamSolver``), and ``get_solver``, the one way to build a
+solver from a solver file, under ``import caffe_syncbn as caffe`` and after
+``install_as_caffe()`` alike.
 
 ``get_solver(path)`` is pycaffe's single-device solver of the type the file names
 (``SGDSolver`` ...), in the mode set_mode_cpu/set_mode_gpu chose, as pycaffe's
 ``caffe.get_solver(path)``; ``get_solver(path, devices='cpu:4', sync_bn=True)`` builds a
 data-parallel solver. ``AdamSolver(path)`` forces a type.
 """
+import os
+
 from .. import caffe_pb2
 from ..errors import CaffeError
 from ..netparam.prototxt import parse_text
@@ -16,29 +19,50 @@ from .rules import RULES, rule_class
 from .solver import Solver
 
 
-def _solver_type(type_name):
-    return type(type_name + 'Solver', (Solver,), {
-        'rule_class': RULES[type_name],
-        '__doc__': "Caffe's %s solver (see Solver)." % type_name,
-        '__module__': __name__,
-    })
+#: {SolverParameter.type: pycaffe's single-device solver class}, made on first use
+_classes = {}
 
 
-SGDSolver = _solver_type('SGD')
-NesterovSolver = _solver_type('Nesterov')
-AdaGradSolver = _solver_type('AdaGrad')
-RMSPropSolver = _solver_type('RMSProp')
-AdaDeltaSolver = _solver_type('AdaDelta')
-AdamSolver = _solver_type('Adam')
+def get_solver_class(type_name, source=None):
+    """The single-device solver class of a SolverParameter ``type`` ('SGD', 'Adam', ...):
+    ``AdamSolver``, a Solver with the registered rule of the type."""
+    rule = rule_class(type_name, source)     # the one error for an unknown type
+    if type_name not in _classes or _classes[type_name].rule_class is not rule:
+        _classes[type_name] = type(type_name + 'Solver', (Solver,), {
+            'rule_class': rule,
+            '__doc__': "Caffe's %s solver (see Solver)." % type_name,
+            '__module__': __name__,
+        })
+    return _classes[type_name]
 
-_CLASSES = {'SGD': SGDSolver, 'Nesterov': NesterovSolver, 'AdaGrad': AdaGradSolver,
-            'RMSProp': RMSPropSolver, 'AdaDelta': AdaDeltaSolver, 'Adam': AdamSolver}
+
+def solver_class_named(class_name):
+    """pycaffe's solver class called ``class_name`` ('AdamSolver'), or None: one for every
+    registered solver type, those registered after this module loaded included."""
+    for type_name in RULES:
+        if type_name + 'Solver' == class_name:
+            return get_solver_class(type_name)
+    return None
 
 
-def get_solver_class(type_name):
-    """The single-device solver class of a SolverParameter ``type`` ('SGD', 'Adam', ...)."""
-    rule_class(type_name)                    # the one error for an unknown type
-    return _CLASSES[type_name]
+def __getattr__(name):
+    """``from caffe_syncbn.training.solvers import AdamSolver``, and pickles of the classes."""
+    found = solver_class_named(name)
+    if found is None:
+        raise AttributeError('module %r has no attribute %r' % (__name__, name))
+    return found
+
+
+def checked_solver_param(solver):
+    """The SolverParameter of a solver file (or a copy of a message), upgraded and its type
+    checked, so that a bad file is one error before any device starts."""
+    if isinstance(solver, caffe_pb2.SolverParameter):
+        param, source = upgrade_solver_param(copy_message(solver)), 'solver'
+    else:
+        source = os.fspath(solver)
+        param = load_solver_param(source)
+    rule_class(param.type, source)
+    return param
 
 
 def get_solver(solver, devices=None, sync_bn=False, dtype=None, level=None, stages=(),
@@ -59,10 +83,9 @@ def get_solver(solver, devices=None, sync_bn=False, dtype=None, level=None, stag
     works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype`` and
     ``memory_plan`` only. On it, as on a data-parallel solver of one device, Input blobs
     set by hand (``solver.net.blobs['data'].data[...] = x``) are the data, as in Caffe."""
+    param = checked_solver_param(solver)
     if isinstance(solver, caffe_pb2.SolverParameter):
-        solver = param = upgrade_solver_param(copy_message(solver))
-    else:
-        param = load_solver_param(solver)  # a bad file is one error, before any device starts
+        solver = param
     if devices is None:
         if sync_bn or level is not None or stages or weights is not None or mode != 'sync' \
                 or max_staleness is not None:

@@ -33,7 +33,7 @@ from google.protobuf import text_format  # noqa: E402
 
 import caffe_syncbn as caffe  # noqa: E402
 from caffe_syncbn.caffe_pb2 import SolverParameter  # noqa: E402
-from caffe_syncbn.cli.logparse import TEST_OUTPUT, TESTING, parse_log  # noqa: E402
+from caffe_syncbn.analysis.logparse import TEST_OUTPUT, TESTING, parse_log  # noqa: E402
 from caffe_syncbn.formats.atomic import atomic_write  # noqa: E402
 from caffe_syncbn.netparam.prototxt import read_prototxt  # noqa: E402
 

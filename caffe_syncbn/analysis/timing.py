@@ -1,10 +1,13 @@
-"""Per-layer forward/backward timings, as `caffe time` prints them, and the nets they run."""
+"""Per-layer forward/backward timings, as `caffe time` prints them, the nets they run, and
+a process's peak memory."""
 import time
 
 import numpy as np
 
-from ..caffe_pb2 import TRAIN
+from ..caffe_pb2 import TEST, TRAIN
 from ..convert.inputs import with_inputs
+from ..memory_planner import DEFAULT_PLAN
+from ..net import Net
 from ..netparam.graph import layer_included, net_state
 from ..netparam.inputs import is_data_layer
 from ..netparam.upgrade import load_net_param
@@ -33,6 +36,16 @@ def timing_net_param(model, batch=None, force_backward=True, phase=TRAIN, level=
                         shape.dim[0] = batch
     param.force_backward = force_backward
     return param
+
+
+def build_timing_net(model, batch=None, phase='TRAIN', level=0, stages=(),
+                     memory_plan=DEFAULT_PLAN['pycaffe'], input_shape=None):
+    """A Net for timing (timing_net_param: Input layers of batch ``batch``, shaped by their
+    sources or ``input_shape``, backward forced), as the benchmarks time it."""
+    phase = TRAIN if phase == 'TRAIN' else TEST
+    return Net(timing_net_param(model, batch, phase=phase, level=level, stages=stages,
+                                input_shape=input_shape),
+               phase, level=level, stages=stages, memory_plan=memory_plan)
 
 
 def peak_memory_kb():
