@@ -149,7 +149,8 @@ def _warm_up(runners, count, in_caller):
     overlaps others. First each thread takes its allocator's arena (glibc maps 64 MiB for a
     thread's first malloc), then the room left is checked, then the GEMMs run."""
     square = np.ones((WARM_UP_SIDE, WARM_UP_SIDE), np.float32)
-    ready, go = threading.Barrier(len(runners) + 1), threading.Barrier(count)
+    # the caller passes both barriers: no GEMM runs before the room is checked
+    ready, go = threading.Barrier(len(runners) + 1), threading.Barrier(len(runners) + 1)
 
     def gemm(first_malloc=True):
         try:
@@ -170,6 +171,8 @@ def _warm_up(runners, count, in_caller):
         raise
     if in_caller:
         gemm(first_malloc=False)
+    else:
+        go.wait()
     for part in parts:
         part.result()
 
@@ -181,7 +184,9 @@ def _check_room(count):
     blas = _state['blas']
     name = 'OpenBLAS %s' % blas.version if getattr(blas, 'internal_api', None) == 'openblas' \
         else None
-    need = (count - _state['blas_ready']) * OPENBLAS_BUFFER_BYTES
+    # every buffer counted as still to map: a warm-up whose GEMMs did not overlap mapped
+    # fewer than it asked for, and which of them exist no call tells
+    need = count * OPENBLAS_BUFFER_BYTES
     if name and need > room[0]:
         raise CaffeError('%s asks for a buffer of %s in each of the %d threads that call it at '
                          'once, %s more; the process has %s: raise the limit, or use fewer '
