@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.backend import cpu_threads
-from caffe_syncbn.layers import conv_columns, conv_cpu, norm_cpu, norm_math
+from caffe_syncbn.layers import conv_columns, conv_cpu
+from caffe_syncbn.layers.norm import array as norm_math, host as norm_cpu
 from caffe_syncbn.testing import build_layer
 from conftest import randn
 

@@ -18,7 +18,7 @@ ARCH = '90'
 STEMS = cuda_kernels.kernel_stems()
 #: kernel_stem -> {kernel names}, from the wrappers' typed_kernel/kernel calls
 _TYPED_CALL = re.compile(r"typed_kernel\(\s*'(\w+)',\s*'(\w+)'")
-_SYNCBN_CALL = re.compile(r"_kernel\(\s*'(syncbn_\w+)'")       # norm_gpu's shorthand
+_SYNCBN_CALL = re.compile(r"_kernel\(\s*'(syncbn_\w+)'")       # norm/gpu.py's shorthand
 _NO_HALF = {'interp'}          # float16 stays on the array code (atomics)
 
 

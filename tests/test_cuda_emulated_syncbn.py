@@ -1,6 +1,6 @@
-"""Batch normalization's CUDA engine (caffe_syncbn/layers/norm_gpu.py over cuda/syncbn.cu),
+"""Batch normalization's CUDA engine (caffe_syncbn/layers/norm/gpu.py over cuda/syncbn.cu),
 run on the CPU through the kernel emulation (tests/cuda_emulation.py): its passes against
-the array engine (norm_math), and the layers on it against the same layers on the host
+the array engine (norm/array.py), and the layers on it against the same layers on the host
 engine. Small shapes: every CUDA thread is an OS thread here."""
 import threading
 
@@ -12,7 +12,7 @@ from cuda_emulation import emulated_kernels
 from caffe_syncbn.blob import Blob
 from caffe_syncbn.comm import ThreadComm
 from caffe_syncbn.layer import TEST, TRAIN, LayerContext, create_layer
-from caffe_syncbn.layers import norm_gpu, norm_math
+from caffe_syncbn.layers.norm import array as norm_math, gpu as norm_gpu
 from caffe_syncbn.testing import layer_param
 
 TOL = {np.float64: 1e-10, np.float32: 2e-5, np.float16: 2e-2}

@@ -1,7 +1,7 @@
-"""Batch normalization's host engine (numpy), block by block (see norm_math.py for the
+"""Batch normalization's host engine (numpy), block by block (see array.py for the
 engine's four functions).
 
-The arithmetic of norm_math's array engine, but each pass walks the (N*C, S) rows of an
+The arithmetic of the array engine (array.py), but each pass walks the (N*C, S) rows of an
 (N, C, S) array a cache-sized block at a time, split over cpu_threads, and writes into
 the arrays it is given, so no temporary of the blob's size exists and the several
 operations of a pass find their block in the cache. Per-channel sums are taken per row
@@ -13,9 +13,9 @@ input is gone) or made again from the input block by block: see ``XHat``.
 """
 import numpy as np
 
-from ..backend import cpu_threads
-from .neuron import relu, relu_gradient
-from .norm_math import STAT, pack, rebase_sums, work_dtype
+from ...backend import cpu_threads
+from ..neuron import relu, relu_gradient
+from .array import STAT, pack, rebase_sums, work_dtype
 
 
 def _rows(a3):
@@ -44,7 +44,7 @@ def _channel_sums(row_sums, a3):
 
 class Normalization:
     """x_hat = ((x - K) - (mean - K)) * inv_std with K the mean in the work dtype, as
-    norm_math.x_hat_of computes it, one block of rows at a time."""
+    array.x_hat_of computes it, one block of rows at a time."""
 
     def __init__(self, x3, mean, inv_std, dtype):
         images = x3.shape[0]
@@ -64,7 +64,7 @@ class Normalization:
 
 
 class FromOutput:
-    """x_hat = (p - beta) / gamma from a chain's output y (norm_chain.py): p = y where
+    """x_hat = (p - beta) / gamma from a chain's output y (chain.py): p = y where
     y > 0, y / s elsewhere (s: the ReLU's negative slope; None: no ReLU; 0: p = y, whose
     x_hat only meets a zero gradient where y <= 0)."""
 

@@ -22,7 +22,7 @@ update); an engine holds the passes over the data, with one signature in all thr
         dx into dx3 (which may be dy3): scale * dy, or through batch statistics over
         ``count`` values scale * (dy - sum(dy)/m - x_hat * sum(dy*x_hat)/m)
 
-and two for the chains of norm_chain.py, whose output y = relu(gamma * x_hat + beta):
+and two for the chains of chain.py, whose output y = relu(gamma * x_hat + beta):
 
     x_hat_from_output(y3, gamma, beta, activation) -> what the backward reads x_hat from,
         found from y (gamma, beta None: no affine part; ``activation`` 0 only where the
@@ -36,13 +36,13 @@ The layers keep their running statistics in one of two conventions, ``RunningSum
 (BVLC BatchNorm's) and ``RunningAverage`` (the forks' momentum), defined here once.
 
 This module is the engine for any array module (numpy in float16, CuPy without the
-kernels); norm_cpu.py is the host engine and norm_gpu.py the CUDA one.
+kernels); host.py is the host engine and gpu.py the CUDA one.
 """
 import math
 import numpy as np
 
-from ..backend import get_array_module
-from .neuron import relu, relu_gradient
+from ...backend import get_array_module
+from ..neuron import relu, relu_gradient
 
 STAT = np.float64   # dtype of every per-channel statistic
 

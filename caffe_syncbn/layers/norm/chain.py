@@ -13,8 +13,8 @@ recovered x_hat is within about 2 * eps * (|x_hat| + RECOVERY_RATIO) of the kept
 """
 import logging
 
-from ..backend import get_array_module, to_numpy
-from .norm_math import STAT
+from ...backend import get_array_module, to_numpy
+from .array import STAT
 
 log = logging.getLogger('caffe_syncbn')
 

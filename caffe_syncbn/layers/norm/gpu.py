@@ -1,19 +1,19 @@
 """Batch normalization's CUDA engine: the kernels of cuda/syncbn.cu behind the functions
-every engine has (see norm_math.py), and those of cuda/fused.cu for the chains of
-norm_chain.py: a ReLU in the same pass as the normalization, and a backward that finds
+every engine has (see array.py), and those of cuda/fused.cu for the chains of
+chain.py: a ReLU in the same pass as the normalization, and a backward that finds
 x_hat and the ReLU's gradient from the output as it goes.
 
 Each per-channel reduction is two launches (partial sums per block, then per channel),
 each elementwise pass one launch, and nothing is read back to the host: the global count
-stays on the device. Sums are float64 and laid out as in norm_math, so the layer's
+stays on the device. Sums are float64 and laid out as in array.py, so the layer's
 allreduce is the same collective on CPU and GPU.
 """
 import numpy as np
 
-from ..backend import cuda_kernels, get_array_module
-from ..backend.launch import (BLOCK, BLOCKS_PER_SM, contiguous, f64, grid_1d, grid_channels, i32,
+from ...backend import cuda_kernels, get_array_module
+from ...backend.launch import (BLOCK, BLOCKS_PER_SM, contiguous, f64, grid_1d, grid_channels, i32,
                               i64, vector_width)
-from .norm_math import STAT
+from .array import STAT
 
 MAX_CHANNELS = 65535          # the grid's y extent
 

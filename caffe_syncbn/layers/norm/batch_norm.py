@@ -50,22 +50,22 @@ union of every replica's local batch:
   both collectives, gets the same running stats and an output of shape (0, C, ...).
 
 The layers below hold these rules, both allreduces included; the passes over the data are
-an engine's (norm_math.py says what one does), chosen once at setup: the CUDA kernels
-(norm_gpu), the host's blocked passes (norm_cpu), or array code (norm_math).
+an engine's (array.py says what one does), chosen once at setup: the CUDA kernels
+(gpu.py), the host's blocked passes (host.py), or array code (array.py).
 """
 import numpy as np
 
-from .. import caffe_pb2
-from ..layer import TEST, Layer, register
-from . import norm_cpu, norm_gpu, norm_math
-from .norm_chain import Chain
-from .norm_math import STAT, RunningAverage, RunningSums, channel_view, inverse_std, moments
+from ... import caffe_pb2
+from ...layer import TEST, Layer, register
+from . import array, gpu, host
+from .array import STAT, RunningAverage, RunningSums, channel_view, inverse_std, moments
+from .chain import Chain
 
 
 class _ChannelNorm(Layer):
     """What the three layers share: shapes, the engine, the per-channel statistics as
     float64, the x_hat the backward reads, and the Scale and ReLU they may absorb
-    (norm_chain.py)."""
+    (chain.py)."""
 
     #: what this layer absorbed (Layer.absorb), or None
     chain = None
@@ -77,11 +77,11 @@ class _ChannelNorm(Layer):
         self.check_tops(top, exact=1)
         self.channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
         if self.cuda_kernels:
-            self.engine = norm_gpu
+            self.engine = gpu
         elif self.xp is np and self.dtype in (np.float32, np.float64):
-            self.engine = norm_cpu
+            self.engine = host
         else:
-            self.engine = norm_math
+            self.engine = array
         self._x_hat_buffer = None
 
     def reshape(self, bottom, top):
