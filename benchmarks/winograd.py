@@ -64,7 +64,7 @@ def shapes_of(name):
 def time_layer(key, rounds):
     """{engine: (forward s, backward s)} medians, and whether the rule picks Winograd."""
     import numpy as np
-    from caffe_syncbn.layers import winograd_cpu
+    from caffe_syncbn.layers.conv import host_winograd as winograd_cpu
     from caffe_syncbn.testing import build_layer
     n, c, h, w, k, pad, group, bias = key
     x = np.random.RandomState(0).standard_normal((n, c, h, w)).astype(np.float32)

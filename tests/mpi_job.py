@@ -91,7 +91,7 @@ def pipelines(out, link):
     replicas (this process's rows), and by one process of 4 replicas and of 1 replica with
     the whole global batch (process 0); with shuffling, random crops and mirrors; and how
     many samples each process decoded."""
-    import caffe_syncbn.layers.image_data as image_data
+    import caffe_syncbn.layers.data.image_data as image_data
     from caffe_syncbn import TRAIN, Net
     from caffe_syncbn.training.input_pipeline import InputPipeline
     folder = Path(os.environ['PIPELINE_DATA'])
@@ -204,7 +204,7 @@ def fault(out, link, solver_path):
     import caffe_syncbn.training.snapshot_layout as snapshot_layout
     from caffe_syncbn.cli import main
     from caffe_syncbn.cli.common import run_main
-    from caffe_syncbn.layers.data import HDF5Reader
+    from caffe_syncbn.layers.data.layers import HDF5Reader
     from caffe_syncbn.net import Net
     what, where = os.environ['FAULT'], os.environ['FAULT_WHERE']
     at = int(os.environ.get('FAULT_AT', 3))

@@ -11,7 +11,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from caffe_syncbn import caffe_pb2
-from caffe_syncbn.layers.boxes import box_sizes, overlap_matrix, overlaps
+from caffe_syncbn.layers.detection.boxes import box_sizes, overlap_matrix, overlaps
 from caffe_syncbn.testing import build_layer
 
 INF = np.inf

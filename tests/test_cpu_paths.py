@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.backend import cpu_threads
-from caffe_syncbn.layers import conv_columns, conv_cpu
+from caffe_syncbn.layers.conv import host as conv_cpu, host_columns as conv_columns
 from caffe_syncbn.layers.norm import array as norm_math, host as norm_cpu
 from caffe_syncbn.testing import build_layer
 from conftest import randn
@@ -194,7 +194,7 @@ def test_fill_in_chunks_draws_what_one_draw_gives(filler, monkeypatch):
 ])
 @pytest.mark.parametrize('ties', [False, True])
 def test_host_max_pooling_matches_the_array_path(body, shape, ties, threads, monkeypatch):
-    from caffe_syncbn.layers import pooling_cpu
+    from caffe_syncbn.layers.pooling import host as pooling_cpu
     x = np.round(randn(*shape)) if ties else randn(*shape)       # ties: many equal values
     text = ('name: "p" type: "Pooling" bottom: "x" top: "y" top: "mask" pooling_param { '
             'pool: MAX %s }' % body)
@@ -216,7 +216,7 @@ def test_host_max_pooling_matches_the_array_path(body, shape, ties, threads, mon
 def test_global_average_pooling_adds_in_the_order_of_the_window_sums(shape):
     """The whole-input window's few calls give the bits of the separable window sums,
     in float32, where a different order of additions would show."""
-    from caffe_syncbn.layers.pooling import Pool2d
+    from caffe_syncbn.layers.pooling.layers import Pool2d
     pool = Pool2d('AVE', shape[2:], shape[2:], (1, 1), (0, 0), True, ValueError)
     assert pool.whole
     x = (randn(*shape) * 10).astype(np.float32)
@@ -292,7 +292,7 @@ def test_host_batch_norm_keeps_x_hat_only_in_place_when_its_backward_reads_it():
 @pytest.mark.parametrize('body', ['local_size: 5 alpha: 0.1 beta: 0.75 k: 2',
                                   'local_size: 3 alpha: 1e-4 beta: 0.75'])
 def test_host_lrn_matches_the_array_path(body, threads, monkeypatch):
-    from caffe_syncbn.layers import lrn
+    from caffe_syncbn.layers.lrn import layers as lrn
     monkeypatch.setattr(lrn, 'BAND_BYTES', 64)          # bands of 2 positions
     text = 'name: "n" type: "LRN" bottom: "x" top: "y" lrn_param { %s }' % body
     results = []
@@ -344,7 +344,7 @@ def test_host_convolution_with_bands_inside_the_padding(monkeypatch):
 def test_interp_in_blocks_gives_the_forks_bits(monkeypatch):
     """Interp's forward in blocks of planes: bit for bit the fork's float32 arithmetic,
     w0 * a + w1 * b along W, then along H, over the whole array at once."""
-    from caffe_syncbn.layers.interp import interp_taps
+    from caffe_syncbn.layers.interp.layers import interp_taps
     monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 64)
     x = np.random.RandomState(5).standard_normal((2, 3, 6, 5)).astype(np.float32)
     layer, bottom, top = build_layer('name: "i" type: "Interp" bottom: "x" top: "y" '

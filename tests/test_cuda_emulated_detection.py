@@ -12,7 +12,7 @@ from google.protobuf import text_format
 
 from caffe_syncbn import TEST, TRAIN, Blob, LayerContext, Net, caffe_pb2
 from caffe_syncbn.layer import create_layer
-from caffe_syncbn.layers import boxes, detection_gpu
+from caffe_syncbn.layers.detection import boxes, gpu as detection_gpu
 
 GOLDEN = pathlib.Path(__file__).parent / 'ssd_golden'
 MULTIBOX_CASES = sorted(p.stem for p in GOLDEN.glob('multibox_loss_*.npz'))

@@ -6,8 +6,8 @@ import pytest
 from cuda_emulation import emulated_kernels
 
 from caffe_syncbn.layer import TRAIN
-from caffe_syncbn.layers import im2col as cpu_im2col
-from caffe_syncbn.layers.pooling import Pool2d
+from caffe_syncbn.layers.conv import array as cpu_im2col
+from caffe_syncbn.layers.pooling.layers import Pool2d
 from caffe_syncbn.testing import build_layer
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 1e-2}
@@ -34,7 +34,7 @@ GEOMETRIES = [  # kernel, pad, stride, dilation, spatial
 @pytest.mark.parametrize('kernel,pad,stride,dilation,spatial', GEOMETRIES)
 @pytest.mark.parametrize('dtype', [np.float32, np.float64, np.float16])
 def test_im2col_and_col2im_equal_cpu(kernel, pad, stride, dilation, spatial, dtype):
-    from caffe_syncbn.layers import conv_gpu as im2col_gpu
+    from caffe_syncbn.layers.conv import gpu as im2col_gpu
     rs = np.random.RandomState(0)
     x = rs.standard_normal((2, 3) + spatial).astype(dtype)
     col = im2col_gpu.im2col(x, kernel, pad, stride, dilation)
@@ -58,7 +58,7 @@ POOLS = [  # method, in_hw, kernel, stride, pad, ceil
 @pytest.mark.parametrize('method,in_hw,kernel,stride,pad,ceil', POOLS)
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
 def test_pooling_equals_cpu(method, in_hw, kernel, stride, pad, ceil, dtype):
-    from caffe_syncbn.layers import pooling_gpu
+    from caffe_syncbn.layers.pooling import gpu as pooling_gpu
 
     def error(message):
         return ValueError(message)
@@ -93,7 +93,7 @@ def run(layer, bottom, top, forward, backward, top_diff=None):
                                    'loss_param { normalization: BATCH_SIZE }'])
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
 def test_softmax_with_loss_equals_cpu(extra, dtype):
-    from caffe_syncbn.layers import loss_gpu as softmax_loss_gpu
+    from caffe_syncbn.layers.loss import gpu as softmax_loss_gpu
     rs = np.random.RandomState(2)
     scores = rs.standard_normal((2, 4, 3, 2)) * 3
     labels = rs.randint(0, 4, (2, 1, 3, 2)).astype(np.float64)
@@ -106,7 +106,7 @@ def test_softmax_with_loss_equals_cpu(extra, dtype):
 
 
 def test_softmax_with_loss_rejects_bad_labels():
-    from caffe_syncbn.layers import loss_gpu as softmax_loss_gpu
+    from caffe_syncbn.layers.loss import gpu as softmax_loss_gpu
     text = 'name: "loss" type: "SoftmaxWithLoss" bottom: "s" bottom: "l" top: "loss"'
     layer, bottom, top = build_layer(text, [np.zeros((2, 3)), np.array([1.0, 3.0])])
     with pytest.raises(Exception, match='labels must lie in'):
@@ -117,7 +117,7 @@ def test_softmax_with_loss_rejects_bad_labels():
                                    'shrink_factor: 2 pad_beg: -1 pad_end: -1', 'height: 1 width: 1'])
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
 def test_interp_equals_cpu(param, dtype):
-    from caffe_syncbn.layers import interp_gpu
+    from caffe_syncbn.layers.interp import gpu as interp_gpu
     rs = np.random.RandomState(3)
     x = rs.standard_normal((2, 2, 4, 5))
     text = 'name: "i" type: "Interp" bottom: "x" top: "y" interp_param { %s }' % param
@@ -134,7 +134,7 @@ def test_interp_equals_cpu(param, dtype):
 @pytest.mark.parametrize('size', [1, 3, 5])
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
 def test_lrn_across_channels_equals_cpu(size, dtype):
-    from caffe_syncbn.layers import lrn_gpu
+    from caffe_syncbn.layers.lrn import gpu as lrn_gpu
     rs = np.random.RandomState(4)
     x = rs.standard_normal((2, 6, 3, 2))
     text = ('name: "n" type: "LRN" bottom: "x" top: "y" lrn_param { local_size: %d alpha: 0.5 '

@@ -7,7 +7,7 @@ from google.protobuf import text_format
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import TEST, TRAIN
-from caffe_syncbn.layers.data import DataLayer, HDF5Reader
+from caffe_syncbn.layers.data.layers import DataLayer, HDF5Reader
 from caffe_syncbn.testing import build_layer
 from conftest import GOLDEN, require
 

@@ -10,7 +10,7 @@ from google.protobuf import text_format
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.layers.boxes import average_precision, detection_map, greedy_nms
+from caffe_syncbn.layers.detection.boxes import average_precision, detection_map, greedy_nms
 from caffe_syncbn.testing import build_layer, check_gradient
 
 GOLDEN = pathlib.Path(__file__).parent / 'ssd_golden'

@@ -10,7 +10,8 @@ import pytest
 
 from caffe_syncbn.backend import cpu_threads
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.layers import conv_cpu, depthwise_cpu, winograd_cpu
+from caffe_syncbn.layers.conv import host as conv_cpu, host_depthwise as depthwise_cpu, \
+    host_winograd as winograd_cpu
 from caffe_syncbn.testing import build_layer, check_gradient
 
 

@@ -12,9 +12,12 @@ from test_cuda_emulated_layers import GEOMETRIES, POOLS  # noqa: E402
 from caffe_syncbn.blob import Blob  # noqa: E402
 from caffe_syncbn.backend.cuda_runtime import launch_copy, launch_sum  # noqa: E402
 from caffe_syncbn.layer import TRAIN, LayerContext, create_layer  # noqa: E402
-from caffe_syncbn.layers import (conv_gpu as im2col_gpu, im2col as cpu_im2col,  # noqa: E402
-                                 interp_gpu, loss_gpu as softmax_loss_gpu, lrn_gpu, pooling_gpu)
-from caffe_syncbn.layers.pooling import Pool2d  # noqa: E402
+from caffe_syncbn.layers.conv import array as cpu_im2col, gpu as im2col_gpu  # noqa: E402
+from caffe_syncbn.layers.interp import gpu as interp_gpu  # noqa: E402
+from caffe_syncbn.layers.loss import gpu as softmax_loss_gpu  # noqa: E402
+from caffe_syncbn.layers.lrn import gpu as lrn_gpu  # noqa: E402
+from caffe_syncbn.layers.pooling import gpu as pooling_gpu  # noqa: E402
+from caffe_syncbn.layers.pooling.layers import Pool2d  # noqa: E402
 from caffe_syncbn.testing import build_layer, layer_param  # noqa: E402
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 1e-2}

@@ -42,7 +42,7 @@ import math
 import numpy as np
 
 from ...backend import get_array_module
-from ..neuron import relu, relu_gradient
+from ..neuron.layers import relu, relu_gradient
 
 STAT = np.float64   # dtype of every per-channel statistic
 

@@ -14,7 +14,7 @@ input is gone) or made again from the input block by block: see ``XHat``.
 import numpy as np
 
 from ...backend import cpu_threads
-from ..neuron import relu, relu_gradient
+from ..neuron.layers import relu, relu_gradient
 from .array import STAT, pack, rebase_sums, work_dtype
 
 
