@@ -84,4 +84,4 @@ def test_switch_reaches_every_kernel_layer(monkeypatch):
     monkeypatch.setattr(cuda_kernels, 'kernel',
                         lambda stem, name: called.add(stem) or original(stem, name))
     run('SyncBN', TRAIN, np.float64, True)
-    assert called == {'im2col', 'syncbn', 'pooling', 'lrn', 'interp', 'softmax_loss'}, called
+    assert called == {'conv', 'norm', 'pooling', 'lrn', 'interp', 'loss'}, called

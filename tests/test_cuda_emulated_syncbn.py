@@ -1,4 +1,4 @@
-"""Batch normalization's CUDA engine (caffe_syncbn/layers/norm/gpu.py over cuda/syncbn.cu),
+"""Batch normalization's CUDA engine (caffe_syncbn/layers/norm/gpu.py over cuda/norm.cu),
 run on the CPU through the kernel emulation (tests/cuda_emulation.py): its passes against
 the array engine (norm/array.py), and the layers on it against the same layers on the host
 engine. Small shapes: every CUDA thread is an OS thread here."""

@@ -111,7 +111,7 @@ def test_the_argument_count_is_checked():
 
 
 def test_a_null_pointer_is_none():
-    fn = kernel('reduce', 'reduce_sum8_f32')
+    fn = kernel('comm_sum', 'reduce_sum8_f32')
     a, b, dst = np.arange(8, dtype=np.float32), np.ones(8, np.float32), np.zeros(8, np.float32)
     fn((1,), (32,), (a, b) + (None,) * 6 + (np.int32(2), np.int32(0), dst, 8))
     assert dst.tolist() == (a + b).tolist()

@@ -1,4 +1,4 @@
-"""The SyncBN kernels of cuda/syncbn.cu, launched directly through the strict emulation
+"""The SyncBN kernels of cuda/norm.cu, launched directly through the strict emulation
 (tests/cuda_emulation.py) with grids and blocks chosen here, against float64 numpy: odd sizes
 (C=3, N*HW=1, HW=257), blocks of 32, 96 and 256 (the reductions' __launch_bounds__) or 1024,
 grids smaller than the work, pointers one element off 16-byte alignment (the scalar paths),
@@ -34,7 +34,7 @@ def nan_filled(shape, dtype, misaligned=False):
 
 
 def k(name, dtype):
-    return kernel('syncbn', 'syncbn_%s_%s' % (name, SUFFIX[dtype]))
+    return kernel('norm', 'syncbn_%s_%s' % (name, SUFFIX[dtype]))
 
 
 def assert_close(got, want, tol, what, scale=None):

@@ -1,6 +1,6 @@
-"""im2col / col2im of 2-D convolutions on the GPU (cuda/im2col.cu), with the signatures and
-the column layout ``(N, C, *kernel, *out)`` of layers/im2col.py. 2-D only: other
-dimensionalities stay on the array code of layers/im2col.py, which runs on CuPy as well."""
+"""im2col / col2im of 2-D convolutions on the GPU (cuda/conv.cu), with the signatures and the
+column layout ``(N, C, *kernel, *out)`` of the array engine (array.py). 2-D only: other
+dimensionalities stay on the array engine, which runs on CuPy as well."""
 from ...backend import cuda_kernels, get_array_module
 from ...backend.launch import BLOCK, contiguous, grid_1d, i32
 from . import array as cpu
@@ -24,7 +24,7 @@ def im2col(x, kernel, pad, stride, dilation):
     n, c = x.shape[:2]
     col = xp.empty((n, c) + tuple(kernel) + out, x.dtype)
     if col.size:
-        cuda_kernels.typed_kernel('im2col', 'im2col', x.dtype)(
+        cuda_kernels.typed_kernel('conv', 'im2col', x.dtype)(
             grid_1d(n * c * out[0] * out[1]), (BLOCK,),
             (x,) + _geometry(n, c, x.shape[2:], kernel, pad, stride, dilation, out) + (col,))
     return col
@@ -43,7 +43,7 @@ def col2im(col, spatial, kernel, pad, stride, dilation):
     n, c = col.shape[:2]
     image = xp.empty((n, c) + tuple(spatial), col.dtype)
     if image.size:
-        cuda_kernels.typed_kernel('im2col', 'col2im', col.dtype)(
+        cuda_kernels.typed_kernel('conv', 'col2im', col.dtype)(
             grid_1d(image.size), (BLOCK,),
             (col,) + _geometry(n, c, spatial, kernel, pad, stride, dilation, out) + (image,))
     return image

@@ -1,4 +1,4 @@
-"""SoftmaxWithLoss on the GPU (cuda/softmax_loss.cu), for a layers.loss.SoftmaxWithLossLayer:
+"""SoftmaxWithLoss on the GPU (cuda/loss.cu), for a SoftmaxWithLossLayer (layers.py):
 one kernel for the softmax, the per-position loss and the valid mask, one for the gradient.
 The layer's normalizer (global over replicas) and loss top are used as on the CPU."""
 import numpy as np
@@ -34,7 +34,7 @@ def forward(layer, bottom, top):
     prob = xp.empty((layer.outer, layer.classes, layer.inner), scores.dtype)
     loss, valid = xp.empty(positions, acc), xp.empty(positions, acc)
     if positions:
-        cuda_kernels.typed_kernel('softmax_loss', 'softmax_loss_forward', scores.dtype)(
+        cuda_kernels.typed_kernel('loss', 'softmax_loss_forward', scores.dtype)(
             grid_1d(positions), (BLOCK,),
             (scores, labels, i32(layer.outer), i32(layer.classes), i64(layer.inner))
             + _label_args(layer) + (prob, loss, valid))
@@ -56,7 +56,7 @@ def backward(layer, top, propagate_down, bottom):
     prob = layer.prob
     dx = xp.empty(prob.shape, prob.dtype)
     if dx.size:
-        cuda_kernels.typed_kernel('softmax_loss', 'softmax_loss_backward', prob.dtype)(
+        cuda_kernels.typed_kernel('loss', 'softmax_loss_backward', prob.dtype)(
             grid_1d(dx.size), (BLOCK,),
             (prob, layer._gpu_labels, i32(layer.outer), i32(layer.classes), i64(layer.inner))
             + _label_args(layer) + (contiguous(xp, top[0].diff.reshape(1)),

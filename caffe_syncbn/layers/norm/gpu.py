@@ -1,7 +1,7 @@
-"""Batch normalization's CUDA engine: the kernels of cuda/syncbn.cu behind the functions
-every engine has (see array.py), and those of cuda/fused.cu for the chains of
-chain.py: a ReLU in the same pass as the normalization, and a backward that finds
-x_hat and the ReLU's gradient from the output as it goes.
+"""Batch normalization's CUDA engine: the kernels of cuda/norm.cu behind the functions every
+engine has (see array.py), and those for the chains of chain.py: a ReLU in the same pass as
+the normalization, and a backward that finds x_hat and the ReLU's gradient from the output
+as it goes.
 
 Each per-channel reduction is two launches (partial sums per block, then per channel),
 each elementwise pass one launch, and nothing is read back to the host: the global count
@@ -18,7 +18,7 @@ from .array import STAT
 MAX_CHANNELS = 65535          # the grid's y extent
 
 
-def _kernel(base, dtype, family='syncbn'):
+def _kernel(base, dtype, family='norm'):
     return cuda_kernels.typed_kernel(family, base, dtype)
 
 
@@ -106,7 +106,7 @@ def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_ou
     x_hat_out = x_hat_out if keep else None
     c, hw = i64(x3.shape[1]), i64(x3.shape[2])
     if x3.size and activation is not None and x_hat_out is None:
-        _kernel('fused_bn_relu_forward', x3.dtype, 'fused')(
+        _kernel('fused_bn_relu_forward', x3.dtype)(
             grid_1d(x3.size), (BLOCK,), (x3, params, c, hw, i64(x3.size), f64(activation), y3))
     elif x3.size:
         _kernel('syncbn_normalize', x3.dtype)(
@@ -114,7 +114,7 @@ def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_ou
             (x3, y3, x_hat_out, params, c, hw, i64(x3.size)))
         if activation is not None:        # x_hat kept: the ReLU over y, in place
             ones = xp.ones(x3.shape[1], _accumulator(x3.dtype))
-            _kernel('fused_affine_relu', x3.dtype, 'fused')(
+            _kernel('fused_affine_relu', x3.dtype)(
                 grid_1d(x3.size), (BLOCK,), (y3, ones, 0 * ones, c, hw, i64(x3.size), i32(1),
                                              f64(activation), y3))
     if not keep:
@@ -128,7 +128,7 @@ def output_from_x_hat(x_hat, y3, slope, bias, activation):
     a = xp.ones(c, acc) if slope is None else slope.astype(acc)
     b = xp.zeros(c, acc) if bias is None else bias.astype(acc)
     if y3.size:
-        _kernel('fused_affine_relu', y3.dtype, 'fused')(
+        _kernel('fused_affine_relu', y3.dtype)(
             grid_1d(y3.size), (BLOCK,), (x_hat.source, a, b, i64(c), i64(y3.shape[2]),
                                          i64(y3.size), i32(activation is not None),
                                          f64(activation or 0), y3))
@@ -147,8 +147,8 @@ def activation_gradient(y3, dy3, activation, x_hat):
         return dy3
     xp = get_array_module(dy3)
     y3, dy3 = contiguous(xp, y3), contiguous(xp, dy3)
-    if dy3.size:
-        _kernel('fused_eltwise_sum_relu_backward', dy3.dtype, 'fused')(
+    if dy3.size:     # the ReLU's gradient from its output: Eltwise's kernel, one coefficient of 1
+        _kernel('fused_eltwise_sum_relu_backward', dy3.dtype, 'eltwise')(
             grid_1d(dy3.size), (BLOCK,), (y3, dy3, f64(1), i64(dy3.size), f64(activation), dy3))
     return dy3
 
@@ -164,7 +164,7 @@ def gradient_sums(dy3, x_hat):
         splits = _splits(dy3)
         partial = xp.empty(c * splits * 2, STAT)
         if isinstance(x_hat, FromOutput):
-            _kernel('fused_bn_relu_backward_reduce', dy3.dtype, 'fused')(
+            _kernel('fused_bn_relu_backward_reduce', dy3.dtype)(
                 (splits, c), (BLOCK,), (x_hat.y3, dy3, x_hat.gamma, x_hat.beta,
                                         f64(x_hat.negative_slope), i32(n), i32(c), i64(hw),
                                         i32(splits), partial))
@@ -189,7 +189,7 @@ def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, 
         else:
             sums = xp.concatenate([sum_dy, sum_dy_x_hat]).astype(STAT)
         if dy3.size:
-            _kernel('fused_bn_relu_backward_dx', dy3.dtype, 'fused')(
+            _kernel('fused_bn_relu_backward_dx', dy3.dtype)(
                 grid_1d(dy3.size), (BLOCK,),
                 (x_hat.y3, dy3, x_hat.gamma, x_hat.beta, f64(x_hat.negative_slope), params, sums,
                  count, i64(c), i64(dy3.shape[2]), i64(dy3.size), dx3))

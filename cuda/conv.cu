@@ -1,6 +1,6 @@
-// im2col / col2im of 2-D convolutions with pad, stride and dilation (caffe_syncbn/gpu/im2col_gpu.py).
+// im2col / col2im of 2-D convolutions with pad, stride and dilation (caffe_syncbn/layers/conv/gpu.py).
 // Layouts (contiguous): image x (N, C, H, W); columns col (N, C, KH, KW, OH, OW), the contract
-// of layers/im2col.py, so col.reshape(N, C*KH*KW, OH*OW) is the GEMM operand of each image.
+// of layers/conv/array.py, so col.reshape(N, C*KH*KW, OH*OW) is the GEMM operand of each image.
 // Output size: OH = (H + 2*PH - (DH*(KH-1) + 1)) / SH + 1, likewise OW (the caller passes them).
 // _f16, _f32, _f64: the element type; sums run in float32 (float16, float32) or float64.
 //

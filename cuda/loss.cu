@@ -1,4 +1,4 @@
-// SoftmaxWithLoss (caffe_syncbn/gpu/softmax_loss_gpu.py). scores and prob are contiguous
+// SoftmaxWithLoss (caffe_syncbn/layers/loss/gpu.py). scores and prob are contiguous
 // (outer, classes, inner) arrays; labels (outer, inner) hold class indices as floats, truncated
 // to int as Caffe's static_cast<int> does. A position is valid unless its label equals
 // ignore_label (when has_ignore != 0). _f16, _f32, _f64: the element type; the softmax runs in
