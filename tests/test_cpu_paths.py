@@ -292,13 +292,13 @@ def test_host_batch_norm_keeps_x_hat_only_in_place_when_its_backward_reads_it():
 @pytest.mark.parametrize('body', ['local_size: 5 alpha: 0.1 beta: 0.75 k: 2',
                                   'local_size: 3 alpha: 1e-4 beta: 0.75'])
 def test_host_lrn_matches_the_array_path(body, threads, monkeypatch):
-    from caffe_syncbn.layers.lrn import layers as lrn
-    monkeypatch.setattr(lrn, 'BAND_BYTES', 64)          # bands of 2 positions
+    from caffe_syncbn.layers.lrn import array, host
+    monkeypatch.setattr(host, 'BAND_BYTES', 64)          # bands of 2 positions
     text = 'name: "n" type: "LRN" bottom: "x" top: "y" lrn_param { %s }' % body
     results = []
-    for host in (True, False):
+    for engine in (host, array):
         layer, bottom, top = build_layer(text, [randn(2, 7, 3, 5)])
-        layer.host = host
+        layer.engine = engine
         layer.forward(bottom, top)
         top[0].diff[...] = randn(*top[0].shape, seed=3)
         layer.backward(top, [True], bottom)
@@ -344,7 +344,7 @@ def test_host_convolution_with_bands_inside_the_padding(monkeypatch):
 def test_interp_in_blocks_gives_the_forks_bits(monkeypatch):
     """Interp's forward in blocks of planes: bit for bit the fork's float32 arithmetic,
     w0 * a + w1 * b along W, then along H, over the whole array at once."""
-    from caffe_syncbn.layers.interp.layers import interp_taps
+    from caffe_syncbn.layers.interp.array import interp_taps
     monkeypatch.setattr(cpu_threads, 'BLOCK_BYTES', 64)
     x = np.random.RandomState(5).standard_normal((2, 3, 6, 5)).astype(np.float32)
     layer, bottom, top = build_layer('name: "i" type: "Interp" bottom: "x" top: "y" '

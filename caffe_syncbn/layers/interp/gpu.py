@@ -1,6 +1,6 @@
-"""Interp (PSPNet fork) on the GPU (cuda/interp.cu) for a layers.interp.InterpLayer: crop and
-align-corners bilinear resize, forward and its exact adjoint. float16 and the pure-crop case
-stay on the layer's array code."""
+"""Interp's CUDA engine (cuda/interp.cu): crop and align-corners bilinear resize, forward and
+its exact adjoint, with the array engine's signatures (array.py). float16 stays on the array
+engine, and a pure crop is the layer's one copy."""
 import numpy as np
 
 from ...backend import cuda_kernels

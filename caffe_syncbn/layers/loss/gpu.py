@@ -1,6 +1,7 @@
-"""SoftmaxWithLoss on the GPU (cuda/loss.cu), for a SoftmaxWithLossLayer (layers.py):
-one kernel for the softmax, the per-position loss and the valid mask, one for the gradient.
-The layer's normalizer (global over replicas) and loss top are used as on the CPU."""
+"""SoftmaxWithLoss's CUDA engine (cuda/loss.cu), with the array engine's signatures
+(array.py): one kernel for the softmax, the per-position loss and the valid mask, one for
+the gradient. The layer's normalizer (global over replicas) and loss top are used as on the
+CPU."""
 import numpy as np
 
 from ...backend import cuda_kernels
@@ -49,7 +50,6 @@ def forward(layer, bottom, top):
 
 
 def backward(layer, top, propagate_down, bottom):
-    layer.refuse_label_gradient(propagate_down)
     if not propagate_down[0]:
         return
     xp = layer.xp

@@ -11,7 +11,7 @@ import numpy as np
 from ... import caffe_pb2
 from ...formats.blobs import read_blob_proto
 from ...layer import Layer, register
-from . import gpu as loss_gpu
+from . import array, gpu
 from .gpu import bad_label_message
 
 FULL = caffe_pb2.LossParameter.FULL
@@ -19,8 +19,7 @@ VALID = caffe_pb2.LossParameter.VALID
 BATCH_SIZE = caffe_pb2.LossParameter.BATCH_SIZE
 NONE = caffe_pb2.LossParameter.NONE
 
-FLT_MIN = float(np.finfo(np.float32).tiny)   # SoftmaxWithLoss clamps log() at FLT_MIN
-LOG_THRESHOLD = 1e-20                         # the other probability losses clamp at 1e-20
+LOG_THRESHOLD = 1e-20         # the probability losses but SoftmaxWithLoss clamp log() here
 
 
 def softmax(xp, scores, axis, out=None):
@@ -157,37 +156,20 @@ class SoftmaxWithLossLayer(_SoftmaxLoss):
         self.ignore_label = ignore_label_of(self.param.loss_param)
         self.mode = self.normalization_mode()
         # the engine, chosen once: the CUDA kernels, or array code
-        self.kernels = loss_gpu if self.cuda_kernels else None
+        self.engine = gpu if self.cuda_kernels else array
 
     def axis_param(self):
         return self.param.softmax_param.axis
 
     def forward(self, bottom, top):
-        if self.kernels is not None:
-            self.kernels.forward(self, bottom, top)
-            return
-        xp = self.xp
-        self.softmax_and_labels(bottom, top)
-        p_true = xp.take_along_axis(self.prob, self.label[:, None, :], axis=1)[:, 0, :]
-        log_p = xp.log(xp.maximum(p_true, FLT_MIN))
-        self.set_loss(top, -xp.sum(xp.where(self.valid, log_p, 0)), self.normalizer_value)
+        self.engine.forward(self, bottom, top)
 
     def backward_reads(self, bottom, top):
         return list(bottom[1:]) + list(top)    # the labels, the loss weight; prob is kept
 
     def backward(self, top, propagate_down, bottom):
-        if self.kernels is not None:
-            self.kernels.backward(self, top, propagate_down, bottom)
-            return
         self.refuse_label_gradient(propagate_down)
-        if not propagate_down[0]:
-            return
-        xp = self.xp
-        grad = bottom[0].diff.reshape(self.outer, self.classes, self.inner)
-        grad[...] = self.prob                   # prob - onehot, in place
-        grad[xp.arange(self.outer)[:, None], self.label, xp.arange(self.inner)[None, :]] -= 1
-        grad *= self.valid[:, None, :]
-        grad *= self.grad_scale(top)
+        self.engine.backward(self, top, propagate_down, bottom)
 
 
 @register('InfogainLoss')

@@ -1,5 +1,5 @@
-"""LRN across channels on the GPU (cuda/lrn.cu) for a layers.lrn.LRNLayer; WITHIN_CHANNEL
-stays on the layer's array code."""
+"""LRN's CUDA engine (cuda/lrn.cu), across channels, with the array engine's signatures
+(array.py); WITHIN_CHANNEL stays on the array engine."""
 from ...backend import cuda_kernels
 from ...backend.launch import BLOCK, contiguous, f64, grid_1d, i32, i64
 
@@ -16,13 +16,13 @@ def forward(layer, bottom, top):
     xp = layer.xp
     x = contiguous(xp, bottom[0].data)
     n, c, hw = _columns(x.shape)
-    layer._scale = xp.empty_like(x)
+    layer.scale = xp.empty_like(x)
     y = xp.empty_like(x)
     if x.size:
         cuda_kernels.typed_kernel('lrn', 'lrn_across_forward', x.dtype)(
             grid_1d(n * hw), (BLOCK,),
             (x, i32(n), i32(c), i64(hw), i32(layer.size), f64(layer.alpha / layer.cells),
-             f64(layer.beta), f64(layer.k), layer._scale, y))
+             f64(layer.beta), f64(layer.k), layer.scale, y))
     top[0].data[...] = y
 
 
@@ -37,6 +37,6 @@ def backward(layer, top, propagate_down, bottom):
     if x.size:
         cuda_kernels.typed_kernel('lrn', 'lrn_across_backward', x.dtype)(
             grid_1d(n * hw), (BLOCK,),
-            (x, y, layer._scale, dy, i32(n), i32(c), i64(hw), i32(layer.size),
+            (x, y, layer.scale, dy, i32(n), i32(c), i64(hw), i32(layer.size),
              f64(2 * layer.alpha * layer.beta / layer.cells), f64(layer.beta), dx))
     bottom[0].diff[...] = dx
