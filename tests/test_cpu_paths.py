@@ -216,7 +216,7 @@ def test_host_max_pooling_matches_the_array_path(body, shape, ties, threads, mon
 def test_global_average_pooling_adds_in_the_order_of_the_window_sums(shape):
     """The whole-input window's few calls give the bits of the separable window sums,
     in float32, where a different order of additions would show."""
-    from caffe_syncbn.layers.pooling.layers import Pool2d
+    from caffe_syncbn.layers.pooling.array import Pool2d
     pool = Pool2d('AVE', shape[2:], shape[2:], (1, 1), (0, 0), True, ValueError)
     assert pool.whole
     x = (randn(*shape) * 10).astype(np.float32)

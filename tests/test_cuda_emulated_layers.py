@@ -7,7 +7,7 @@ from cuda_emulation import emulated_kernels
 
 from caffe_syncbn.layer import TRAIN
 from caffe_syncbn.layers.conv import array as cpu_im2col
-from caffe_syncbn.layers.pooling.layers import Pool2d
+from caffe_syncbn.layers.pooling.array import Pool2d
 from caffe_syncbn.testing import build_layer
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 1e-2}
@@ -68,12 +68,15 @@ def test_pooling_equals_cpu(method, in_hw, kernel, stride, pad, ceil, dtype):
     x[0, 0, :2, :2] = 1.5          # ties: the first maximum wins
     cpu_pool = Pool2d(method, in_hw, kernel, stride, pad, ceil, error)
     gpu_pool = Pool2d(method, in_hw, kernel, stride, pad, ceil, error)
-    y = pooling_gpu.forward(gpu_pool, x)
+    y = np.empty(x.shape[:2] + gpu_pool.out_hw, dtype)
+    pooling_gpu.forward(gpu_pool, x, TRAIN, None, y)
     close(y, cpu_pool.forward(x, TRAIN, None), dtype, 'forward')
     if method == 'MAX':
-        np.testing.assert_array_equal(gpu_pool.mask(), cpu_pool.mask())
+        np.testing.assert_array_equal(pooling_gpu.mask(gpu_pool), cpu_pool.index)
     dy = rs.standard_normal(y.shape).astype(dtype)
-    close(pooling_gpu.backward(gpu_pool, dy), cpu_pool.backward(dy, TRAIN), dtype, 'backward')
+    dx = np.empty_like(x)
+    pooling_gpu.backward(gpu_pool, dy, TRAIN, dx)
+    close(dx, cpu_pool.backward(dy, TRAIN), dtype, 'backward')
 
 
 def run(layer, bottom, top, forward, backward, top_diff=None):

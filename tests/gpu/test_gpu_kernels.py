@@ -17,7 +17,7 @@ from caffe_syncbn.layers.interp import gpu as interp_gpu  # noqa: E402
 from caffe_syncbn.layers.loss import gpu as softmax_loss_gpu  # noqa: E402
 from caffe_syncbn.layers.lrn import gpu as lrn_gpu  # noqa: E402
 from caffe_syncbn.layers.pooling import gpu as pooling_gpu  # noqa: E402
-from caffe_syncbn.layers.pooling.layers import Pool2d  # noqa: E402
+from caffe_syncbn.layers.pooling.array import Pool2d  # noqa: E402
 from caffe_syncbn.testing import build_layer, layer_param  # noqa: E402
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 1e-2}
@@ -45,12 +45,15 @@ def test_pooling(method, in_hw, kernel, stride, pad, ceil):
     x = np.random.RandomState(2).standard_normal((2, 3) + in_hw).astype(np.float32)
     cpu_pool = Pool2d(method, in_hw, kernel, stride, pad, ceil, ValueError)
     gpu_pool = Pool2d(method, in_hw, kernel, stride, pad, ceil, ValueError)
-    y = pooling_gpu.forward(gpu_pool, cupy.asarray(x))
+    y = cupy.empty(x.shape[:2] + gpu_pool.out_hw, np.float32)
+    pooling_gpu.forward(gpu_pool, cupy.asarray(x), TRAIN, None, y)
     close(y, cpu_pool.forward(x, TRAIN, None), np.float32)
     if method == 'MAX':
-        np.testing.assert_array_equal(cupy.asnumpy(gpu_pool.mask()), cpu_pool.mask())
+        np.testing.assert_array_equal(cupy.asnumpy(pooling_gpu.mask(gpu_pool)), cpu_pool.index)
     dy = np.random.RandomState(3).standard_normal(y.shape).astype(np.float32)
-    close(pooling_gpu.backward(gpu_pool, cupy.asarray(dy)), cpu_pool.backward(dy, TRAIN), np.float32)
+    dx = cupy.empty(x.shape, np.float32)
+    pooling_gpu.backward(gpu_pool, cupy.asarray(dy), TRAIN, dx)
+    close(dx, cpu_pool.backward(dy, TRAIN), np.float32)
 
 
 def gpu_layer(text, arrays, dtype):

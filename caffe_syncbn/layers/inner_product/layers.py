@@ -5,7 +5,7 @@ import numpy as np
 
 from ...backend.cpu_threads import matmul
 from ...layer import Layer, register
-from ..pooling.layers import scatter_add
+from ..pooling.array import scatter_add
 from ..shape.layers import canonical_axis
 
 

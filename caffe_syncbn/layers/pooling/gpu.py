@@ -1,9 +1,13 @@
-"""MAX and AVE pooling on the GPU (cuda/pooling.cu) for a ``layers.pooling.Pool2d``: the
-geometry and Caffe's size and divisor rules come from the Pool2d object."""
+"""Pooling's CUDA engine (cuda/pooling.cu), with the array engine's signatures (array.py):
+MAX and AVE, whose geometry and Caffe's size and divisor rules come from the Pool2d object;
+STOCHASTIC runs on the array engine."""
 import numpy as np
 
 from ...backend import cuda_kernels, get_array_module
 from ...backend.launch import BLOCK, contiguous, grid_1d, i32
+from . import array
+
+_KERNELS = ('MAX', 'AVE')
 
 
 def _args(pool, nc):
@@ -12,29 +16,45 @@ def _args(pool, nc):
                  + tuple(pool.pad))
 
 
-def forward(pool, x):
-    """Pool2d.forward for MAX and AVE; MAX keeps ``pool._index`` (int32 h*W + w) for the mask
-    top and the backward."""
+def forward(pool, x, phase, rng, out):
+    if pool.method in _KERNELS:
+        out[...] = _forward(pool, x)
+    else:
+        array.forward(pool, x, phase, rng, out)
+
+
+def mask(pool):
+    return pool.index
+
+
+def backward(pool, dy, phase, out):
+    if pool.method in _KERNELS:
+        out[...] = _backward(pool, dy)
+    else:
+        array.backward(pool, dy, phase, out)
+
+
+def _forward(pool, x):
+    """MAX keeps ``pool.index`` (int32 h*W + w) for the mask top and the backward."""
     xp = get_array_module(x)
     x = contiguous(xp, x)
     n, c = x.shape[:2]
     y = xp.empty((n, c) + pool.out_hw, x.dtype)
     if y.size == 0:
-        pool._index = xp.zeros(y.shape, np.int32)
+        pool.index = xp.zeros(y.shape, np.int32)
         return y
     grid = grid_1d(y.size)
     if pool.method == 'MAX':
-        pool._index = xp.empty(y.shape, np.int32)
+        pool.index = xp.empty(y.shape, np.int32)
         cuda_kernels.typed_kernel('pooling', 'pool_max_forward', x.dtype)(
-            grid, (BLOCK,), (x,) + _args(pool, n * c) + (y, pool._index))
+            grid, (BLOCK,), (x,) + _args(pool, n * c) + (y, pool.index))
     else:
         cuda_kernels.typed_kernel('pooling', 'pool_ave_forward', x.dtype)(
             grid, (BLOCK,), (x,) + _args(pool, n * c) + (y,))
     return y
 
 
-def backward(pool, dy):
-    """Pool2d.backward for MAX (after ``forward``) and AVE."""
+def _backward(pool, dy):
     xp = get_array_module(dy)
     dy = contiguous(xp, dy)
     n, c = dy.shape[:2]
@@ -44,7 +64,7 @@ def backward(pool, dy):
     grid = grid_1d(dx.size)
     if pool.method == 'MAX':
         cuda_kernels.typed_kernel('pooling', 'pool_max_backward', dy.dtype)(
-            grid, (BLOCK,), (dy, pool._index) + _args(pool, n * c) + (dx,))
+            grid, (BLOCK,), (dy, pool.index) + _args(pool, n * c) + (dx,))
     else:
         cuda_kernels.typed_kernel('pooling', 'pool_ave_backward', dy.dtype)(
             grid, (BLOCK,), (dy,) + _args(pool, n * c) + (dx,))

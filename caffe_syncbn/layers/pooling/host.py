@@ -1,5 +1,6 @@
-"""MAX pooling on the host (numpy) for small kernels: one strided view per kernel offset,
-a block of channel planes at a time, split over cpu_threads.
+"""Pooling's host engine (numpy), with the array engine's signatures (array.py): MAX pooling
+of small kernels as one strided view per kernel offset, a block of channel planes at a
+time, split over cpu_threads; the other methods and larger kernels run on the array engine.
 
 The forward keeps, per output, the offset of its maximum in the window (one byte for
 kernels of up to 127 cells), not a flat index: the first maximum in row-major order wins,
@@ -10,14 +11,15 @@ random masks run many times slower.
 import numpy as np
 
 from ...backend import cpu_threads
+from . import array
 
-#: kernels of more cells than this go to the separable code of pooling.py
+#: kernels of more cells than this go to the separable code of the array engine
 MAX_CELLS = 64
 
 
-def applies(pool, x):
+def applies(pool):
     kh, kw = pool.kernel
-    return pool.method == 'MAX' and isinstance(x, np.ndarray) and kh * kw <= MAX_CELLS
+    return pool.method == 'MAX' and kh * kw <= MAX_CELLS
 
 
 def _offsets(pool):
@@ -46,7 +48,28 @@ def _planes(array):
     return array.reshape((-1,) + array.shape[2:])
 
 
-def forward(pool, x, top):
+def forward(pool, x, phase, rng, out):
+    pool.offsets = None
+    if not applies(pool):
+        array.forward(pool, x, phase, rng, out)
+        return
+    pool.offsets = _max_forward(pool, x, out)
+
+
+def mask(pool):
+    if pool.offsets is None:
+        return array.mask(pool)
+    return flat_index(pool, pool.offsets)
+
+
+def backward(pool, dy, phase, out):
+    if pool.offsets is None:
+        array.backward(pool, dy, phase, out)
+    else:
+        _max_backward(pool, pool.offsets, dy, out)
+
+
+def _max_forward(pool, x, top):
     """MAX pooling of ``x`` (N, C, H, W) into ``top``; returns the offsets of the maxima."""
     n, c = x.shape[:2]
     offsets = np.empty((n, c) + pool.out_hw, np.int8)
@@ -76,7 +99,7 @@ def _tiles(pool):
             and all(o * k == s for o, k, s in zip(pool.out_hw, pool.kernel, pool.in_hw)))
 
 
-def backward(pool, offsets, dy, dx):
+def _max_backward(pool, offsets, dy, dx):
     """dx (N, C, H, W) of MAX pooling from the kept offsets and the top diff ``dy``. Where
     the windows tile the input, each offset's cells are written once; elsewhere the
     gradients are added at the maxima's flat indices (np.add.at sums repeats)."""

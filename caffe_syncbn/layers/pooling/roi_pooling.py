@@ -4,7 +4,7 @@ import numpy as np
 
 from ...backend import to_numpy
 from ...layer import Layer, register
-from .layers import scatter_add
+from .array import scatter_add
 
 
 def caffe_round(values):
