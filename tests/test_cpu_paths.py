@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from caffe_syncbn.backend import cpu_threads
-from caffe_syncbn.layers.conv import host as conv_cpu, host_columns as conv_columns
+from caffe_syncbn.layers.conv import array as conv_array, host as conv_host, \
+    host_columns as conv_columns, host_gemm as conv_cpu
 from caffe_syncbn.layers.norm import array as norm_math, host as norm_cpu
 from caffe_syncbn.testing import build_layer
 from conftest import randn
@@ -108,7 +109,7 @@ def _run_convolution(body, shape, host):
     layer, bottom, top = build_layer(_conv_text(body), [randn(*shape)])
     for i, blob in enumerate(layer.blobs):
         blob.data[...] = randn(*blob.shape, seed=3 + i)
-    layer.host = host             # False: the array code of conv.py (the GPU path)
+    layer.engine = conv_host if host else conv_array    # the array engine: the GPU's passes
     layer.forward(bottom, top)
     top[0].diff[...] = randn(*top[0].shape, seed=4)
     for blob in layer.blobs:

@@ -1,4 +1,4 @@
-"""Depthwise Convolution and Deconvolution on the host (layers/depthwise_cpu.py): against
+"""Depthwise Convolution and Deconvolution on the host (layers/conv/host_depthwise.py): against
 the grouped GEMMs of im2col in float64, where any difference is a bug, not rounding;
 finite-difference gradients; results that do not depend on the thread count; in place;
 and which layers it runs."""

@@ -10,7 +10,7 @@ from google.protobuf import text_format
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import TEST, TRAIN
-from caffe_syncbn.layers.conv import layers as conv_module
+from caffe_syncbn.layers.conv import array as conv_module
 from caffe_syncbn.layers.conv.array import col2im, im2col
 from caffe_syncbn.testing import build_layer, check_gradient
 from conftest import GOLDEN, require

@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) (layers/winograd_cpu.py): finite-difference gradients, float32
+"""Winograd F(2x2, 3x3) (layers/conv/host_winograd.py): finite-difference gradients, float32
 results within the stated bound of float64 im2col for every class of shape, results that
 do not depend on the thread count, the chunking or the bands of the tile transforms, what
 a forward allocates, and which layers it runs."""
@@ -10,8 +10,8 @@ import pytest
 
 from caffe_syncbn.backend import cpu_threads
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.layers.conv import host as conv_cpu, host_depthwise as depthwise_cpu, \
-    host_winograd as winograd_cpu
+from caffe_syncbn.layers.conv import array as conv_array, host as conv_host, \
+    host_depthwise as depthwise_cpu, host_gemm as conv_cpu, host_winograd as winograd_cpu
 from caffe_syncbn.testing import build_layer, check_gradient
 
 
@@ -55,7 +55,7 @@ SHAPES = [
 ])
 def test_finite_difference_gradients(body, shape, forced):
     layer, _, _ = build_layer(_conv_text(body), [_randn(*shape)])
-    assert layer.host_engine() is winograd_cpu
+    assert conv_host.runs(layer) is winograd_cpu
     check_gradient(_conv_text(body), [_randn(*shape)])
 
 
@@ -67,7 +67,7 @@ def _run(body, shape, dtype, absolute=False, host=True):
         v = _randn(*s, seed=seed)
         return np.abs(v) if absolute else v
     layer, bottom, top = build_layer(_conv_text(body), [values(*shape, seed=0)], dtype=dtype)
-    layer.host = host               # False: conv.py's array code, Caffe's im2col + GEMM
+    layer.engine = conv_host if host else conv_array    # the array engine: im2col + GEMM
     for i, blob in enumerate(layer.blobs):
         blob.data[...] = values(*blob.shape, seed=3 + i)
     layer.forward(bottom, top)
@@ -94,7 +94,7 @@ def _excess(body, shape, positive=False):
     """The largest excess of |winograd (float32) - im2col (float64)| over the bound, for
     the top, the bottom diff, the weight and the bias diffs."""
     layer, got = _run(body, shape, np.float32, absolute=positive)
-    assert layer.host_engine() is winograd_cpu
+    assert conv_host.runs(layer) is winograd_cpu
     _, want = _run(body, shape, np.float64, absolute=positive, host=False)
     _, magnitude = _run(body, shape, np.float64, absolute=True, host=False)
     return [float((np.abs(g - w) - winograd_cpu.ERROR_BOUND * _scale(m, i)).max())
@@ -225,22 +225,22 @@ def test_the_forward_writes_m_over_v(outputs, channels, forced, monkeypatch):
 ])
 def test_layers_it_does_not_run(body, shape, forced):
     layer, _, _ = build_layer(_conv_text(body), [_randn(*shape)])
-    assert not layer.winograd and layer.host_engine() is conv_cpu
+    assert not layer.winograd and conv_host.runs(layer) is conv_cpu
 
 
 def test_depthwise_layers_keep_their_own_path(forced):
     layer, _, _ = build_layer(_conv_text('num_output: 4 pad: 1 group: 4'), [_randn(1, 4, 8, 8)])
-    assert layer.host_engine() is depthwise_cpu
+    assert conv_host.runs(layer) is depthwise_cpu
 
 
 def test_the_variable_turns_it_off_and_on(monkeypatch):
     text = _conv_text('num_output: 8 pad: 1')
     monkeypatch.setenv(winograd_cpu.MODE_VARIABLE, 'off')
-    assert build_layer(text, [_randn(1, 8, 8, 8)])[0].host_engine() is conv_cpu
+    assert conv_host.runs(build_layer(text, [_randn(1, 8, 8, 8)])[0]) is conv_cpu
     layer, _, _ = build_layer(text, [_randn(1, 8, 8, 8)])
     monkeypatch.setenv(winograd_cpu.MODE_VARIABLE, 'on')
     assert not layer.winograd             # chosen off at setup: no Winograd for this layer
-    assert build_layer(text, [_randn(1, 8, 8, 8)])[0].host_engine() is winograd_cpu
+    assert conv_host.runs(build_layer(text, [_randn(1, 8, 8, 8)])[0]) is winograd_cpu
     monkeypatch.setenv(winograd_cpu.MODE_VARIABLE, 'sometimes')
     with pytest.raises(CaffeError, match='CAFFE_SYNCBN_WINOGRAD=sometimes'):
         build_layer(text, [_randn(1, 8, 8, 8)])
@@ -260,7 +260,7 @@ def test_the_rule_goes_by_channels_per_group_and_tiles(body, shape, picks, monke
     monkeypatch.delenv(winograd_cpu.MODE_VARIABLE, raising=False)
     layer, _, _ = build_layer(_conv_text(body), [_randn(*shape)])
     assert layer.winograd
-    assert (layer.host_engine() is winograd_cpu) == picks
+    assert (conv_host.runs(layer) is winograd_cpu) == picks
 
 
 def test_the_rule_follows_the_batch_of_each_reshape(monkeypatch):
@@ -269,16 +269,16 @@ def test_the_rule_follows_the_batch_of_each_reshape(monkeypatch):
     monkeypatch.delenv(winograd_cpu.MODE_VARIABLE, raising=False)
     layer, bottom, top = build_layer(_conv_text('num_output: 64 pad: 1'),
                                      [_randn(1, 64, 16, 16)])
-    assert layer.host_engine() is conv_cpu
+    assert conv_host.runs(layer) is conv_cpu
     bottom[0].reshape((2, 64, 16, 16))
     bottom[0].data[...] = _randn(2, 64, 16, 16)
     layer.reshape(bottom, top)
-    assert layer.host_engine() is winograd_cpu
+    assert conv_host.runs(layer) is winograd_cpu
     layer.forward(bottom, top)
     top[0].diff[...] = _randn(*top[0].shape, seed=1)
     layer.backward(top, [True], bottom)
     got = [top[0].data.copy(), bottom[0].diff.copy(), layer.blobs[0].diff.copy()]
-    layer.host = False
+    layer.engine = conv_array
     for blob in layer.blobs:
         blob.diff[...] = 0
     layer.forward(bottom, top)

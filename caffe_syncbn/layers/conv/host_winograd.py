@@ -61,7 +61,7 @@ import numpy as np
 
 from ...backend import cpu_threads
 from ...errors import CaffeError
-from .host import scratch
+from .host_columns import scratch
 from .winograd_tiles import (AT, BT, KRON_G, add_back, adjoint, combine, fill, tile_cells,
                              transform)
 

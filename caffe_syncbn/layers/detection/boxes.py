@@ -1,12 +1,12 @@
 """Box arithmetic of the SSD layers, on host numpy arrays of (xmin, ymin, xmax, ymax) rows.
 
 Nothing here is a layer. ``decode_all`` and ``overlap_matrix`` are the host engine of the
-passes over every prior; detection_gpu.py is the CUDA one, with the same signatures (arrays of
-the layer's array module in, of that module out: here, host arrays in their own dtype). The rules are the SSD fork's, traps included (they are
-listed in docs/detection.md): sizes of inverted boxes are 0, overlaps touch-at-an-edge
-are 0, the greedy NMS can shrink its threshold (eta), and the average precision of a
-class is computed in float32 from float32 recall values compared with float64
-thresholds, exactly as the fork's solver does.
+passes over every prior; gpu.py is the CUDA one, with the same signatures (arrays of the
+layer's array module in, of that module out: here, host arrays in their own dtype). The
+rules are the SSD fork's, traps included (they are listed in docs/detection.md): sizes of
+inverted boxes are 0, overlaps touch-at-an-edge are 0, the greedy NMS can shrink its
+threshold (eta), and the average precision of a class is computed in float32 from float32
+recall values compared with float64 thresholds, exactly as the fork's solver does.
 """
 import numpy as np
 

@@ -3,7 +3,7 @@
 They have no backward. DetectionOutput and DetectionEvaluate sort, suppress and match
 boxes on the host (a few hundred candidates per image, one after another); the passes over
 every prior or pair of boxes before that (decoding, overlaps) run on the engine chosen in
-setup: detection_gpu's kernels when the context runs CUDA kernels, else boxes.py's array
+setup: gpu.py's kernels when the context runs CUDA kernels, else boxes.py's array
 code. Both compute in float64, so the detections do not depend on the engine.
 """
 import math
@@ -12,8 +12,7 @@ import numpy as np
 
 from ...backend import to_numpy
 from ...layer import Layer, register
-from . import boxes as host_boxes
-from . import gpu as detection_gpu
+from . import boxes as host_boxes, gpu as detection_gpu
 from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, greedy_nms, in_type
 
 _CODE_TYPES = {CORNER: 'CORNER', CENTER_SIZE: 'CENTER_SIZE', CORNER_SIZE: 'CORNER_SIZE'}
@@ -251,7 +250,7 @@ class DetectionEvaluateLayer(Layer):
     true positive when its best overlap (the first best ground-truth box) reaches
     overlap_threshold and that box was not matched by a better detection; one that
     matches a difficult box while evaluate_difficult_gt is false is neither (0, 0).
-    ``caffe_syncbn.layers.boxes.detection_map`` turns the tops into the mAP.
+    ``caffe_syncbn.layers.detection.boxes.detection_map`` turns the tops into the mAP.
     """
 
     def setup(self, bottom, top):

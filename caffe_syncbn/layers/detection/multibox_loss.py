@@ -28,8 +28,7 @@ import numpy as np
 from ... import caffe_pb2
 from ...backend import to_numpy
 from ...layer import Layer, register
-from . import boxes as host_boxes
-from . import gpu as detection_gpu
+from . import boxes as host_boxes, gpu as detection_gpu
 from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, decode_boxes
 from .multibox_match import (UNMATCHED, crosses_boundary, encode_boxes, loc_gradients,
                              loc_losses, logistic_losses, match_boxes, select_examples,
