@@ -144,10 +144,10 @@ def decoded_share(prototxt, process, decoded):
 
 # ---- one NCCL communicator over the GPUs of every process (fake NCCL) --------------------------
 def nccl(out, link):
-    import fake_nccl
+    from helpers import fake_nccl
 
     from caffe_syncbn.comm.mpi import nccl_across_processes
-    from host_streams import HostStreams
+    from helpers.host_streams import HostStreams
     made = []
     original = fake_nccl.NcclCommunicator.__init__
 

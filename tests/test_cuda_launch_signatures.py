@@ -1,5 +1,5 @@
 """Every emulated launch is checked against its kernel's C signature with CuPy 14's rules for
-RawKernel arguments (tests/cuda_signatures.py; docs/gpu-emulation.md, "What a launch may
+RawKernel arguments (tests/helpers/cuda_signatures.py; docs/gpu-emulation.md, "What a launch may
 pass"): what CuPy passes rightly runs, with the values the kernel reads; what it would pass
 wrongly is a KernelError naming the kernel, the argument, the C type and the Python type."""
 import enum
@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-import cuda_emulation
+from helpers import cuda_emulation
 from caffe_syncbn.backend import cuda_kernels
-from cuda_emulation import KernelError, kernel
+from helpers.cuda_emulation import KernelError, kernel
 
 _LRN = 'lrn_across_forward_f32'
 #: echoes its scalars into a float64 array: what the kernel reads of each marshalled value

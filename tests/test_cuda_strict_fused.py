@@ -5,7 +5,7 @@ float16/32/64, and the reduction in three schedule orders."""
 import numpy as np
 import pytest
 
-from cuda_emulation import kernel
+from helpers.cuda_emulation import kernel
 from test_cuda_strict_syncbn import (ACC, ELEMENTWISE, OUT_TOL, SHAPES, SUFFIX, SUM_TOL,
                                      assert_close, data, device, make_params, nan_filled,
                                      per_channel)

@@ -10,7 +10,7 @@ import mmap
 import numpy as np
 import pytest
 
-from cuda_emulation import kernel
+from helpers.cuda_emulation import kernel
 from test_cuda_strict_detection import TOL as DETECTION_TOL
 from test_cuda_strict_detection import (CENTER_SIZE, box_set, random_priors, reference_decode,
                                         reference_jaccard)
@@ -308,7 +308,8 @@ def test_fused_elementwise(name):
     else:
         args = [x, dy, np.float64(-2), np.int64(total), np.float64(slope), out]
         want = -2 * np.where(xs > 0, gs, slope * gs)
-    kernel('eltwise' if name.startswith('eltwise') else 'norm', 'fused_%s_f16' % name)((grid,), (256,), args, blocks=last_blocks(grid))
+    stem = 'eltwise' if name.startswith('eltwise') else 'norm'
+    kernel(stem, 'fused_%s_f16' % name)((grid,), (256,), args, blocks=last_blocks(grid))
     if name in pre:
         want = np.where(pre[name] > 0, pre[name], slope * pre[name])
     assert_close(out.reshape(-1)[first:], want, 2e-2, name)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from cuda_emulation import kernel, schedule
+from helpers.cuda_emulation import kernel, schedule
 from test_cuda_strict_syncbn import SUFFIX, assert_close, device, nan_filled
 
 #: relative error of an output rounded to the storage type after float32/64 arithmetic

@@ -8,8 +8,8 @@ kernels of the GPU backend (cuda/comm_sum.cu) run here through the CPU emulation
 
 import numpy as np
 import pytest
-from host_streams import HostStreams
-from threads import run_threads
+from helpers.host_streams import HostStreams
+from helpers.threads import run_threads
 
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted
 from caffe_syncbn.comm.same_device import SameDeviceComm
@@ -195,7 +195,7 @@ def test_mismatched_collectives_raise_on_every_member():
                                      (np.float16, 24)])
 def test_reduce_kernels_sum_in_rank_order(monkeypatch, count, dtype, n):
     """cuda/comm_sum.cu through the CPU emulation: chained launches of 8 keep the rank order."""
-    from cuda_emulation import emulated_kernels
+    from helpers.cuda_emulation import emulated_kernels
     emulated_kernels(monkeypatch)
     arrays = [member_values(r, (n,), np.float32).astype(dtype) for r in range(count)]
     out = np.empty(n, dtype)

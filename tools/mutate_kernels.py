@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Mutation check of the CUDA kernel tests: applies one generic mutation at a time to a scratch
-copy of cuda/ and runs the emulated kernel tests against it (tests/cuda_emulation.py builds
+copy of cuda/ and runs the emulated kernel tests against it (tests/helpers/cuda_emulation.py builds
 from CAFFE_SYNCBN_EMU_CUDA_DIR). A mutant is killed when a test fails (or hangs past the
 timeout, as a GPU watchdog would stop it); it is stillborn when g++ rejects it; it survives
 otherwise. A survivor of the plain emulation is run again under ThreadSanitizer (races inside a

@@ -4,7 +4,7 @@ CuPy is imported when a GPU is first asked for, so the CPU package never needs i
 ``CupyStreams`` is what the device communicators need of a GPU (comm/same_device.py,
 comm/nccl.py): the calling thread's current stream, events recorded on one stream and
 waited on by another, the rank-ordered sum of buffers and a copy (cuda/comm_sum.cu),
-buffers and pointers. The tests' HostStreams (tests/host_streams.py) is its CPU stand-in.
+buffers and pointers. The tests' HostStreams (tests/helpers/host_streams.py) is its CPU stand-in.
 """
 from . import cuda_kernels
 from .launch import BLOCK, grid_1d, i32, i64, vector_width

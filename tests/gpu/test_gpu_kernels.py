@@ -1,5 +1,6 @@
-"""The layer kernels of cuda/ on a real GPU, against the CPU layers (the same cases as
-tests/test_cuda_emulated_layers.py, on CuPy arrays), plus the same-device reduction."""
+"""The layer kernels of cuda/ on a real GPU, against the CPU layers (the geometries the
+emulated kernels run in tests/layers, helpers/layer_cases.py), plus the same-device
+reduction. The layer tests of tests/layers run on the GPU too (their engine fixture)."""
 import numpy as np
 import pytest
 from gpu_support import require_gpu
@@ -7,7 +8,7 @@ from gpu_support import require_gpu
 cupy = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from test_cuda_emulated_layers import GEOMETRIES, POOLS  # noqa: E402
+from helpers.layer_cases import IM2COL, POOLS  # noqa: E402
 
 from caffe_syncbn.blob import Blob  # noqa: E402
 from caffe_syncbn.backend.cuda_runtime import launch_copy, launch_sum  # noqa: E402
@@ -29,7 +30,7 @@ def close(actual, expected, dtype, what=''):
                                atol=TOL[dtype], err_msg=what)
 
 
-@pytest.mark.parametrize('kernel,pad,stride,dilation,spatial', GEOMETRIES)
+@pytest.mark.parametrize('kernel,pad,stride,dilation,spatial', IM2COL)
 @pytest.mark.parametrize('dtype', [np.float32, np.float64, np.float16])
 def test_im2col(kernel, pad, stride, dilation, spatial, dtype):
     x = np.random.RandomState(0).standard_normal((2, 3) + spatial).astype(dtype)

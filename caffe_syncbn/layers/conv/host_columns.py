@@ -1,4 +1,4 @@
-"""The columns of a chunk of a host convolution (conv_cpu.py), and their gradients back
+"""The columns of a chunk of a host convolution (host_gemm.py), and their gradients back
 into the image: im2col and col2im in the chunk's layout, in per-thread buffers.
 
 im2col copies a strided view of the (zero-padded) input block in one pass. col2im adds

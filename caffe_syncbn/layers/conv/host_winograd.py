@@ -1,5 +1,5 @@
 """Winograd F(2x2, 3x3) convolution on the host (numpy), for 3x3 kernels of stride 1 and
-dilation 1, any pad and any groups (depthwise layers have depthwise_cpu).
+dilation 1, any pad and any groups (depthwise layers have host_depthwise.py).
 
 The output is cut into 2x2 tiles, each computed from a 4x4 tile of the zero-padded input
 (the input tiles overlap by 2). With Lavin and Gray's transforms B^T (4x4), G (4x3) and
@@ -28,7 +28,7 @@ count, so the results are the same bit for bit on any number of threads.
 Memory: the batch runs in chunks of images, or of bands of tile rows of one image, whose
 V and M take about CHUNK_BYTES (at least MIN_TILES tiles, up to MAX_CHUNK_BYTES). The
 forward writes each frequency of M over that of V (through a buffer of one frequency),
-so each thread holds the wider of the two, in the buffer of conv_cpu's columns (a net
+so each thread holds the wider of the two, in the buffer of host_gemm's columns (a net
 that runs both engines keeps one of them); the tile transforms go by bands of tile
 rows, whose temporaries take about TRANSFORM_BYTES. The backward holds V and dM side by
 side and transforms the input again rather than keeping V.
@@ -41,7 +41,7 @@ within one row and one column of it; for the bottom diff likewise with |weight *
 diff|; for a weight diff, the sum of |top diff * input| over its products, the largest
 of its kernel's 9 taps. (The neighbours are there because a tile's values come out of
 one transform: where S of a value is 0, as for a tap that only ever meets padding, it
-still carries the rounding of its tile.) tests/test_winograd.py holds every shape class
+still carries the rounding of its tile.) tests/layers/test_conv_winograd.py holds every shape class
 to it against float64 im2col, with inputs of mixed sign (errors up to 5 units there, as
 im2col's) and of one sign over 2304 products per output (up to 23 units; im2col's 13):
 one-signed sums of many more products round more in any float32 GEMM. F(4x4, 3x3) would

@@ -1,4 +1,4 @@
-"""The tile transforms of Winograd F(2x2, 3x3) (winograd_cpu.py), as passes over strided
+"""The tile transforms of Winograd F(2x2, 3x3) (host_winograd.py), as passes over strided
 views of numpy arrays whose first axes are tile cells.
 
 B^T and A^T hold only 0 and +-1, so a transform is additions and subtractions of views,

@@ -1,7 +1,7 @@
 """Image data layers: Data (LMDB of Datum), ImageData (list of image files), MemoryData
 (arrays from the caller) and SegData / ImageSegData (image and label-map pairs).
 
-Each is a DataLayer (see data.py): ``make_reader()`` gives a reader whose
+Each is a DataLayer (see layers.py): ``make_reader()`` gives a reader whose
 ``next_batch(n)`` decodes and transforms the next n samples, so one input pipeline can
 draw the global batch of a data-parallel run. A net used on its own (no feeder) reads
 one batch ahead in a background thread while it computes on the current one.

@@ -4,7 +4,7 @@ Statistics are per channel (axis 1) over every other axis, viewed as (N, C, S). 
 per-channel statistic is float64 (``STAT``); elementwise work runs in the blob dtype, but
 at least in float32 (``work_dtype``).
 
-The layers of norm.py hold the rules (which statistics, which collective, which running
+The layers of batch_norm.py hold the rules (which statistics, which collective, which running
 update); an engine holds the passes over the data, with one signature in all three:
 
     local_sums(x3, reference=None)  -> (packed, shift): packed is the float64 array
