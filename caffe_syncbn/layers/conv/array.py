@@ -132,6 +132,7 @@ def _columns(layer, image, columns_of):
 
 
 def _image(layer, col, spatial, image_of):
+    """col2im of ``col`` into images of ``spatial``; the columns themselves for 1x1 kernels."""
     if layer.pointwise:
         return col
     return image_of(col, spatial, layer.kernel, layer.pad, layer.stride, layer.dilation)
@@ -155,8 +156,6 @@ def forward(layer, x, y3, columns_of=im2col, image_of=col2im):
 def backward(layer, x, dy3, dx, weight_grad, columns_of=im2col, image_of=col2im):
     weight = layer.grouped_weight()
     if layer.transposed:        # Convolution's forward, and its weight gradient
-        if dx is None and weight_grad is None:
-            return
         positions = int(math.prod(layer.in_spatial))
         dy = dy3.reshape((layer.batch, layer.num_output) + layer.out_spatial)
         col = _grouped(layer, _columns(layer, dy, columns_of), positions)
