@@ -46,10 +46,10 @@ clean:
 # kernels' own tests, and in tests/layers those whose module, name or engine says cuda.
 # Its time is mostly compiling: each kernel file is built under ASan once and cached (in
 # $TMPDIR/caffe_syncbn_emu_<uid>, or CAFFE_SYNCBN_EMU_BUILD_DIR). On 2 cores at load
-# averages of 8 to 11: 325 s from an empty cache (150 CPU seconds), 52 s from a full one
-# (27 CPU seconds); divide the CPU seconds by the cores it gets for the wall time. The
-# Python process preloads the ASan runtime, and --capture=sys leaves stderr alone so that a
-# report reaches the terminal.
+# averages of 8 to 11: 325 s from an empty cache (150 CPU seconds); from a full one, 30 CPU
+# seconds with the tests of tests/layers (16 s at a load average of 2); divide the CPU
+# seconds by the cores it gets for the wall time. The Python process preloads the ASan
+# runtime, and --capture=sys leaves stderr alone so that a report reaches the terminal.
 kernel-asan: $(STAMP)
 	CAFFE_SYNCBN_EMU_SANITIZE=address ASAN_OPTIONS=detect_leaks=0 \
 	LD_PRELOAD=$$(g++ -print-file-name=libasan.so) \
