@@ -42,7 +42,7 @@ def test_nested_splits_finish(threads):
 
     def outer(a, b):
         cpu_threads.split(b - a, lambda c, d: total.__setitem__(slice(a + c, a + d),
-                                                               total[a + c:a + d] + 1))
+                                                                total[a + c:a + d] + 1))
     cpu_threads.split(64, outer)
     assert (total == 1).all()
 

@@ -143,7 +143,7 @@ class Tally:
 
     def summary(self):
         return '%s: %d cases: %s' % (self.name, sum(self.counts.values()),
-                                    ', '.join('%s %d' % kv for kv in sorted(self.counts.items())))
+                                     ', '.join('%s %d' % kv for kv in sorted(self.counts.items())))
 
     def check(self):
         print(self.summary())

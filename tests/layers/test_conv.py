@@ -244,7 +244,7 @@ def _run_convolution(body, shape, host):
 @pytest.mark.parametrize('chunking', CHUNKINGS, ids=lambda c: 'bytes %d narrow %d' % c)
 @pytest.mark.parametrize('body, shape', GEOMETRIES)
 def test_host_convolution_matches_the_array_path(body, shape, chunking, partial_sums, phases,
-                                                threads, monkeypatch):
+                                                 threads, monkeypatch):
     """Every chunking, on 1 to 3 threads, with the weight gradient summed per thread or
     the units run in turn, strided col2im by phases wherever it may or never."""
     monkeypatch.setattr(conv_columns, 'PHASE_OFFSETS', 0 if phases else 10 ** 9)

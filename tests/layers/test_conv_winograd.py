@@ -119,7 +119,7 @@ def _chunks(chunking):
 @pytest.mark.parametrize('chunking', CHUNKINGS)
 @pytest.mark.parametrize('body, shape', SHAPES)
 def test_float32_within_the_bound_of_float64_im2col(body, shape, chunking, forced,
-                                                     monkeypatch):
+                                                    monkeypatch):
     monkeypatch.setattr(winograd_cpu, 'chunks', _chunks(chunking))
     assert max(_excess(body, shape)) <= 0
 

@@ -81,7 +81,7 @@ def test_softmax_loss_gradient_axis_and_prob_top(host_engine):
     text = layer_text('SoftmaxWithLoss', 'softmax_param { axis: -1 }', tops=2)
     # Caffe ignores the prob top's diff, as its loss weight is 0
     host_engine.check_gradient(text, [scores, labels], check_bottom=[0],
-                   top_weights=[np.array(1.7), np.zeros((3, 2, 4))])
+                               top_weights=[np.array(1.7), np.zeros((3, 2, 4))])
     layer, bottom, top = build_layer(text, [scores, labels])
     layer.forward(bottom, top)
     e = np.exp(scores - scores.max(axis=2, keepdims=True))
@@ -98,13 +98,13 @@ def test_sigmoid_cross_entropy_gradient(host_engine, extra):
         targets = (targets > 0.5).astype(float)
         targets[0, 1] = targets[2, 3] = -1
     host_engine.check_gradient(layer_text('SigmoidCrossEntropyLoss', extra), [scores, targets],
-                   check_bottom=[0])
+                               check_bottom=[0])
 
 
 def test_euclidean_gradient(host_engine):
     rs = np.random.RandomState(3)
     host_engine.check_gradient(layer_text('EuclideanLoss'), [rs.standard_normal((3, 2, 2)),
-                                                 rs.standard_normal((3, 4))])
+                                                             rs.standard_normal((3, 4))])
 
 
 @pytest.mark.parametrize('norm', ['L1', 'L2'])
@@ -114,7 +114,7 @@ def test_hinge_gradient(host_engine, norm):
     scores[np.abs(np.abs(scores) - 1) < 0.1] += 0.3       # keep away from the hinge's kink
     labels = rs.randint(0, 5, 4).astype(float)
     host_engine.check_gradient(layer_text('HingeLoss', 'hinge_loss_param { norm: %s }' % norm),
-                   [scores, labels], check_bottom=[0])
+                               [scores, labels], check_bottom=[0])
 
 
 @pytest.mark.parametrize('legacy', [False, True])
@@ -125,15 +125,16 @@ def test_contrastive_gradient(host_engine, legacy):
     text = layer_text('ContrastiveLoss', 'contrastive_loss_param { margin: 2.5 legacy_version: %s }'
                       % str(legacy).lower(), bottoms=3)
     # Caffe's non-legacy gradient divides by d + 1e-4 instead of d: close, not exact
-    host_engine.check_gradient(text, [a, b, sim], check_bottom=[0, 1], tolerance=1e-6 if legacy else 1e-3)
+    host_engine.check_gradient(text, [a, b, sim], check_bottom=[0, 1],
+                               tolerance=1e-6 if legacy else 1e-3)
 
 
 def test_multinomial_logistic_gradient(host_engine):
     rs = np.random.RandomState(6)
     prob = rs.uniform(0.1, 1, (5, 4))
     host_engine.check_gradient(layer_text('MultinomialLogisticLoss'),
-                   [prob / prob.sum(axis=1, keepdims=True), rs.randint(0, 4, 5).astype(float)],
-                   check_bottom=[0])
+                               [prob / prob.sum(axis=1, keepdims=True),
+                                rs.randint(0, 4, 5).astype(float)], check_bottom=[0])
 
 
 def write_infogain(path, matrix):
@@ -147,8 +148,9 @@ def test_infogain_gradient_from_bottom_and_file(host_engine, tmp_path, monkeypat
     rs = np.random.RandomState(7)
     scores, labels = scores_and_labels(rs, (2, 3, 4), ignore=9)
     H = rs.uniform(0, 1, (3, 3))
-    host_engine.check_gradient(layer_text('InfogainLoss', 'loss_param { ignore_label: 9 }', bottoms=3),
-                   [scores, labels, H], check_bottom=[0])
+    host_engine.check_gradient(
+        layer_text('InfogainLoss', 'loss_param { ignore_label: 9 }', bottoms=3),
+        [scores, labels, H], check_bottom=[0])
     monkeypatch.chdir(tmp_path)
     write_infogain(tmp_path / 'H.binaryproto', H)
     from_file = layer_text('InfogainLoss', 'loss_param { ignore_label: 9 } '
@@ -304,7 +306,7 @@ def test_accuracy_ignore_axis_and_empty_class():
 
 def test_label_out_of_range_names_the_layer():
     layer, bottom, top = build_layer(layer_text('SoftmaxWithLoss'), [np.zeros((2, 3)),
-                                                                      np.array([0.0, 3.0])])
+                                                                     np.array([0.0, 3.0])])
     with pytest.raises(CaffeError, match="layer 'loss'.*\\[0, 3\\).*got 3"):
         layer.forward(bottom, top)
 

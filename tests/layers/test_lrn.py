@@ -50,7 +50,7 @@ def test_every_engine_gives_the_float64_array_engine(engine, body, dtype, monkey
 ])
 def test_lrn_gradient(host_engine, body):
     host_engine.check_gradient('name: "l" type: "LRN" bottom: "x" top: "y" lrn_param { %s }' % body,
-                   [_randn(2, 7, 3, 4)])
+                               [_randn(2, 7, 3, 4)])
 
 
 def test_lrn_across_channels_formula():

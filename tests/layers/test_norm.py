@@ -187,15 +187,15 @@ def inputs(shape, seed=3):
 @pytest.mark.parametrize('shape', [(3, 2, 3, 2), (5, 3), (2, 2, 2, 2, 2)])
 def test_gradient_batchnorm_batch_stats(host_engine, shape):
     host_engine.check_gradient('name: "bn" type: "BatchNorm" bottom: "x" top: "y" '
-                   'batch_norm_param { eps: 0.01 }', [inputs(shape)])
+                               'batch_norm_param { eps: 0.01 }', [inputs(shape)])
 
 
 @pytest.mark.parametrize('phase', [TRAIN, TEST])
 def test_gradient_batchnorm_global_stats(host_engine, phase):
     # zero state: mean = var = 0, so y = x / sqrt(eps); the stats are not parameters
     host_engine.check_gradient('name: "bn" type: "BatchNorm" bottom: "x" top: "y" '
-                   'batch_norm_param { use_global_stats: true eps: 0.5 }', [inputs((2, 3, 2, 2))],
-                   phase=phase)
+                               'batch_norm_param { use_global_stats: true eps: 0.5 }',
+                               [inputs((2, 3, 2, 2))], phase=phase)
 
 
 @pytest.mark.parametrize('kind', ['BN', 'SyncBN'])

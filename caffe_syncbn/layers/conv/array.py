@@ -38,7 +38,7 @@ def _zero_padded(x, pad):
     shape = x.shape[:2] + tuple(s + 2 * p for s, p in zip(x.shape[2:], pad))
     padded = xp.zeros(shape, x.dtype)
     padded[(slice(None), slice(None)) + tuple(slice(p, p + s) for s, p in
-                                             zip(x.shape[2:], pad))] = x
+                                              zip(x.shape[2:], pad))] = x
     return padded
 
 

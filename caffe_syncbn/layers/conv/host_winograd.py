@@ -239,10 +239,10 @@ def _input_gradient(layer, dv, dx4, chunk):
     def second(a, b):
         for i in range(2, 4):
             combine(block[2 * a + i:2 * b + i:2], BT[:, i], lambda r: half[r, a:b],
-                     accumulate=True)
+                    accumulate=True)
         done = 0 if a == 0 else 2 * a + 2
         add_back(block[done:2 * b + 2], target, 2 * t0 - layer.pad[0] + done,
-                  -layer.pad[1], whole)
+                 -layer.pad[1], whole)
     for work in (first, second):
         cpu_threads.split_rows(rows, half[0, 0].size * 4, work)
 

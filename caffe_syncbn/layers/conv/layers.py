@@ -13,6 +13,7 @@ from ..shape.layers import canonical_axis
 from . import array, gpu, host, host_depthwise, host_winograd
 from .array import conv_output_shape
 
+
 def conv_geometry(layer, cp, num_spatial):
     """(kernel, stride, pad, dilation) tuples, one value per spatial axis, from ``cp``."""
     def per_axis(values, default, what):

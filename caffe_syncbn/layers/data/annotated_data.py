@@ -21,7 +21,7 @@ from ... import caffe_pb2
 from ...caffe_pb2 import TRAIN
 from ...data.annotation import annotation_rows, parse_annotated_datum
 from ...data.box_augment import (UNIT_BOX, check_sampler, distort, expand, mirror_boxes,
-                                project_boxes, random_crop)
+                                 project_boxes, random_crop)
 from ...data.datum import LMDBReader, cv2, datum_to_array, record_name
 from ...data.transform import load_mean_file
 from ...errors import CaffeError

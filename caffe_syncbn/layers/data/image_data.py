@@ -18,7 +18,7 @@ import concurrent.futures as futures
 import numpy as np
 
 from ...data.datum import (LMDBReader, datum_to_array, hwc_to_chw, listed, parse_datum, read_image,
-                          record_name)
+                           record_name)
 from ...data.imageset import read_image_list
 from ...data.transform import DataTransformer
 from ...errors import CaffeError

@@ -194,7 +194,7 @@ class DetectionOutputLayer(Layer):
         p = self.param.detection_output_param
         num = bottom[0].num
         loc = bottom[0].data.astype(np.float64).reshape(num, self.num_priors,
-                                                         self.loc_classes, 4)
+                                                        self.loc_classes, 4)
         priors = bottom[2].data.astype(np.float64).reshape(2, self.num_priors, 4)
         boxes = to_numpy(self.engine.decode_all(loc, priors, p.code_type,
                                                 p.variance_encoded_in_target))

@@ -21,7 +21,7 @@ class AccuracyLayer(Layer):
 
     def reshape(self, bottom, top):
         self.outer, self.classes, self.inner = split_at(self, bottom[0],
-                                                         self.param.accuracy_param.axis)
+                                                        self.param.accuracy_param.axis)
         if self.top_k > self.classes:
             raise self.error('top_k (%d) exceeds the number of classes (%d)'
                              % (self.top_k, self.classes))

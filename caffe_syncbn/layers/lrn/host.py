@@ -54,7 +54,7 @@ def backward(layer, top, propagate_down, bottom):
     if not propagate_down[0]:
         return
     x3, y3, dy3, dx3 = (_as_3d(a) for a in (bottom[0].data, top[0].data, top[0].diff,
-                                             bottom[0].diff))
+                                            bottom[0].diff))
     factor = 2 * layer.alpha * layer.beta / layer.cells
 
     def work(i, band):

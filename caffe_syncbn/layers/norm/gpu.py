@@ -12,7 +12,7 @@ import numpy as np
 
 from ...backend import cuda_kernels, get_array_module
 from ...backend.launch import (BLOCK, BLOCKS_PER_SM, contiguous, f64, grid_1d, grid_channels, i32,
-                              i64, vector_width)
+                               i64, vector_width)
 from .array import STAT
 
 MAX_CHANNELS = 65535          # the grid's y extent
