@@ -42,17 +42,19 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 # The emulated kernel tests with the kernels built under AddressSanitizer: out-of-bounds and
-# use-after-free accesses of device and __shared__ memory (CI runs it after `test`). Its time
-# is mostly compiling: each kernel file is built under ASan once and cached (in
+# use-after-free accesses of device and __shared__ memory (CI runs it after `test`): the
+# kernels' own tests, and in tests/layers those whose module, name or engine says cuda.
+# Its time is mostly compiling: each kernel file is built under ASan once and cached (in
 # $TMPDIR/caffe_syncbn_emu_<uid>, or CAFFE_SYNCBN_EMU_BUILD_DIR). On 2 cores at load
-# averages of 8 to 11: 325 s from an empty cache (150 CPU seconds), 52 s from a full one
-# (27 CPU seconds); divide the CPU seconds by the cores it gets for the wall time. The
-# Python process preloads the ASan runtime, and --capture=sys leaves stderr alone so that a
-# report reaches the terminal.
+# averages of 8 to 11: 325 s from an empty cache (150 CPU seconds); from a full one, 30 CPU
+# seconds with the tests of tests/layers (16 s at a load average of 2); divide the CPU
+# seconds by the cores it gets for the wall time. The Python process preloads the ASan
+# runtime, and --capture=sys leaves stderr alone so that a report reaches the terminal.
 kernel-asan: $(STAMP)
 	CAFFE_SYNCBN_EMU_SANITIZE=address ASAN_OPTIONS=detect_leaks=0 \
 	LD_PRELOAD=$$(g++ -print-file-name=libasan.so) \
-	$(PY) -m pytest -q -p no:cacheprovider --capture=sys -n 2 tests/test_cuda_strict_*.py tests/test_cuda_emulated_*.py
+	$(PY) -m pytest -q -p no:cacheprovider --capture=sys -n 2 -k cuda tests/test_cuda_strict_*.py \
+	tests/test_cuda_emulated_*.py tests/layers
 
 # The same under ThreadSanitizer: each emulated CUDA thread is a TSan fiber that only
 # barriers and shuffles order, so a missing __syncthreads or a plain += where an atomic is

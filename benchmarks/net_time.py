@@ -120,7 +120,7 @@ def compare_winograd(args):
     from caffe_reference import blas_env, run_measured
     from caffe_syncbn import TEST, TRAIN, Net
     from caffe_syncbn.analysis.timing import time_net, timing_net_param
-    from caffe_syncbn.layers import winograd_cpu
+    from caffe_syncbn.layers.conv import host_winograd as winograd_cpu
     print('%s, batch %s, %s, %d iterations per run, %d thread(s); load average %.2f %.2f '
           '%.2f' % (args.model, args.batch or "the prototxt's", args.phase, args.iterations,
                     args.threads, *os.getloadavg()))

@@ -64,14 +64,14 @@ def shapes_of(name):
 def time_layer(key, rounds):
     """{engine: (forward s, backward s)} medians, and whether the rule picks Winograd."""
     import numpy as np
-    from caffe_syncbn.layers import winograd_cpu
+    from caffe_syncbn.layers.conv import host, host_winograd as winograd_cpu
     from caffe_syncbn.testing import build_layer
     n, c, h, w, k, pad, group, bias = key
     x = np.random.RandomState(0).standard_normal((n, c, h, w)).astype(np.float32)
     layer, bottom, top = build_layer(layer_text(k, pad, group, bias), [x], dtype=np.float32)
     top[0].diff[...] = np.random.RandomState(1).standard_normal(top[0].shape)
     os.environ.pop(winograd_cpu.MODE_VARIABLE, None)
-    picks = layer.host_engine() is winograd_cpu
+    picks = host.runs(layer) is winograd_cpu
 
     def once():
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 // Shared helpers of the kernels in this folder. No system headers: the same text compiles with
 // nvcc and with NVRTC (CuPy's RawModule), which has no C library. The loader
-// (caffe_syncbn/cuda_kernels.py) pastes this file in place of `#include "common.cuh"`.
+// (caffe_syncbn/backend/cuda_kernels.py) pastes this file in place of `#include "common.cuh"`.
 //
 //   half_t       a float16 value as its 16 bits (the kernels take CuPy float16 arrays)
 //   to_float     float16/float32/float64 -> the accumulation type

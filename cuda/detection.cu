@@ -1,4 +1,4 @@
-// The array passes of the SSD fork's detection layers (caffe_syncbn/layers/detection_gpu.py):
+// The array passes of the SSD fork's detection layers (caffe_syncbn/layers/detection/gpu.py):
 // decoding every prior's location offsets into boxes, and the Jaccard overlap (IoU) matrix of
 // two box sets. Boxes are (xmin, ymin, xmax, ymax) rows of 4 values. _f16, _f32, _f64: the
 // storage type T of the inputs; arithmetic and outputs in A = acc_t<T> (float32 for

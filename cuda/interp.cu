@@ -1,4 +1,4 @@
-// Interp of the PSPNet fork (caffe_syncbn/gpu/interp_gpu.py): crop, then bilinear resize with
+// Interp of the PSPNet fork (caffe_syncbn/layers/interp/gpu.py): crop, then bilinear resize with
 // aligned corners. x is (NC, H, W); the cropped input is x[:, B:B+IH, B:B+IW] (B = crop, the
 // fork's -pad_beg); y is (NC, OH, OW). Sampling follows the fork in float32: ratio r =
 // (IH-1)/(OH-1) (0 when OH == 1), src = r*o, i0 = (int)src, lambda = src - i0,

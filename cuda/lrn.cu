@@ -1,6 +1,6 @@
-// Local response normalization across channels (caffe_syncbn/gpu/lrn_gpu.py), on contiguous
+// Local response normalization across channels (caffe_syncbn/layers/lrn/gpu.py), on contiguous
 // (N, C, HW) arrays: scale = k + alpha/size * sum of x^2 over the `size` channels centred on c
-// (zero outside), y = x * scale^-beta. WITHIN_CHANNEL stays on the array code of layers/lrn.py.
+// (zero outside), y = x * scale^-beta. WITHIN_CHANNEL stays on the array code of layers/lrn/layers.py.
 // _f16, _f32, _f64: the element type; arithmetic in float32 (float16, float32) or float64.
 //
 // Launch shapes: 1-D grid-stride over the N*HW columns, 256 threads per block,

@@ -1,6 +1,6 @@
 // MAX and AVE pooling of (N, C, H, W) blobs, forward and backward, with Caffe's rules
-// (caffe_syncbn/gpu/pooling_gpu.py; the output size OH, OW is computed by the caller,
-// layers/pooling.py: ceil rounding, and with padding the last window may not start in it).
+// (caffe_syncbn/layers/pooling/gpu.py; the output size OH, OW is computed by the caller,
+// layers/pooling/layers.py: ceil rounding, and with padding the last window may not start in it).
 // A window (oh, ow) covers rows [oh*SH - PH, oh*SH - PH + KH) and columns likewise.
 //   MAX ignores the padding; the first maximum in row-major order wins; index = h*W + w.
 //   AVE divides by the window clipped to [-PH, H + PH) x [-PW, W + PW): padded cells count,

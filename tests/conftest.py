@@ -1,32 +1,14 @@
-import os
+"""The suite's fixtures; what the tests share is in the helpers package."""
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-#: the reference data: CAFFE_SYNCBN_SHARED, else the bundle of `make gpu-bundle` (on a GPU
-#: machine the checkout stands alone), else ../shared, as tools/gpu_check.py looks
-BUNDLE = ROOT / '.gpu-bundle'
-SHARED = Path(os.environ['CAFFE_SYNCBN_SHARED']) if os.environ.get('CAFFE_SYNCBN_SHARED') \
-    else BUNDLE if BUNDLE.is_dir() else ROOT.parent / 'shared'
-GOLDEN = SHARED / 'golden'
-CORPUS = SHARED / 'corpus'
-#: where the data must be there (CI, `make gpu-test`), its absence fails instead of skipping
-REQUIRE_DATA = os.environ.get('CAFFE_SYNCBN_REQUIRE_DATA') == '1'
+from helpers.paths import ROOT
+
 sys.path.insert(0, str(ROOT))
 
 from caffe_syncbn.backend import cpu_threads  # noqa: E402  (from the checkout)
-
-
-def require(path):
-    if not path.exists():
-        message = 'reference data not found at %s (set CAFFE_SYNCBN_SHARED)' % path
-        if REQUIRE_DATA:
-            pytest.fail(message + '; CAFFE_SYNCBN_REQUIRE_DATA=1 asks for it', pytrace=False)
-        pytest.skip(message)
-    return path
+from helpers import engines  # noqa: E402
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: '%d threads' % n)
@@ -38,5 +20,15 @@ def threads(request):
     cpu_threads.set_threads(before)
 
 
-def randn(*shape, seed=0):
-    return np.random.RandomState(seed).standard_normal(shape)
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.gpu] if name == 'gpu' else [])
+                        for name in engines.NAMES])
+def engine(request, monkeypatch):
+    """The test on every engine of the layer's family: array, host, the CUDA kernels on the
+    CPU emulation of the GPU runtime, and a GPU when CuPy sees one (helpers/engines.py)."""
+    return engines.Engine(request.param, monkeypatch)
+
+
+@pytest.fixture(params=engines.HOST_NAMES)
+def host_engine(request, monkeypatch):
+    """The engines that run on the host (array, host): for finite differences in float64."""
+    return engines.Engine(request.param, monkeypatch)

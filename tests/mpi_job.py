@@ -91,7 +91,7 @@ def pipelines(out, link):
     replicas (this process's rows), and by one process of 4 replicas and of 1 replica with
     the whole global batch (process 0); with shuffling, random crops and mirrors; and how
     many samples each process decoded."""
-    import caffe_syncbn.layers.image_data as image_data
+    import caffe_syncbn.layers.data.image_data as image_data
     from caffe_syncbn import TRAIN, Net
     from caffe_syncbn.training.input_pipeline import InputPipeline
     folder = Path(os.environ['PIPELINE_DATA'])
@@ -144,10 +144,10 @@ def decoded_share(prototxt, process, decoded):
 
 # ---- one NCCL communicator over the GPUs of every process (fake NCCL) --------------------------
 def nccl(out, link):
-    import fake_nccl
+    from helpers import fake_nccl
 
     from caffe_syncbn.comm.mpi import nccl_across_processes
-    from host_streams import HostStreams
+    from helpers.host_streams import HostStreams
     made = []
     original = fake_nccl.NcclCommunicator.__init__
 
@@ -204,7 +204,7 @@ def fault(out, link, solver_path):
     import caffe_syncbn.training.snapshot_layout as snapshot_layout
     from caffe_syncbn.cli import main
     from caffe_syncbn.cli.common import run_main
-    from caffe_syncbn.layers.data import HDF5Reader
+    from caffe_syncbn.layers.data.layers import HDF5Reader
     from caffe_syncbn.net import Net
     what, where = os.environ['FAULT'], os.environ['FAULT_WHERE']
     at = int(os.environ.get('FAULT_AT', 3))

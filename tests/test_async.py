@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 from test_data_parallel import batches, solver_param
 
 from caffe_syncbn.backend import to_numpy

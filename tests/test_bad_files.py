@@ -1,6 +1,6 @@
 """Regression tests: each crash, leaked exception and silent weight loss that the fuzzing
 campaign found, and the snapshot failures, as a case of its own. Inputs that used to kill
-the process run in the fuzz worker's child process (tests/fuzz_harness.py)."""
+the process run in the fuzz worker's child process (tests/helpers/fuzz_harness.py)."""
 import logging
 import os
 import shutil
@@ -12,8 +12,8 @@ import sys
 import h5py
 import numpy as np
 import pytest
-import watchdog
-from fuzz_harness import Worker, short_folder, top_level_cuts
+from helpers import watchdog
+from helpers.fuzz_harness import Worker, short_folder, top_level_cuts
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -21,7 +21,7 @@ from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write, remove_stale_temporaries
 from caffe_syncbn.pycaffe.caffe import get_solver
 
-from conftest import GOLDEN, ROOT, require
+from helpers.paths import GOLDEN, ROOT, require
 
 
 @pytest.fixture

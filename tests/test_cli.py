@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -14,9 +14,9 @@ from caffe_syncbn.cli import commands, main
 from caffe_syncbn.cli.commands import parse
 from caffe_syncbn.errors import CaffeError
 
-from conftest import GOLDEN, ROOT, require
+from helpers.paths import GOLDEN, ROOT, require
 
-LIMIT = 120          # seconds a command may take on an idle machine (tests/watchdog.py)
+LIMIT = 120          # seconds a command may take on an idle machine (tests/helpers/watchdog.py)
 
 
 def run_cli(*args, cwd=None):

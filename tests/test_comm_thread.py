@@ -3,8 +3,8 @@ import time
 
 import numpy as np
 import pytest
-from counting_comm import CountingComm
-from threads import run_threads
+from helpers.counting_comm import CountingComm
+from helpers.threads import run_threads
 
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted, ThreadComm
 from caffe_syncbn.comm.rendezvous import PARALLEL_SUM_MIN_SIZE

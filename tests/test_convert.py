@@ -2,8 +2,8 @@
 and weights written in one form load into a net of another (convert/norm.py)."""
 import numpy as np
 import pytest
-from model_weights import Deployed
-from net_helpers import build
+from helpers.model_weights import Deployed
+from helpers.net_helpers import build
 
 import caffe_syncbn as caffe
 from caffe_syncbn.convert import to_batchnorm, to_syncbn
@@ -13,7 +13,7 @@ from caffe_syncbn.netparam.upgrade import load_net_param
 from caffe_syncbn.weights.copy import arrays_of
 from caffe_syncbn.weights.norm_forms import fit_norm_weights, statistics_factor
 
-from conftest import GOLDEN, require
+from helpers.paths import GOLDEN, require
 
 RESNET = 'KaimingHe_deep-residual-networks__prototxt_ResNet-50-deploy.prototxt'
 PSPNET = 'hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt'

@@ -4,12 +4,12 @@ import sys
 
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn.formats.caffemodel import read_net_param
 
-from conftest import GOLDEN, ROOT, require
+from helpers.paths import GOLDEN, ROOT, require
 
 TOOL = ROOT / 'tools' / 'convert_model.py'
 CASE = 'format_hdf5_caffemodel'      # conv, BatchNorm (factor 2), Scale, ReLU, pool, IP, softmax

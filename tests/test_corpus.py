@@ -10,7 +10,7 @@ import caffe_syncbn as caffe
 from caffe_syncbn.netparam.inputs import swap_data_layers_for_inputs
 from caffe_syncbn.netparam.upgrade import load_net_param
 
-from conftest import CORPUS, GOLDEN, require
+from helpers.paths import CORPUS, GOLDEN, require
 
 PSPNET = 'hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt'
 FCN8S = 'shelhamer_fcn.berkeleyvision.org__voc-fcn8s_deploy.prototxt'

@@ -12,13 +12,13 @@ import pytest
 
 from caffe_syncbn.convert import fold_bn, to_batchnorm, to_syncbn
 from caffe_syncbn.cli.convert import write_net
-from model_weights import Deployed
+from helpers.model_weights import Deployed
 
 cv2 = pytest.importorskip('cv2', reason='OpenCV is absent: pip install "opencv-python-headless<5"')
 pytest.importorskip('onnxruntime', reason='the ONNX export runs in onnxruntime: '
                                           "pip install '.[onnx]' onnxruntime")
 from caffe_syncbn.export import to_onnx  # noqa: E402  (after the skips)
-from onnx_helpers import run  # noqa: E402
+from helpers.onnx_helpers import run  # noqa: E402
 
 NETS = {   # AlexNet's and CaffeNet's batch is 10, FCN-8s takes any size: smaller is quicker
     'resnet50': ('KaimingHe_deep-residual-networks__prototxt_ResNet-50-deploy.prototxt', None),

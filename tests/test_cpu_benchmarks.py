@@ -6,9 +6,9 @@ import stat
 import sys
 
 import numpy as np
-import watchdog
+from helpers import watchdog
 
-from conftest import CORPUS, ROOT, require
+from helpers.paths import CORPUS, ROOT, require
 
 LENET = CORPUS / 'BVLC_caffe__examples_mnist_lenet.prototxt'
 

@@ -18,7 +18,8 @@ ARCH = '90'
 STEMS = cuda_kernels.kernel_stems()
 #: kernel_stem -> {kernel names}, from the wrappers' typed_kernel/kernel calls
 _TYPED_CALL = re.compile(r"typed_kernel\(\s*'(\w+)',\s*'(\w+)'")
-_SYNCBN_CALL = re.compile(r"_kernel\(\s*'(syncbn_\w+)'")       # norm_gpu's shorthand
+#: norm/gpu.py's shorthand: _kernel(base, dtype), or _kernel(base, dtype, stem) for another file
+_NORM_CALL = re.compile(r"\b_kernel\(\s*'(\w+)',\s*[\w.]+(?:,\s*'(\w+)')?\)")
 _NO_HALF = {'interp'}          # float16 stays on the array code (atomics)
 
 
@@ -63,7 +64,8 @@ def wanted_kernels():
     # every module of the package, wherever its launchers live (layers/*_gpu.py, the streams)
     for path in sorted((ROOT / 'caffe_syncbn').rglob('*.py')):
         text = path.read_text()
-        calls = _TYPED_CALL.findall(text) + [('syncbn', b) for b in _SYNCBN_CALL.findall(text)]
+        calls = _TYPED_CALL.findall(text) + [(stem or 'norm', base)
+                                             for base, stem in _NORM_CALL.findall(text)]
         for stem, base in calls:
             suffixes = ('f32', 'f64') if stem in _NO_HALF else ('f16', 'f32', 'f64')
             wanted.setdefault(stem, set()).update('%s_%s' % (base, s) for s in suffixes)
@@ -71,7 +73,7 @@ def wanted_kernels():
 
 
 def test_there_are_kernels_and_every_wrapper_names_an_existing_file():
-    assert {'syncbn', 'reduce', 'im2col', 'pooling', 'softmax_loss', 'interp', 'lrn',
+    assert {'norm', 'eltwise', 'comm_sum', 'conv', 'pooling', 'loss', 'interp', 'lrn',
             'detection'} <= set(STEMS)
     assert set(wanted_kernels()) <= set(STEMS)
 

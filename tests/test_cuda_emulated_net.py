@@ -1,10 +1,10 @@
 """The layers' switch to the kernels of cuda/ (``LayerContext.cuda_kernels``), through a whole
-net: with the kernels emulated on the CPU (tests/cuda_emulation.py), a TRAIN net that uses
+net: with the kernels emulated on the CPU (tests/helpers/cuda_emulation.py), a TRAIN net that uses
 every layer with a kernel (2-D convolution, BN and SyncBN, MAX and AVE pooling, LRN, Interp,
 SoftmaxWithLoss) must give the loss, activations and gradients of the array code."""
 import numpy as np
 import pytest
-from cuda_emulation import emulated_kernels
+from helpers.cuda_emulation import emulated_kernels
 
 from caffe_syncbn import TEST, TRAIN, Net, caffe_pb2
 from caffe_syncbn.layer import LayerContext
@@ -84,4 +84,4 @@ def test_switch_reaches_every_kernel_layer(monkeypatch):
     monkeypatch.setattr(cuda_kernels, 'kernel',
                         lambda stem, name: called.add(stem) or original(stem, name))
     run('SyncBN', TRAIN, np.float64, True)
-    assert called == {'im2col', 'syncbn', 'pooling', 'lrn', 'interp', 'softmax_loss'}, called
+    assert called == {'conv', 'norm', 'pooling', 'lrn', 'interp', 'loss'}, called

@@ -41,8 +41,8 @@ def test_four_threads_compile_a_module_once(monkeypatch):
 
     def ask():
         start.wait()
-        results.append(cuda_kernels.kernel('syncbn', 'syncbn_normalize_f32'))
-        results.append(cuda_kernels.kernel('syncbn', 'syncbn_backward_dx_f32'))
+        results.append(cuda_kernels.kernel('norm', 'syncbn_normalize_f32'))
+        results.append(cuda_kernels.kernel('norm', 'syncbn_backward_dx_f32'))
     threads = [threading.Thread(target=ask) for _ in range(4)]
     for t in threads:
         t.start()
@@ -51,5 +51,5 @@ def test_four_threads_compile_a_module_once(monkeypatch):
     assert len(FakeModule.compiled) == 1
     assert sorted(set(results)) == [('kernel', 'syncbn_backward_dx_f32'),
                                     ('kernel', 'syncbn_normalize_f32')]
-    cuda_kernels._function('syncbn', 'syncbn_normalize_f32', 1)      # another device
+    cuda_kernels._function('norm', 'syncbn_normalize_f32', 1)      # another device
     assert len(FakeModule.compiled) == 2

@@ -1,5 +1,5 @@
 """Every emulated launch is checked against its kernel's C signature with CuPy 14's rules for
-RawKernel arguments (tests/cuda_signatures.py; docs/gpu-emulation.md, "What a launch may
+RawKernel arguments (tests/helpers/cuda_signatures.py; docs/gpu-emulation.md, "What a launch may
 pass"): what CuPy passes rightly runs, with the values the kernel reads; what it would pass
 wrongly is a KernelError naming the kernel, the argument, the C type and the Python type."""
 import enum
@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-import cuda_emulation
+from helpers import cuda_emulation
 from caffe_syncbn.backend import cuda_kernels
-from cuda_emulation import KernelError, kernel
+from helpers.cuda_emulation import KernelError, kernel
 
 _LRN = 'lrn_across_forward_f32'
 #: echoes its scalars into a float64 array: what the kernel reads of each marshalled value
@@ -111,7 +111,7 @@ def test_the_argument_count_is_checked():
 
 
 def test_a_null_pointer_is_none():
-    fn = kernel('reduce', 'reduce_sum8_f32')
+    fn = kernel('comm_sum', 'reduce_sum8_f32')
     a, b, dst = np.arange(8, dtype=np.float32), np.ones(8, np.float32), np.zeros(8, np.float32)
     fn((1,), (32,), (a, b) + (None,) * 6 + (np.int32(2), np.int32(0), dst, 8))
     assert dst.tolist() == (a + b).tolist()

@@ -2,7 +2,8 @@
 with the options CuPy 14 gives it for our COMPILE_OPTIONS on a compute capability 9.0 device,
 and no GPU: libnvrtc from the nvidia-cuda-nvrtc wheel (the test extra), called through ctypes.
 Its PTX must hold every kernel the emulation and the wrappers know, with parameters of the sizes
-and kinds that the emulation's signature check (tests/cuda_signatures.py) reads from the source.
+and kinds that the emulation's signature check (tests/helpers/cuda_signatures.py) reads from the
+source.
 
 Without the wheel the tests skip with a line; with the wheel, a libnvrtc that does not load
 fails them. docs/gpu-emulation.md, "NVRTC".
@@ -15,7 +16,7 @@ import shutil
 
 import pytest
 
-import cuda_emulation
+from helpers import cuda_emulation
 from caffe_syncbn.backend import cuda_kernels
 from test_cuda_compile import wanted_kernels
 

@@ -7,7 +7,7 @@ misaligned-pointer cases."""
 import numpy as np
 import pytest
 
-from cuda_emulation import kernel
+from helpers.cuda_emulation import kernel
 from test_cuda_strict_syncbn import ACC, SUFFIX, assert_close, device, nan_filled
 
 DTYPES = [np.float16, np.float32, np.float64]

@@ -1,13 +1,13 @@
-"""The kernel emulation (tests/cuda_host_emulation.h) is strict: small kernels that break one
-CUDA rule each must fail with an error naming the kernel and line, or give the wrong numbers
-that a GPU would, never pass by the emulation's leniency."""
+"""The kernel emulation (tests/helpers/cuda_host_emulation.h) is strict: small kernels that
+break one CUDA rule each must fail with an error naming the kernel and line, or give the wrong
+numbers that a GPU would, never pass by the emulation's leniency."""
 import re
 
 import numpy as np
 import pytest
 
-import cuda_emulation
-from cuda_emulation import KernelError, schedule
+from helpers import cuda_emulation
+from helpers.cuda_emulation import KernelError, schedule
 
 #: block_sum of cuda/common.cuh without its first __syncthreads: warps drift apart and the
 #: second call overwrites scratch that a slower warp still reads from the first

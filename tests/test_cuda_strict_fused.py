@@ -1,11 +1,11 @@
-"""The fused kernels of cuda/fused.cu (BatchNorm + Scale + ReLU for inference and TRAIN,
-Eltwise SUM + ReLU), launched directly through the strict emulation against float64 numpy:
-odd sizes, small grids, blocks of 32, 96, 256 and 1024, misaligned pointers, float16/32/64,
-and the reduction in three schedule orders."""
+"""The fused kernels of cuda/norm.cu (BatchNorm + Scale + ReLU for inference and TRAIN) and
+cuda/eltwise.cu (Eltwise SUM + ReLU), launched directly through the strict emulation against
+float64 numpy: odd sizes, small grids, blocks of 32, 96, 256 and 1024, misaligned pointers,
+float16/32/64, and the reduction in three schedule orders."""
 import numpy as np
 import pytest
 
-from cuda_emulation import kernel
+from helpers.cuda_emulation import kernel
 from test_cuda_strict_syncbn import (ACC, ELEMENTWISE, OUT_TOL, SHAPES, SUFFIX, SUM_TOL,
                                      assert_close, data, device, make_params, nan_filled,
                                      per_channel)
@@ -16,7 +16,8 @@ SLOPES = [0.0, 0.1]
 
 
 def k(name, dtype):
-    return kernel('fused', 'fused_%s_%s' % (name, SUFFIX[dtype]))
+    stem = 'eltwise' if name.startswith('eltwise') else 'norm'
+    return kernel(stem, 'fused_%s_%s' % (name, SUFFIX[dtype]))
 
 
 def relu(v, slope):

@@ -10,7 +10,7 @@ import mmap
 import numpy as np
 import pytest
 
-from cuda_emulation import kernel
+from helpers.cuda_emulation import kernel
 from test_cuda_strict_detection import TOL as DETECTION_TOL
 from test_cuda_strict_detection import (CENTER_SIZE, box_set, random_priors, reference_decode,
                                         reference_jaccard)
@@ -53,12 +53,12 @@ def test_syncbn_normalize_and_dx(hw):
     channel = np.arange(first, total) // hw % c
     mean, invstd, scale, bias = (params[3 * p:3 * p + 3][channel].astype(np.float64)
                                  for p in (0, 2, 3, 4))
-    kernel('syncbn', 'syncbn_normalize_f16')((grid,), (256,), (
+    kernel('norm', 'syncbn_normalize_f16')((grid,), (256,), (
         x, y, None, params, np.int64(c), np.int64(hw), np.int64(total)), blocks=last_blocks(grid))
     assert_close(y.reshape(-1)[first:], (xs - mean) * scale + bias, 2e-3, 'y')
     assert not y.reshape(-1)[first - WRAP:total - WRAP].any()
     sums, count = np.array([1.0, 2.0, -3.0, 0.5, -1.0, 2.0]), np.array([4.0])
-    kernel('syncbn', 'syncbn_backward_dx_f16')((grid,), (256,), (
+    kernel('norm', 'syncbn_backward_dx_f16')((grid,), (256,), (
         x, dy, dx, params, np.int32(0), sums, count, np.int64(c), np.int64(hw), np.int64(total)),
         blocks=last_blocks(grid))
     xhat = (xs - mean) * invstd
@@ -88,7 +88,7 @@ def test_syncbn_channel_slices(name):
                 np.int32(splits), partial)
         want = gs.sum(), (gs * (xs - 0.5) * 2).sum()
     # block (0, 2) writes the pivot; its slice holds zeros and the pivot
-    kernel('syncbn', 'syncbn_%s_f32' % name)((splits, c), (256,), args,
+    kernel('norm', 'syncbn_%s_f32' % name)((splits, c), (256,), args,
                                              blocks=[(b, 2, 0), (0, 2, 0)])
     slot = (2 * splits + b) * 2
     assert_close(partial[slot:slot + 2], want, 1e-5, name, scale=np.abs(gs).sum() * 8 + 1)
@@ -103,12 +103,12 @@ def test_reduce_sum8_and_copy():
     first = (grid - 2) * 256 * 8
     av, bv, dv = fill(a, first, n, 5), fill(b, first, n, 6), fill(dst, first, n, 7)
     # accumulate: an element added twice (a stride that wrapped at 2^32) shows
-    kernel('reduce', 'reduce_sum8_f16')((grid,), (256,), [a, b] + [None] * 6 + [
+    kernel('comm_sum', 'reduce_sum8_f16')((grid,), (256,), [a, b] + [None] * 6 + [
         np.int32(2), np.int32(1), dst, np.int64(n)], blocks=last_blocks(grid))
     want = (dv.astype(np.float32) + av.astype(np.float32) + bv.astype(np.float32))
     assert (dst[first:] == want.astype(np.float16)).all()
     assert not dst[first - WRAP:n - WRAP].any()
-    kernel('reduce', 'reduce_copy_f16')((grid,), (256,), (dst, a, np.int64(n)),
+    kernel('comm_sum', 'reduce_copy_f16')((grid,), (256,), (dst, a, np.int64(n)),
                                         blocks=last_blocks(grid))
     assert (a[first:] == dst[first:]).all()
 
@@ -142,7 +142,7 @@ def test_softmax_loss(dtype):
     s = np.stack([fill(scores, k * inner + first, (k + 1) * inner, 9 + k) for k in range(classes)])
     labels[0, first:] = np.arange(inner - first) % classes
     args = [np.int32(outer), np.int32(classes), np.int64(inner), np.int32(0), np.int32(-1)]
-    kernel('softmax_loss', 'softmax_loss_forward_' + SUFFIX[dtype])(
+    kernel('loss', 'softmax_loss_forward_' + SUFFIX[dtype])(
         (grid,), (256,), [scores, labels] + args + [prob, loss, valid],
         blocks=last_blocks(grid, 3))
     e = np.exp(s - s.max(0))
@@ -154,7 +154,7 @@ def test_softmax_loss(dtype):
     total = classes * inner
     grid = -(-total // 256)
     top = np.array([1.0], dtype)
-    kernel('softmax_loss', 'softmax_loss_backward_' + SUFFIX[dtype])(
+    kernel('loss', 'softmax_loss_backward_' + SUFFIX[dtype])(
         (grid,), (256,), [prob, labels] + args + [top, np.array([1.0]), dx],
         blocks=last_blocks(grid))
     tail = total - (grid - 2) * 256            # the last blocks cover class 2's tail
@@ -173,7 +173,7 @@ def test_softmax_loss_outer_times_classes_past_2_31():
     first = (grid - 2) * 256
     ps = fill(prob, first, total, 20)
     args = [np.int32(outer), np.int32(classes), np.int64(1), np.int32(0), np.int32(-1)]
-    kernel('softmax_loss', 'softmax_loss_backward_f32')(
+    kernel('loss', 'softmax_loss_backward_f32')(
         (grid,), (256,), [prob, labels] + args + [np.array([2.0], np.float32), np.array([4.0]), dx],
         blocks=last_blocks(grid))
     t = np.arange(first, total)
@@ -205,11 +205,11 @@ def test_pooling_and_im2col_item_counts():
         assert not out.reshape(-1)[first - WRAP:items - WRAP].any(), name
     col = sparse((nc, h, w), np.float16)
     geometry = [np.int32(v) for v in (1, nc, h, w, 1, 1, 0, 0, 1, 1, 1, 1, h, w)]
-    kernel('im2col', 'im2col_f16')((grid,), (256,), [x] + geometry + [col], blocks=last_blocks(grid))
+    kernel('conv', 'im2col_f16')((grid,), (256,), [x] + geometry + [col], blocks=last_blocks(grid))
     assert (col.reshape(-1)[first:].astype(np.float64) == xs).all()
     assert not col.reshape(-1)[first - WRAP:items - WRAP].any()
     back = sparse((nc, h, w), np.float16)
-    kernel('im2col', 'col2im_f16')((grid,), (256,), [col] + geometry + [back],
+    kernel('conv', 'col2im_f16')((grid,), (256,), [col] + geometry + [back],
                                    blocks=last_blocks(grid))
     assert (back.reshape(-1)[first:].astype(np.float64) == xs).all()
     out = sparse((nc, h, w), np.float32)
@@ -235,13 +235,13 @@ def test_im2col_and_interp_planes_past_2_31():
     col = sparse((1, 1, 1, 2, h, ow), np.float16)
     fill(x, h * w - 4 * 256, h * w, 14)
     geometry = [np.int32(v) for v in (1, 1, h, w, 1, 2, 0, 0, 1, 1, 1, 1, h, ow)]
-    kernel('im2col', 'im2col_f16')((grid,), (256,), [x] + geometry + [col], blocks=last_blocks(grid))
+    kernel('conv', 'im2col_f16')((grid,), (256,), [x] + geometry + [col], blocks=last_blocks(grid))
     rows, cols = np.divmod(np.arange(first, plane), ow)
     for kw in range(2):
         assert (col[0, 0, 0, kw, rows, cols] == x[0, 0, rows, cols + kw]).all()
     cells = h * w
     grid = -(-cells // 256)
-    kernel('im2col', 'col2im_f16')((grid,), (256,), [col] + geometry + [back],
+    kernel('conv', 'col2im_f16')((grid,), (256,), [col] + geometry + [back],
                                    blocks=last_blocks(grid))
     rows, cols = np.divmod(np.arange((grid - 2) * 256, cells), w)
     c0 = col[0, 0, 0, 0, rows, np.minimum(cols, ow - 1)].astype(np.float64) * (cols < ow)
@@ -308,7 +308,8 @@ def test_fused_elementwise(name):
     else:
         args = [x, dy, np.float64(-2), np.int64(total), np.float64(slope), out]
         want = -2 * np.where(xs > 0, gs, slope * gs)
-    kernel('fused', 'fused_%s_f16' % name)((grid,), (256,), args, blocks=last_blocks(grid))
+    stem = 'eltwise' if name.startswith('eltwise') else 'norm'
+    kernel(stem, 'fused_%s_f16' % name)((grid,), (256,), args, blocks=last_blocks(grid))
     if name in pre:
         want = np.where(pre[name] > 0, pre[name], slope * pre[name])
     assert_close(out.reshape(-1)[first:], want, 2e-2, name)
@@ -323,7 +324,7 @@ def test_fused_bn_relu_backward_reduce():
     ys, gs = fill(y, 2 * hw + begin, 2 * hw + end, 18), fill(dy, 2 * hw + begin, 2 * hw + end, 19)
     gamma, beta = np.array([1, 1, 2], np.float32), np.array([0, 0, 0.5], np.float32)
     partial = np.full(c * splits * 2, np.nan)
-    kernel('fused', 'fused_bn_relu_backward_reduce_f32')((splits, c), (256,), (
+    kernel('norm', 'fused_bn_relu_backward_reduce_f32')((splits, c), (256,), (
         y, dy, gamma, beta, np.float64(0), np.int32(n), np.int32(c), np.int64(hw),
         np.int32(splits), partial), blocks=[(b, 2, 0)])
     on = ys > 0

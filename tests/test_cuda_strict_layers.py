@@ -1,5 +1,5 @@
-"""The grid-stride kernels of cuda/pooling.cu, lrn.cu, interp.cu, reduce.cu, softmax_loss.cu
-and im2col.cu, launched directly through the strict emulation against float64 numpy: odd
+"""The grid-stride kernels of cuda/pooling.cu, lrn.cu, interp.cu, comm_sum.cu, loss.cu and
+conv.cu, launched directly through the strict emulation against float64 numpy: odd
 sizes, grids smaller than the work, blocks of 32, 96 and 1024, pointers one element off
 16-byte alignment, float16 (where the kernel has it), float32 and float64."""
 import math
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from cuda_emulation import kernel, schedule
+from helpers.cuda_emulation import kernel, schedule
 from test_cuda_strict_syncbn import SUFFIX, assert_close, device, nan_filled
 
 #: relative error of an output rounded to the storage type after float32/64 arithmetic
@@ -293,11 +293,11 @@ def test_reduce_sum8(dtype, n, nsrc, accumulate, launch, misaligned):
     for s in srcs[0 if accumulate else 1:]:
         want = want + s.astype(acc)
     pointers = srcs + [None] * (8 - nsrc)
-    k('reduce', 'reduce_sum8', dtype)(*launch, pointers + [i32(nsrc), i32(accumulate), dst,
+    k('comm_sum', 'reduce_sum8', dtype)(*launch, pointers + [i32(nsrc), i32(accumulate), dst,
                                                            np.int64(n)])
     assert (dst == want.astype(dtype)).all()
     copy = nan_filled(n, dtype, misaligned == 'src')
-    k('reduce', 'reduce_copy', dtype)(*launch, (dst, copy, np.int64(n)))
+    k('comm_sum', 'reduce_copy', dtype)(*launch, (dst, copy, np.int64(n)))
     assert (copy == dst).all()
 
 
@@ -319,7 +319,7 @@ def test_softmax_loss(dtype, outer, classes, inner, launch, misaligned):
     prob = nan_filled(scores.shape, dtype)
     loss, valid = nan_filled(labels.shape, acc), nan_filled(labels.shape, acc)
     args = [i32(outer), i32(classes), np.int64(inner), i32(1), i32(255)]
-    k('softmax_loss', 'softmax_loss_forward', dtype)(*launch, [scores, labels] + args
+    k('loss', 'softmax_loss_forward', dtype)(*launch, [scores, labels] + args
                                                      + [prob, loss, valid])
     s = scores.astype(np.float64)
     e = np.exp(s - s.max(1, keepdims=True))
@@ -334,7 +334,7 @@ def test_softmax_loss(dtype, outer, classes, inner, launch, misaligned):
     assert_close(loss, want_loss, 1e-6 if dtype != np.float64 else 1e-13, 'loss')
     top = device([0.5], dtype)
     dx = nan_filled(scores.shape, dtype, misaligned)
-    k('softmax_loss', 'softmax_loss_backward', dtype)(*launch, [prob, labels] + args
+    k('loss', 'softmax_loss_backward', dtype)(*launch, [prob, labels] + args
                                                       + [top, np.array([3.0]), dx])
     onehot = (np.arange(classes)[None, :, None] == lab[:, None, :])
     want_dx = (prob.astype(np.float64) - onehot) * 0.5 / 3.0 * (want_valid == 1)[:, None, :]
@@ -350,7 +350,7 @@ def test_softmax_float16_sums_in_float32():
     labels = device(np.zeros((outer, inner)), np.float16)
     prob = nan_filled(scores.shape, np.float16)
     loss, valid = nan_filled(labels.shape, np.float32), nan_filled(labels.shape, np.float32)
-    k('softmax_loss', 'softmax_loss_forward', np.float16)((1,), (32,), [
+    k('loss', 'softmax_loss_forward', np.float16)((1,), (32,), [
         scores, labels, i32(outer), i32(classes), np.int64(inner), i32(0), i32(-1), prob, loss,
         valid])
     e = np.exp(scores.astype(np.float64))
@@ -385,11 +385,11 @@ def test_im2col_col2im(dtype, geometry, launch, misaligned):
             want[:, :, i, j] = padded[:, :, i * dh:i * dh + sh * oh:sh, j * dw:j * dw + sw * ow:sw]
     col = nan_filled(want.shape, dtype, not misaligned)
     args = [i32(v) for v in (n, c, h, w, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow)]
-    k('im2col', 'im2col', dtype)(*launch, [x] + args + [col])
+    k('conv', 'im2col', dtype)(*launch, [x] + args + [col])
     assert (col.astype(np.float64) == want).all()
     cols = device(rs.standard_normal(want.shape), dtype, misaligned)
     back = nan_filled(x.shape, dtype)
-    k('im2col', 'col2im', dtype)(*launch, [cols] + args + [back])
+    k('conv', 'col2im', dtype)(*launch, [cols] + args + [back])
     padded = np.zeros((n, c, h + 2 * ph, w + 2 * pw))
     for i in range(kh):
         for j in range(kw):

@@ -1,12 +1,12 @@
-"""The SyncBN kernels of cuda/syncbn.cu, launched directly through the strict emulation
-(tests/cuda_emulation.py) with grids and blocks chosen here, against float64 numpy: odd sizes
-(C=3, N*HW=1, HW=257), blocks of 32, 96 and 256 (the reductions' __launch_bounds__) or 1024,
+"""The SyncBN kernels of cuda/norm.cu, launched directly through the strict emulation
+(tests/helpers/cuda_emulation.py) with grids and blocks chosen here, against float64 numpy:
+odd sizes (C=3, N*HW=1, HW=257), blocks of 32, 96 and 256 (the reductions' __launch_bounds__) or 1024,
 grids smaller than the work, pointers one element off 16-byte alignment (the scalar paths),
 float16/32/64, and every schedule order that can change a result."""
 import numpy as np
 import pytest
 
-from cuda_emulation import kernel, schedule
+from helpers.cuda_emulation import kernel, schedule
 
 SUFFIX = {np.float16: 'f16', np.float32: 'f32', np.float64: 'f64'}
 ACC = {np.float16: np.float32, np.float32: np.float32, np.float64: np.float64}
@@ -34,7 +34,7 @@ def nan_filled(shape, dtype, misaligned=False):
 
 
 def k(name, dtype):
-    return kernel('syncbn', 'syncbn_%s_%s' % (name, SUFFIX[dtype]))
+    return kernel('norm', 'syncbn_%s_%s' % (name, SUFFIX[dtype]))
 
 
 def assert_close(got, want, tol, what, scale=None):

@@ -3,7 +3,7 @@ import threading
 
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2

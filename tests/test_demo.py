@@ -12,7 +12,7 @@ from caffe_syncbn.analysis.logparse import parse_log
 from caffe_syncbn.formats.caffemodel import read_net_param
 from caffe_syncbn.training.solvers import get_solver
 
-from conftest import ROOT
+from helpers.paths import ROOT
 
 cv2 = pytest.importorskip('cv2')
 pytest.importorskip('matplotlib')

@@ -4,7 +4,7 @@ hand-over between the solver's thread and the replicas' streams ordered, and a t
 iteration that reads the device a bounded number of times, whatever the depth of the net."""
 import numpy as np
 import pytest
-from emulated_gpu import StreamOrder, UnorderedAccess, emulated_gpu
+from helpers.emulated_gpu import StreamOrder, UnorderedAccess, emulated_gpu
 from test_data_parallel import NET, SOLVER, batches, max_difference, solver_param, train
 from test_golden_nets import cases, run_case
 

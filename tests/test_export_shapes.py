@@ -11,8 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-import watchdog
-from data_sources import write_image, write_lmdb_of
+from helpers import watchdog
+from helpers.data_sources import write_image, write_lmdb_of
 from google.protobuf import text_format
 
 import caffe_syncbn as caffe
@@ -24,7 +24,7 @@ from caffe_syncbn.data.top_shapes import data_top_shapes
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.export import to_onnx
 
-from conftest import ROOT
+from helpers.paths import ROOT
 
 TOOL = ROOT / 'tools' / 'convert_model.py'
 

@@ -11,7 +11,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn.convert import to_syncbn
@@ -20,7 +20,7 @@ from caffe_syncbn.formats.solverstate import read_solver_state, write_solver_sta
 from caffe_syncbn.training.solvers import get_solver
 from caffe_syncbn.weights.copy import arrays_of
 
-from conftest import GOLDEN, ROOT, require
+from helpers.paths import GOLDEN, ROOT, require
 
 TRAIN_NET = ROOT / 'tools' / 'train_net.py'
 GOLDEN_MODEL = 'format_hdf5_caffemodel'

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn.cli import commands, main
@@ -18,7 +18,7 @@ from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.netparam.solver_param import load_solver_param
 from caffe_syncbn.pycaffe import caffe as pycaffe
 
-from conftest import GOLDEN, ROOT, require
+from helpers.paths import GOLDEN, ROOT, require
 
 TIMEOUT = 120
 RTOL = 1e-5

@@ -6,9 +6,9 @@ train_val net of the corpus, its data layers reading small files written for the
 """
 import numpy as np
 import pytest
-from data_sources import write_sources
+from helpers.data_sources import write_sources
 from google.protobuf import text_format
-from net_helpers import build
+from helpers.net_helpers import build
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -17,7 +17,7 @@ from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.netparam.inputs import is_data_layer
 from caffe_syncbn.netparam.upgrade import load_net_param
 
-from conftest import CORPUS, require
+from helpers.paths import CORPUS, require
 
 # ---- the folding rules, exactly ---------------------------------------------------------
 INPUT = 'layer { name: "data" type: "Input" top: "data" input_param { shape { %s } } }\n'

@@ -7,7 +7,8 @@ import pytest
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from onnx_helpers import assert_close, highest_common_opset, input_layer, parse, run, weights_of
+from helpers.onnx_helpers import (assert_close, highest_common_opset, input_layer, parse, run,
+                                  weights_of)
 
 
 def test_fork_fields_have_the_fork_numbers():

@@ -1,7 +1,7 @@
 """Fuzz: byte mutations of real files, fed to every reader in a child process.
 
 Each test draws its mutants with fixed seeds from files of ../shared (BVLC Caffe's own
-outputs) and runs them through tests/fuzz_harness.py: nothing but a CaffeError (one line,
+outputs) and runs them through tests/helpers/fuzz_harness.py: nothing but a CaffeError (one line,
 naming the file), no signal, no hang, and no weights file cut short accepted in silence.
 """
 import shutil
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from caffe_syncbn import caffe_pb2
-from conftest import GOLDEN, require
-from fuzz_harness import Tally, Worker, huge_length, mutants, short_folder, top_level_cuts
+from helpers.paths import GOLDEN, require
+from helpers.fuzz_harness import (Tally, Worker, huge_length, mutants, short_folder,
+                                  top_level_cuts)
 
 pytestmark = pytest.mark.fuzz
 

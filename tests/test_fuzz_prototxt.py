@@ -1,7 +1,7 @@
 """Fuzz: prototxts, generated from the schema (hypothesis) and mutated from real ones.
 
 Every net is built (every layer's setup and reshape) in a child process with a memory
-limit (tests/fuzz_harness.py); the only outcomes allowed are a net or a CaffeError of
+limit (tests/helpers/fuzz_harness.py); the only outcomes allowed are a net or a CaffeError of
 one line that names the file.
 """
 import math
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.layer import layer_type_list
-from conftest import CORPUS, GOLDEN, require
-from fuzz_harness import SEED, Tally, Worker, mutants, short_folder
+from helpers.paths import CORPUS, GOLDEN, require
+from helpers.fuzz_harness import SEED, Tally, Worker, mutants, short_folder
 
 pytestmark = pytest.mark.fuzz
 FieldDescriptor = descriptor.FieldDescriptor

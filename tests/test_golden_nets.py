@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 import caffe_syncbn as caffe
-from conftest import GOLDEN, require
+from helpers.paths import GOLDEN, require
 
 RTOL, ATOL = 1e-4, 1e-5
-# Data-layer cases compare batches, not blobs: tests/test_data_layers.py and the pipeline tests run them.
+# Data-layer cases compare batches, not blobs: tests/layers/test_data.py and the pipeline tests run them.
 SKIP_PREFIXES = ('data_lmdb_', 'datum_lmdb', 'data_hdf5')
 
 

@@ -11,9 +11,9 @@ import sys
 import zipfile
 
 import pytest
-import watchdog
+from helpers import watchdog
 
-from conftest import CORPUS, GOLDEN, ROOT, require
+from helpers.paths import CORPUS, GOLDEN, ROOT, require
 
 sys.path.insert(0, str(ROOT / 'tools'))
 

@@ -13,10 +13,10 @@ import time
 import types
 
 import pytest
-import watchdog
+from helpers import watchdog
 
 from caffe_syncbn.backend import cuda_kernels, gpu_count
-from conftest import ROOT
+from helpers.paths import ROOT
 
 sys.path.insert(0, str(ROOT / 'tools'))
 sys.path.insert(0, str(ROOT / 'benchmarks'))

@@ -1,7 +1,7 @@
 """Gradient buckets (caffe_syncbn/training/gradient_buckets.py): each starts as soon as backward has passed
 its params' owners, the result does not depend on the bucket size, and iter_size works."""
 import numpy as np
-from counting_comm import CountingComm
+from helpers.counting_comm import CountingComm
 from test_data_parallel import batches, solver_param, train
 
 from caffe_syncbn import TRAIN, Net, caffe_pb2

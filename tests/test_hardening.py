@@ -12,8 +12,8 @@ import zlib
 
 import numpy as np
 import pytest
-import watchdog
-from fuzz_harness import Worker, short_folder
+from helpers import watchdog
+from helpers.fuzz_harness import Worker, short_folder
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -24,7 +24,7 @@ from caffe_syncbn.formats import mapped
 from caffe_syncbn.formats.atomic import atomic_write
 from caffe_syncbn.formats.caffemodel import read_weights
 
-from conftest import GOLDEN, ROOT, require
+from helpers.paths import GOLDEN, ROOT, require
 
 
 @pytest.fixture

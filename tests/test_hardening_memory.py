@@ -6,7 +6,6 @@ message; snapshots written before stay loadable.
 
 The children have no deadline of their own: the bound on each is generous, for a
 machine that runs another suite beside this one."""
-import subprocess
 import sys
 import textwrap
 
@@ -17,7 +16,8 @@ from threadpoolctl import threadpool_info
 
 import caffe_syncbn as caffe
 
-from conftest import ROOT
+from helpers import watchdog
+from helpers.paths import ROOT
 
 #: the preamble of every child: limit(headroom) caps the address space at what the
 #: process maps now plus ``headroom`` bytes
@@ -44,8 +44,8 @@ MiB = 1 << 20
 def run_child(folder, body, *args):
     script = folder / 'child.py'
     script.write_text(PREAMBLE + textwrap.dedent(body))
-    return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=folder,
-                          capture_output=True, text=True, timeout=600)
+    return watchdog.run([sys.executable, str(script), *map(str, args)], cwd=folder,
+                        capture_output=True, text=True, limit=600)
 
 
 def error_line(result):

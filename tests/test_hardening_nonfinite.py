@@ -4,7 +4,6 @@ of the weights before the fault, and never a snapshot holding one that is not fi
 import logging
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -14,13 +13,14 @@ from test_train_net import make_job
 import caffe_syncbn as caffe
 from caffe_syncbn.formats.solverstate import read_solver_state
 
-from conftest import ROOT
+from helpers import watchdog
+from helpers.paths import ROOT
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, '-m', 'caffe_syncbn', *map(str, args)],
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
-                          text=True, timeout=600)
+    return watchdog.run([sys.executable, '-m', 'caffe_syncbn', *map(str, args)],
+                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                        text=True, limit=600)
 
 
 def all_finite(net):

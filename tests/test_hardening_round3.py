@@ -12,8 +12,8 @@ import sys
 import h5py
 import numpy as np
 import pytest
-import watchdog
-from fuzz_harness import Worker, short_folder
+from helpers import watchdog
+from helpers.fuzz_harness import Worker, short_folder
 
 import caffe_syncbn as caffe
 from caffe_syncbn.blob import checked_shape, memory_limit
@@ -25,7 +25,7 @@ from caffe_syncbn.netparam.inputs import swap_data_layers_for_inputs
 from caffe_syncbn.netparam.upgrade import load_net_param
 from caffe_syncbn.pycaffe.caffe import get_solver
 
-from conftest import ROOT
+from helpers.paths import ROOT
 
 #: generous: a hang is the failure these bounds catch, and a loaded machine is no hang
 TIMEOUT = 120

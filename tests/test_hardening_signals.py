@@ -14,7 +14,8 @@ from test_train_net import make_job
 import caffe_syncbn as caffe
 from caffe_syncbn.formats.solverstate import read_solver_state
 
-from conftest import ROOT
+from helpers import watchdog
+from helpers.paths import ROOT
 
 BOUND = 300
 
@@ -38,7 +39,7 @@ def train_until(folder, effect, after_train=True, signal_at='Iteration 2, loss',
             proc.send_signal(signal.SIGTERM)
             break
     seen += proc.stderr.readlines()
-    return proc.wait(timeout=BOUND), ''.join(seen)
+    return watchdog.wait(proc, 'the train command', limit=BOUND), ''.join(seen)
 
 
 def snapshots(folder):
@@ -138,7 +139,7 @@ def test_a_sigterm_to_one_process_of_an_mpi_job_ends_every_process_at_the_same_i
             break
     seen += proc.stderr.readlines()
     log = ''.join(seen)
-    assert proc.wait(timeout=BOUND) != 0, log[-3000:]       # rank 1 exits 143
+    assert watchdog.wait(proc, 'the MPI job', limit=BOUND) != 0, log[-3000:]   # rank 1: 143
     assert 'error' not in log, log[-3000:]
     assert 'Optimization stopped early.' in log, log[-3000:]
     (stopped_at,) = snapshots(tmp_path)

@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import watchdog
 from test_data_parallel import batches, solver_param
 
 import caffe_syncbn as caffe
@@ -16,7 +17,7 @@ from caffe_syncbn.backend import to_numpy
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.training.solvers import get_solver
 
-BOUND = 300          # seconds: only a hang reaches it
+LIMIT = 300          # CPU seconds the held work may take (helpers.watchdog)
 
 
 class HeldCall:
@@ -32,7 +33,7 @@ class HeldCall:
         self._holds += 1
         if self._holds == 1:
             self.inside.set()
-            assert self.release.wait(BOUND)
+            self.release.wait()          # __exit__ sets it, whatever happens
 
     def _run(self, call):
         try:
@@ -42,13 +43,12 @@ class HeldCall:
 
     def __enter__(self):
         self.thread.start()
-        assert self.inside.wait(BOUND), 'the first call never got inside'
+        watchdog.wait_until(self.inside.is_set, 'the first call getting inside', LIMIT)
         return self
 
     def __exit__(self, *exc_info):
         self.release.set()
-        self.thread.join(BOUND)
-        assert not self.thread.is_alive()
+        watchdog.join([self.thread], 'the first call', LIMIT)
 
 
 def test_step_from_a_second_thread_is_one_error_and_the_replicas_stay_equal():

@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 import pytest
-from cuda_emulation import emulated_kernels
+from helpers.cuda_emulation import emulated_kernels
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2, memory_plan
@@ -17,7 +17,7 @@ from caffe_syncbn.analysis.timing import timing_net_param
 from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.training.solvers import get_solver
-from conftest import ROOT
+from helpers.paths import ROOT
 from test_data_parallel import batches, check_replicas_equal_one
 from test_data_parallel import solver_param as data_parallel_solver
 from test_memory_plan import random_param

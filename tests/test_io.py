@@ -7,7 +7,7 @@ import textwrap
 import h5py
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.blob import Blob
@@ -19,7 +19,7 @@ from caffe_syncbn.formats.caffemodel import read_net_param
 from caffe_syncbn.weights.copy import copy_weights, layer_blobs
 from caffe_syncbn.weights.save import net_to_proto, write_caffemodel, write_hdf5
 
-from conftest import GOLDEN, ROOT, require
+from helpers.paths import GOLDEN, ROOT, require
 
 
 class FakeLayer:

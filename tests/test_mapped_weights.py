@@ -10,7 +10,7 @@ from caffe_syncbn import caffe_pb2
 from caffe_syncbn.formats import mapped
 from caffe_syncbn.formats.blobs import length_delimited
 from caffe_syncbn.formats.caffemodel import read_net_param
-from net_helpers import MLP, build, randomize
+from helpers.net_helpers import MLP, build, randomize
 
 _DATA = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name['data'].number
 _LAYER_BLOBS = caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name['blobs'].number

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import caffe_syncbn as caffe
 from caffe_syncbn import memory_plan
 from caffe_syncbn.analysis.timing import timing_net_param
-from conftest import GOLDEN, ROOT, require
+from helpers.paths import GOLDEN, ROOT, require
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from caffe_syncbn.layer import Layer
 from caffe_syncbn.memory_planner import DEFAULT_PLAN, PLANS, MemoryPlanner, NetWiring
 from caffe_syncbn.net import Net
 from caffe_syncbn.training.solvers import get_solver
-from conftest import ROOT
+from helpers.paths import ROOT
 from test_data_parallel import solver_param
 
 PACKAGE = Path(caffe.__file__).resolve().parent

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import watchdog
-from host_streams import HostStreams
+from helpers import watchdog
+from helpers.host_streams import HostStreams
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / 'tests' / 'mpi_job.py'
@@ -26,7 +26,7 @@ needs_mpi = pytest.mark.skipif(
 
 def launch(out, *args, processes=2, env=None, limit=240):
     """``mpiexec -n processes python tests/mpi_job.py out args``, which must end as it
-    would within ``limit`` seconds on an idle machine (see tests/watchdog.py): a job left
+    would within ``limit`` seconds on an idle machine (see tests/helpers/watchdog.py): a job left
     hanging stalls or spins, at any load."""
     environment = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     return watchdog.run([MPIEXEC, '-n', str(processes), sys.executable, str(JOB), str(out),
@@ -193,7 +193,7 @@ class ThreadLink:
 def test_nccl_across_processes_sums_over_all_their_gpus():
     """Two "processes" (threads) of 2 GPUs each, through the fake NCCL and host streams:
     an allreduce sums the 4 buffers and a broadcast copies global rank 3's."""
-    import fake_nccl
+    from helpers import fake_nccl
 
     from caffe_syncbn.comm.mpi import nccl_across_processes
     board = {'values': [None, None], 'barrier': threading.Barrier(2)}

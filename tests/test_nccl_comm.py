@@ -1,11 +1,11 @@
-"""NcclComm's logic on a stand-in of cupy.cuda.nccl (tests/fake_nccl.py) and the CPU
+"""NcclComm's logic on a stand-in of cupy.cuda.nccl (tests/helpers/fake_nccl.py) and the CPU
 stand-in of the stream backend: dtype codes, counts, stream-ordered calls, the host
 comparison of calls, group calls, abort. The real NCCL runs in tests/gpu/."""
 
-import fake_nccl
+from helpers import fake_nccl
 import numpy as np
 import pytest
-from host_streams import HostStreams
+from helpers.host_streams import HostStreams
 from test_same_device_comm import ok, rank_order_sum, run_members
 
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted

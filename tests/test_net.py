@@ -9,15 +9,15 @@ import json
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from net_helpers import (MLP, build, close, input_layer, ip_layer, load_pylayers, mlp_reference,
-                         python_layer, randomize)
+from helpers.net_helpers import (MLP, build, close, input_layer, ip_layer, load_pylayers,
+                                 mlp_reference, python_layer, randomize)
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.pycaffe.net_spec import NetSpec, layers as L, params as P, to_proto
 
-from conftest import GOLDEN
+from helpers.paths import GOLDEN
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import pytest
 
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.testing import numeric_gradient
-from net_helpers import (MLP, backward_calls, build, close, input_layer, ip_layer,
-                         load_pylayers, python_layer, randomize)
+from helpers.net_helpers import (MLP, backward_calls, build, close, input_layer, ip_layer,
+                                 load_pylayers, python_layer, randomize)
 
 
 @pytest.fixture

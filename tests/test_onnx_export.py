@@ -6,14 +6,14 @@ import json
 
 import numpy as np
 import pytest
-from model_weights import Deployed
-from onnx_helpers import assert_close, highest_common_opset, input_layer, parse, run
+from helpers.model_weights import Deployed
+from helpers.onnx_helpers import assert_close, highest_common_opset, input_layer, parse, run
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.convert import to_syncbn
 from caffe_syncbn.errors import CaffeError
 
-from conftest import GOLDEN, require
+from helpers.paths import GOLDEN, require
 
 pytest.importorskip('onnx', reason="ONNX export needs onnx: pip install '.[onnx]'")
 pytest.importorskip('onnxruntime', reason='the ONNX tests run models with onnxruntime: '

@@ -8,7 +8,8 @@ import pytest
 
 import caffe_syncbn as caffe
 from caffe_syncbn.errors import CaffeError
-from onnx_helpers import assert_close, highest_common_opset, input_layer, parse, run, weights_of
+from helpers.onnx_helpers import (assert_close, highest_common_opset, input_layer, parse, run,
+                                  weights_of)
 
 pytest.importorskip('onnx', reason="ONNX export needs onnx: pip install '.[onnx]'")
 pytest.importorskip('onnxruntime', reason='the ONNX tests run models with onnxruntime: '

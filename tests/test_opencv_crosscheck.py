@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import caffe_syncbn as caffe
-from conftest import CORPUS, require
+from helpers.paths import CORPUS, require
 
 cv2 = pytest.importorskip('cv2', reason='OpenCV is absent: pip install "opencv-python-headless<5"')
 

@@ -8,7 +8,7 @@ from google.protobuf import text_format
 
 from caffe_syncbn import caffe_pb2
 
-from conftest import CORPUS, GOLDEN, ROOT, require
+from helpers.paths import CORPUS, GOLDEN, ROOT, require
 
 
 def _files(folder, pattern):

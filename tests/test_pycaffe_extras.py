@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -14,7 +14,7 @@ from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.pycaffe import draw, runtime
 
-from conftest import CORPUS, ROOT, require
+from helpers.paths import CORPUS, ROOT, require
 
 TRAIN_VAL = """name: 'tiny'
 layer { name: 'data' type: 'Data' top: 'data' top: 'label' include { phase: TRAIN }

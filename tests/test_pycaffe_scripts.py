@@ -7,13 +7,13 @@ import sys
 
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 from google.protobuf import text_format
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 
-from conftest import CORPUS, GOLDEN, ROOT, require
+from helpers.paths import CORPUS, GOLDEN, ROOT, require
 
 cv2 = pytest.importorskip('cv2')
 SCRIPTS = ROOT / 'tests' / 'pycaffe_scripts'

@@ -3,13 +3,13 @@
 HostStreams(deferred=True) queues every stream operation and runs them afterwards in a
 random interleaving that keeps each stream's order and honours event waits, as a GPU
 may: a missing wait in the communicator shows up as a wrong sum for some seed. The
-kernels of the GPU backend (cuda/reduce.cu) run here through the CPU emulation.
+kernels of the GPU backend (cuda/comm_sum.cu) run here through the CPU emulation.
 """
 
 import numpy as np
 import pytest
-from host_streams import HostStreams
-from threads import run_threads
+from helpers.host_streams import HostStreams
+from helpers.threads import run_threads
 
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted
 from caffe_syncbn.comm.same_device import SameDeviceComm
@@ -194,8 +194,8 @@ def test_mismatched_collectives_raise_on_every_member():
 @pytest.mark.parametrize('dtype,n', [(np.float32, 37), (np.float32, 64), (np.float64, 10),
                                      (np.float16, 24)])
 def test_reduce_kernels_sum_in_rank_order(monkeypatch, count, dtype, n):
-    """cuda/reduce.cu through the CPU emulation: chained launches of 8 keep the rank order."""
-    from cuda_emulation import emulated_kernels
+    """cuda/comm_sum.cu through the CPU emulation: chained launches of 8 keep the rank order."""
+    from helpers.cuda_emulation import emulated_kernels
     emulated_kernels(monkeypatch)
     arrays = [member_values(r, (n,), np.float32).astype(dtype) for r in range(count)]
     out = np.empty(n, dtype)

@@ -21,7 +21,7 @@ from caffe_syncbn.training.lr_policy import LearningRatePolicy
 from caffe_syncbn.training.solver import Solver
 from caffe_syncbn.training.solvers import get_solver_class
 
-from conftest import GOLDEN, require
+from helpers.paths import GOLDEN, require
 
 
 def solver_param(**fields):

@@ -76,7 +76,7 @@ def heads_only():
 def test_onnx_export_up_to_the_heads(reference, dynamic_batch):
     pytest.importorskip('onnxruntime')
     from caffe_syncbn.export import to_onnx
-    from onnx_helpers import assert_close, run
+    from helpers.onnx_helpers import assert_close, run
     image, ours = reference
     model = to_onnx(heads_only(), WEIGHTS, dynamic_batch=dynamic_batch)
     outputs = run(model, {'data': image})
@@ -106,7 +106,7 @@ def test_onnx_export_with_the_outputs_the_refusal_names(reference, tmp_path):
     onnx = pytest.importorskip('onnx')
     pytest.importorskip('onnxruntime')
     from caffe_syncbn.cli.convert import main
-    from onnx_helpers import assert_close, run
+    from helpers.onnx_helpers import assert_close, run
     image, ours = reference
     main(['to-onnx', '--model', PROTOTXT, '--weights', WEIGHTS, '--output',
           str(tmp_path / 'heads'), '--outputs', ','.join(HEADS)])

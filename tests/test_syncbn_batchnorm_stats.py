@@ -13,7 +13,7 @@ from caffe_syncbn.formats.caffemodel import read_weights
 from caffe_syncbn.training.solvers import get_solver
 from caffe_syncbn.weights.copy import arrays_of
 
-from conftest import ROOT
+from helpers.paths import ROOT
 
 GOLDEN = ROOT / 'tests' / 'batchnorm_golden'
 NAME = 'bn_classifier'

@@ -5,7 +5,7 @@ import logging
 
 import numpy as np
 import pytest
-from net_helpers import build, input_layer
+from helpers.net_helpers import build, input_layer
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -164,7 +164,7 @@ def test_fold_bn_of_a_syncbn_of_a_batchnorm():
 def test_onnx_export_of_a_syncbn_of_a_batchnorm():
     pytest.importorskip('onnx')
     pytest.importorskip('onnxruntime')
-    from onnx_helpers import run
+    from helpers.onnx_helpers import run
 
     from caffe_syncbn.export import to_onnx
     weights = as_float32(caffes_blobs(np.random.default_rng(4)))

@@ -6,14 +6,14 @@ import textwrap
 
 import numpy as np
 import pytest
-import watchdog
-from data_sources import write_sources
+from helpers import watchdog
+from helpers.data_sources import write_sources
 
 from caffe_syncbn.analysis.logparse import parse_lines, read_csv
 
-from conftest import CORPUS, ROOT, require
+from helpers.paths import CORPUS, ROOT, require
 
-LIMIT = 120          # seconds a command may take on an idle machine (tests/watchdog.py)
+LIMIT = 120          # seconds a command may take on an idle machine (tests/helpers/watchdog.py)
 GLOG = 'I0312 10:00:%02d.000000  4242 %s] %s'
 
 

@@ -3,9 +3,9 @@ throughput, and says why the torch reference was skipped."""
 import re
 import sys
 
-import watchdog
+from helpers import watchdog
 
-from conftest import ROOT
+from helpers.paths import ROOT
 
 
 def test_train_gpu_benchmark_cpu_smoke():

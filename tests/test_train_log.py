@@ -17,13 +17,13 @@ import time
 import h5py
 import numpy as np
 import pytest
-import watchdog
+from helpers import watchdog
 from test_train_net import make_job
 
 import caffe_syncbn as caffe
 from caffe_syncbn.glog import GlogFormatter
 
-from conftest import ROOT
+from helpers.paths import ROOT
 
 #: glog: severity, MMDD, HH:MM:SS.uuuuuu, thread id right-aligned in 5, file:line, '] '
 GLOG_LINE = re.compile(r'^([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) ( {0,4}\d+) '

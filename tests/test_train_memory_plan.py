@@ -14,9 +14,9 @@ from caffe_syncbn.backend import to_numpy
 from caffe_syncbn.analysis.timing import timing_net_param
 from caffe_syncbn.layer import LayerContext
 from caffe_syncbn.training.solvers import get_solver
-from conftest import GOLDEN, ROOT, require
-from cuda_emulation import emulated_kernels
-from net_helpers import build
+from helpers.paths import GOLDEN, ROOT, require
+from helpers.cuda_emulation import emulated_kernels
+from helpers.net_helpers import build
 from test_memory_plan import _text_param
 from test_data_parallel import batches, solver_param
 from test_memory_plan import golden_nets, inputs_of, most_bytes_live, random_param, weights_of

@@ -15,7 +15,7 @@ from caffe_syncbn.netparam.inputs import is_data_layer, swap_data_layers_for_inp
 from caffe_syncbn.netparam.prototxt import read_prototxt
 from caffe_syncbn.netparam.upgrade import V1_TYPE_NAMES, upgrade_net_param
 
-from conftest import CORPUS, GOLDEN, require
+from helpers.paths import CORPUS, GOLDEN, require
 
 V1 = caffe_pb2.V1LayerParameter
 

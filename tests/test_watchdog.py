@@ -1,4 +1,4 @@
-"""tests/watchdog.py, the hang detector of the suite: a genuine hang still fails (blocked
+"""tests/helpers/watchdog.py, the hang detector of the suite: a genuine hang still fails (blocked
 or spinning, a child or a grandchild, threads of this process), and leaves no process
 behind; work that a loaded machine slows down is no hang."""
 import os
@@ -7,7 +7,7 @@ import sys
 import threading
 
 import pytest
-import watchdog
+from helpers import watchdog
 
 SLEEPER = 'import os, sys, time; open(sys.argv[1], "w").write(str(os.getpid())); time.sleep(1000)'
 

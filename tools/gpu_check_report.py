@@ -131,7 +131,8 @@ def environment():
 
 def shared_folder():
     """Where the goldens and the corpus are: CAFFE_SYNCBN_SHARED, else the bundle of
-    `make gpu-bundle` in the checkout, else ../shared (tests/conftest.py looks the same way)."""
+    `make gpu-bundle` in the checkout, else ../shared (tests/helpers/paths.py looks the same
+    way)."""
     if os.environ.get('CAFFE_SYNCBN_SHARED'):
         return os.path.abspath(os.environ['CAFFE_SYNCBN_SHARED'])
     if os.path.isdir(BUNDLE):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Mutation check of the CUDA kernel tests: applies one generic mutation at a time to a scratch
-copy of cuda/ and runs the emulated kernel tests against it (tests/cuda_emulation.py builds
+copy of cuda/ and runs the emulated kernel tests against it (tests/helpers/cuda_emulation.py builds
 from CAFFE_SYNCBN_EMU_CUDA_DIR). A mutant is killed when a test fails (or hangs past the
 timeout, as a GPU watchdog would stop it); it is stillborn when g++ rejects it; it survives
 otherwise. A survivor of the plain emulation is run again under ThreadSanitizer (races inside a
@@ -35,16 +35,17 @@ STRICT = ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_layers.py'
           'tests/test_cuda_strict_emulation.py', 'tests/test_cuda_strict_detection.py']
 #: the tests that launch each file's kernels (common.cuh: all of them)
 TESTS = {
-    'syncbn.cu': ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_index64.py'],
-    'fused.cu': ['tests/test_cuda_strict_fused.py', 'tests/test_cuda_strict_index64.py'],
+    'norm.cu': ['tests/test_cuda_strict_syncbn.py', 'tests/test_cuda_strict_fused.py',
+                'tests/test_cuda_strict_index64.py'],
+    'eltwise.cu': ['tests/test_cuda_strict_fused.py', 'tests/test_cuda_strict_index64.py'],
     'detection.cu': ['tests/test_cuda_strict_detection.py', 'tests/test_cuda_strict_index64.py'],
     'common.cuh': STRICT,
 }
 _LAYER_TESTS = ['tests/test_cuda_strict_layers.py', 'tests/test_cuda_strict_index64.py']
 #: -k expressions that pick a layer file's tests
 SELECT = {'pooling.cu': 'pooling', 'lrn.cu': 'lrn', 'interp.cu': 'interp or pooling_and_im2col',
-          'reduce.cu': 'reduce', 'softmax_loss.cu': 'softmax', 'im2col.cu': 'im2col',
-          'detection.cu': 'decode_boxes or jaccard'}
+          'comm_sum.cu': 'reduce', 'loss.cu': 'softmax', 'conv.cu': 'im2col',
+          'detection.cu': 'decode_boxes or jaccard', 'eltwise.cu': 'eltwise'}
 
 #: the sanitizers that can see what a survivor of each operator breaks: a race inside a block
 #: (ThreadSanitizer), an access out of bounds (AddressSanitizer). The ThreadSanitizer run
@@ -63,7 +64,8 @@ _PLANE = ("an offset inside one plane: pooling.cu's contract is H*W and OH*OW < 
           "(MAX's int32 index), so it fits an int")
 #: (file, operator, original line stripped, occurrence in that line) -> why no test can kill it
 EQUIVALENT = {
-    ('fused.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
+    ('norm.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
+    ('eltwise.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
     ('detection.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
     ('detection.cu', 'bound_off_by_one', 'return w < A(0) || h < A(0) ? A(0) : w * h;', 0):
         'at w = 0 the size w*h is 0 all the same',
@@ -80,21 +82,24 @@ EQUIVALENT = {
     ('interp.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
     ('lrn.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
     ('pooling.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
-    ('softmax_loss.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
-    ('im2col.cu', 'narrow_index', 't += (i64)blockDim.x * gridDim.x) {', 0): _STRIDE,
-    ('reduce.cu', 'narrow_index', 'const i64 stride = (i64)blockDim.x * gridDim.x * width;', 0):
+    ('loss.cu', 'narrow_index', _GRID_STRIDE, 1): _STRIDE,
+    ('conv.cu', 'narrow_index', 't += (i64)blockDim.x * gridDim.x) {', 0): _STRIDE,
+    ('comm_sum.cu', 'narrow_index', 'const i64 stride = (i64)blockDim.x * gridDim.x * width;', 0):
         _STRIDE + '; reduce_sum8 with accumulate kills it (an element added twice), '
                   'reduce_copy copies the same value again',
-    ('fused.cu', 'bound_off_by_one',
+    ('norm.cu', 'bound_off_by_one',
      '__device__ __forceinline__ A relu(A v, A slope) { return v > A(0) ? v : v * slope; }', 0):
         'at v = 0 both give 0',
-    ('fused.cu', 'bound_off_by_one',
+    ('eltwise.cu', 'bound_off_by_one',
+     '__device__ __forceinline__ A relu(A v, A slope) { return v > A(0) ? v : v * slope; }', 0):
+        'at v = 0 both give 0',
+    ('norm.cu', 'bound_off_by_one',
      'const double inv_m = 1.0 / (count[0] > 1.0 ? count[0] : 1.0);', 0): _AT_EQUALITY,
-    ('fused.cu', 'narrow_index', 'const i64 count = (i64)N * HW;', 0): _PROMOTED,
-    ('fused.cu', 'narrow_index', 'const i64 slot = ((i64)c * splits + blockIdx.x) * 2;', 0):
+    ('norm.cu', 'narrow_index', 'const i64 count = (i64)N * HW;', 0): _PROMOTED,
+    ('norm.cu', 'narrow_index', 'const i64 slot = ((i64)c * splits + blockIdx.x) * 2;', 0):
         'c*splits + b indexes the partial buffer (2*C*splits doubles): past 2^31 only for a '
         'buffer of 32 GiB',
-    ('im2col.cu', 'narrow_index', 'sum += to_float(columns[((i64)kh * g.KW + kw) * plane + '
+    ('conv.cu', 'narrow_index', 'sum += to_float(columns[((i64)kh * g.KW + kw) * plane + '
      '(i64)(hs / g.SH) * g.OW + ws / g.SW]);', 0):
         'kh*KW + kw < KH*KW is small; its product with plane is 64-bit',
     ('lrn.cu', 'narrow_index', 'GRID_STRIDE(t, (i64)N * HW) {', 0): _PROMOTED,
@@ -105,47 +110,42 @@ EQUIVALENT = {
     ('pooling.cu', 'narrow_index', 'const i64 o = offset + (i64)oh * g.OW + ow;', 0): _PLANE,
     ('pooling.cu', 'narrow_index',
      'const T* grad = dy + (t / ((i64)g.H * g.W)) * g.OH * g.OW;', 0): _PLANE,
-    ('reduce.cu', 'bound_off_by_one',
+    ('comm_sum.cu', 'bound_off_by_one',
      'for (int k = 0; k < 8; ++k) vec = vec && (k >= nsrc || aligned16(src[k]));', 1):
         'it only chooses between the vector and the scalar path, which give the same values '
         '(and an unused pointer is null, hence aligned)',
-    ('reduce.cu', 'bound_off_by_one',
+    ('comm_sum.cu', 'bound_off_by_one',
      'for (int k = 0; k < 8; ++k) vec = vec && (k >= nsrc || aligned16(src[k]));', 0):
         'k = 8 >= nsrc (nsrc <= 8) short-circuits before src[8] would be read',
-    ('reduce.cu', 'bound_off_by_one', 'for (int k = 0; k < 8; ++k) {', 0):
+    ('comm_sum.cu', 'bound_off_by_one', 'for (int k = 0; k < 8; ++k) {', 0):
         'k = 8 >= nsrc (nsrc <= 8) always takes the loop\'s `continue`',
-    ('softmax_loss.cu', 'narrow_index', 'GRID_STRIDE(t, (i64)outer * inner) {', 0): _PROMOTED,
-    ('softmax_loss.cu', 'narrow_index',
+    ('loss.cu', 'narrow_index', 'GRID_STRIDE(t, (i64)outer * inner) {', 0): _PROMOTED,
+    ('loss.cu', 'narrow_index',
      'const i64 i = t % inner, o = t / ((i64)classes * inner);', 0): _PROMOTED,
-    ('syncbn.cu', 'narrow_index',
+    ('norm.cu', 'narrow_index',
      'return ((i64)n * C + c) * HW + (i64)(j - n * row_len) * width;', 0):
         'n*C + c < N*C fits an int; its product with HW (i64) is 64-bit',
-    ('syncbn.cu', 'narrow_index',
+    ('norm.cu', 'narrow_index',
      'return ((i64)n * C + c) * HW + (i64)(j - n * row_len) * width;', 1):
         'j - n*row_len < HW/width, and local_stats/backward_reduce need N*HW < 2^31',
-    ('syncbn.cu', 'narrow_index', 'const i64 slot = ((i64)blockIdx.y * splits + blockIdx.x) * 2;', 0):
+    ('norm.cu', 'narrow_index', 'const i64 slot = ((i64)blockIdx.y * splits + blockIdx.x) * 2;', 0):
         'c*splits + b indexes the partial buffer (2*C*splits doubles): past 2^31 only for a '
         'buffer of 32 GiB',
-    ('syncbn.cu', 'narrow_index', 's1 += partial[((i64)c * splits + b) * 2];', 0):
+    ('norm.cu', 'narrow_index', 's1 += partial[((i64)c * splits + b) * 2];', 0):
         'the same index into the partial buffer',
-    ('syncbn.cu', 'narrow_index', 's2 += partial[((i64)c * splits + b) * 2 + 1];', 0):
+    ('norm.cu', 'narrow_index', 's2 += partial[((i64)c * splits + b) * 2 + 1];', 0):
         'the same index into the partial buffer',
-    ('syncbn.cu', 'narrow_index', 'const A p = to_float(x[(i64)s.c * HW]);', 0): _PROMOTED,
-    ('syncbn.cu', 'bound_off_by_one',
-     'var = m > 0 ? packed[1 + C + c] / m - delta * delta : 0.0;', 0):
-        'at m = 0 the sums are 0 too: 0/0 is NaN, which the next line\'s clamp '
-        '(var > 0 ? var : 0) turns into 0 as the original gives',
-    ('syncbn.cu', 'bound_off_by_one', 'var = var > 0 ? var : 0.0;', 0): _AT_EQUALITY,
-    ('syncbn.cu', 'bound_off_by_one',
+    ('norm.cu', 'narrow_index', 'const A p = to_float(x[(i64)s.c * HW]);', 0): _PROMOTED,
+    ('norm.cu', 'bound_off_by_one',
      'const double inv_m = sums ? 1.0 / (count[0] > 1.0 ? count[0] : 1.0) : 0.0;', 0):
         _AT_EQUALITY,
-    ('syncbn.cu', 'bound_off_by_one', 'if (total < INDEX32_LIMIT)' + ' ' * 61 + '\\', 0):
+    ('norm.cu', 'bound_off_by_one', 'if (total < INDEX32_LIMIT)' + ' ' * 61 + '\\', 0):
         'at total = 2^31 the 32-bit path still holds every index (< 2^31), and with the launch '
         "shape's stride every sum of index and stride",
-    ('syncbn.cu', 'narrow_index', 'constexpr i64 INDEX32_LIMIT = (i64)1 << 31;', 0):
+    ('norm.cu', 'narrow_index', 'constexpr i64 INDEX32_LIMIT = (i64)1 << 31;', 0):
         'the limit becomes -2^31, so every size takes the 64-bit index path: the same values',
-    ('softmax_loss.cu', 'bound_off_by_one', 'top = v > top ? v : top;', 0): _AT_EQUALITY,
-    ('softmax_loss.cu', 'bound_off_by_one',
+    ('loss.cu', 'bound_off_by_one', 'top = v > top ? v : top;', 0): _AT_EQUALITY,
+    ('loss.cu', 'bound_off_by_one',
      'loss[t] = -log_acc(pl > (A)FLT_MIN_VALUE ? pl : (A)FLT_MIN_VALUE);', 0): _AT_EQUALITY,
 }
 

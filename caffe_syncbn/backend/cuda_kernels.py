@@ -1,6 +1,6 @@
 """Loads the CUDA kernels of the ``cuda/`` folder by name, compiled once per process.
 
-``kernel('syncbn', 'syncbn_normalize_f32')`` returns a ``cupy.RawKernel``-like function that
+``kernel('norm', 'syncbn_normalize_f32')`` returns a ``cupy.RawKernel``-like function that
 is called as ``fn(grid, block, args)``. Kernel names carry a dtype suffix (``_f16``, ``_f32``,
 ``_f64``); ``typed_kernel(stem, base, dtype)`` adds it.
 

@@ -3,8 +3,8 @@
 CuPy is imported when a GPU is first asked for, so the CPU package never needs it.
 ``CupyStreams`` is what the device communicators need of a GPU (comm/same_device.py,
 comm/nccl.py): the calling thread's current stream, events recorded on one stream and
-waited on by another, the rank-ordered sum of buffers and a copy (cuda/reduce.cu),
-buffers and pointers. The tests' HostStreams (tests/host_streams.py) is its CPU stand-in.
+waited on by another, the rank-ordered sum of buffers and a copy (cuda/comm_sum.cu),
+buffers and pointers. The tests' HostStreams (tests/helpers/host_streams.py) is its CPU stand-in.
 """
 from . import cuda_kernels
 from .launch import BLOCK, grid_1d, i32, i64, vector_width
@@ -138,7 +138,7 @@ def launch_sum(out, arrays):
     """Enqueue ``out = ((a0 + a1) + a2) + ...`` (flat, contiguous) on the current stream:
     reduce_sum8 launches of up to 8 buffers, each after the first adding onto ``out``."""
     n = out.size
-    fn = cuda_kernels.typed_kernel('reduce', 'reduce_sum8', out.dtype)
+    fn = cuda_kernels.typed_kernel('comm_sum', 'reduce_sum8', out.dtype)
     for start in range(0, len(arrays), REDUCE_FAN_IN):
         chunk = [a.reshape(-1) for a in arrays[start:start + REDUCE_FAN_IN]]
         unused = [out] * (REDUCE_FAN_IN - len(chunk))       # ignored by the kernel
@@ -149,5 +149,5 @@ def launch_sum(out, arrays):
 def launch_copy(dst, src):
     """Enqueue ``dst[:] = src`` (flat, contiguous, same dtype) on the current stream."""
     n = dst.size
-    fn = cuda_kernels.typed_kernel('reduce', 'reduce_copy', dst.dtype)
+    fn = cuda_kernels.typed_kernel('comm_sum', 'reduce_copy', dst.dtype)
     fn(grid_1d(-(-n // vector_width(dst.dtype))), (BLOCK,), (src, dst, i64(n)))

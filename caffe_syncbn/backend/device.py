@@ -4,7 +4,7 @@ A ``Device`` is a kind and an index, ``Device('gpu', 1)``, written ``gpu:1``. Wh
 can do is its runtime, found by kind name in ``RUNTIMES``: ``HostRuntime`` for 'cpu'
 (numpy arrays; work is done when it is called) and ``CudaRuntime`` (cuda_runtime.py) for
 'gpu'. The tests put a CPU emulation of the CUDA runtime under 'gpu' to run the GPU path
-without a GPU (tests/emulated_gpu.py), so nothing above this floor asks which it has.
+without a GPU (tests/helpers/emulated_gpu.py), so nothing above this floor asks which it has.
 
 A runtime answers:
 

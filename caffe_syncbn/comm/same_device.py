@@ -10,7 +10,7 @@ Each replica works on its own stream. An allreduce of a device buffer:
 3. the last member to arrive makes member 0's stream wait on every member's event (and
    on every member's last copy-out, so that the scratch is free), and enqueues there the
    sum of the R buffers, in rank order (((b0 + b1) + b2) + ...), into the group's scratch
-   buffer (cuda/reduce.cu), then records a "done" event;
+   buffer (cuda/comm_sum.cu), then records a "done" event;
 4. every member's stream waits on "done", copies the scratch into its buffer and records
    a "copied" event.
 

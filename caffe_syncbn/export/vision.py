@@ -18,7 +18,7 @@ def _overhang(size, kernel, stride, pad, out):
 
 
 def _pool(n, x, pool, with_mask=False):
-    """One Caffe 2-D pooling (a layers.pooling.Pool2d) of tensor x; (top, mask or None)."""
+    """One Caffe 2-D pooling (a layers.pooling.array.Pool2d) of tensor x; (top, mask or None)."""
     kernel, stride, pad = list(pool.kernel), list(pool.stride), list(pool.pad)
     ends = [_overhang(*geometry) for geometry in
             zip(pool.in_hw, kernel, stride, pad, pool.out_hw)]

@@ -23,7 +23,7 @@ from make_shapes import make_dataset  # noqa: E402
 
 import caffe_syncbn as caffe  # noqa: E402
 from caffe_syncbn import caffe_pb2  # noqa: E402
-from caffe_syncbn.layers.boxes import detection_map  # noqa: E402
+from caffe_syncbn.layers.detection.boxes import detection_map  # noqa: E402
 from caffe_syncbn.netparam.prototxt import parse_text  # noqa: E402
 from caffe_syncbn.netparam.upgrade import load_net_param  # noqa: E402
 from caffe_syncbn import get_solver  # noqa: E402

@@ -1,5 +1,6 @@
-"""The layer kernels of cuda/ on a real GPU, against the CPU layers (the same cases as
-tests/test_cuda_emulated_layers.py, on CuPy arrays), plus the same-device reduction."""
+"""The layer kernels of cuda/ on a real GPU, against the CPU layers (the geometries the
+emulated kernels run in tests/layers, helpers/layer_cases.py), plus the same-device
+reduction. The layer tests of tests/layers run on the GPU too (their engine fixture)."""
 import numpy as np
 import pytest
 from gpu_support import require_gpu
@@ -7,14 +8,17 @@ from gpu_support import require_gpu
 cupy = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from test_cuda_emulated_layers import GEOMETRIES, POOLS  # noqa: E402
+from helpers.layer_cases import IM2COL, POOLS  # noqa: E402
 
 from caffe_syncbn.blob import Blob  # noqa: E402
 from caffe_syncbn.backend.cuda_runtime import launch_copy, launch_sum  # noqa: E402
 from caffe_syncbn.layer import TRAIN, LayerContext, create_layer  # noqa: E402
-from caffe_syncbn.layers import (conv_gpu as im2col_gpu, im2col as cpu_im2col,  # noqa: E402
-                                 interp_gpu, loss_gpu as softmax_loss_gpu, lrn_gpu, pooling_gpu)
-from caffe_syncbn.layers.pooling import Pool2d  # noqa: E402
+from caffe_syncbn.layers.conv import array as cpu_im2col, gpu as im2col_gpu  # noqa: E402
+from caffe_syncbn.layers.interp import gpu as interp_gpu  # noqa: E402
+from caffe_syncbn.layers.loss import gpu as softmax_loss_gpu  # noqa: E402
+from caffe_syncbn.layers.lrn import gpu as lrn_gpu  # noqa: E402
+from caffe_syncbn.layers.pooling import gpu as pooling_gpu  # noqa: E402
+from caffe_syncbn.layers.pooling.array import Pool2d  # noqa: E402
 from caffe_syncbn.testing import build_layer, layer_param  # noqa: E402
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 1e-2}
@@ -26,7 +30,7 @@ def close(actual, expected, dtype, what=''):
                                atol=TOL[dtype], err_msg=what)
 
 
-@pytest.mark.parametrize('kernel,pad,stride,dilation,spatial', GEOMETRIES)
+@pytest.mark.parametrize('kernel,pad,stride,dilation,spatial', IM2COL)
 @pytest.mark.parametrize('dtype', [np.float32, np.float64, np.float16])
 def test_im2col(kernel, pad, stride, dilation, spatial, dtype):
     x = np.random.RandomState(0).standard_normal((2, 3) + spatial).astype(dtype)
@@ -42,12 +46,15 @@ def test_pooling(method, in_hw, kernel, stride, pad, ceil):
     x = np.random.RandomState(2).standard_normal((2, 3) + in_hw).astype(np.float32)
     cpu_pool = Pool2d(method, in_hw, kernel, stride, pad, ceil, ValueError)
     gpu_pool = Pool2d(method, in_hw, kernel, stride, pad, ceil, ValueError)
-    y = pooling_gpu.forward(gpu_pool, cupy.asarray(x))
+    y = cupy.empty(x.shape[:2] + gpu_pool.out_hw, np.float32)
+    pooling_gpu.forward(gpu_pool, cupy.asarray(x), TRAIN, None, y)
     close(y, cpu_pool.forward(x, TRAIN, None), np.float32)
     if method == 'MAX':
-        np.testing.assert_array_equal(cupy.asnumpy(gpu_pool.mask()), cpu_pool.mask())
+        np.testing.assert_array_equal(cupy.asnumpy(pooling_gpu.mask(gpu_pool)), cpu_pool.index)
     dy = np.random.RandomState(3).standard_normal(y.shape).astype(np.float32)
-    close(pooling_gpu.backward(gpu_pool, cupy.asarray(dy)), cpu_pool.backward(dy, TRAIN), np.float32)
+    dx = cupy.empty(x.shape, np.float32)
+    pooling_gpu.backward(gpu_pool, cupy.asarray(dy), TRAIN, dx)
+    close(dx, cpu_pool.backward(dy, TRAIN), np.float32)
 
 
 def gpu_layer(text, arrays, dtype):

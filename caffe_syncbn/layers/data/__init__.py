@@ -1,0 +1,4 @@
+"""Data layers: Input, DummyData, HDF5Data and HDF5Output (layers.py); Data, ImageData and
+MemoryData (image_data.py); the segmentation forks' SegData (seg_data.py); SSD's
+AnnotatedData (annotated_data.py). HDF5Output writes rather than reads, and lives here as
+Caffe has it beside HDF5Data."""

@@ -1,0 +1,4 @@
+"""SSD's detection layers: PriorBox, DetectionOutput, DetectionEvaluate (layers.py) and
+MultiBoxLoss with its matching and mining (multibox_loss.py, multibox_match.py). MultiBoxLoss
+is a loss, but it lives here: it decodes and matches boxes with the same engines as
+DetectionOutput, boxes.py on the host and gpu.py (cuda/detection.cu)."""

@@ -1,0 +1,2 @@
+"""Interp (PSPNet's fork): bilinear resizing, with the CUDA kernels in gpu.py
+(cuda/interp.cu)."""

@@ -1,0 +1,1 @@
+"""Recurrent layers: LSTMUnit, LSTM and RNN."""

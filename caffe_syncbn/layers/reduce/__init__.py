@@ -1,0 +1,1 @@
+"""ArgMax and Reduction: layers that reduce axes of their bottom."""

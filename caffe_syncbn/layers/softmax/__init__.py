@@ -1,0 +1,1 @@
+"""Softmax. SoftmaxWithLoss is in the loss family."""
