@@ -28,7 +28,6 @@ import collections
 import numpy as np
 
 from .blob import address_of, out_of_memory, storage_of
-from .errors import CaffeError, quote
 
 #: every block starts at a multiple of this many bytes: aligned for vector loads on the
 #: host and for CuPy's kernels

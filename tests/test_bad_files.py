@@ -21,6 +21,7 @@ from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.atomic import atomic_write, remove_stale_temporaries
 from caffe_syncbn.pycaffe.caffe import get_solver
 
+from helpers.messages import error_of, one_line
 from helpers.paths import GOLDEN, ROOT, require
 
 
@@ -37,22 +38,9 @@ def worker():
     worker.close()
 
 
-def one_line(message, *names):
-    assert '\n' not in message and len(message) <= 300, message
-    for name in names:
-        assert str(name) in message, (name, message)
-    return message
-
-
 def write(path, text):
     path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     return str(path)
-
-
-def error_of(function, *args, **kwargs):
-    with pytest.raises(CaffeError) as info:
-        function(*args, **kwargs)
-    return str(info.value)
 
 
 # ---- LMDB: no crash from a file -------------------------------------------------------------

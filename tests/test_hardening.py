@@ -19,11 +19,11 @@ import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.data.datum import array_to_datum, write_lmdb
 from caffe_syncbn.data.image_size import image_size
-from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats import mapped
 from caffe_syncbn.formats.atomic import atomic_write
 from caffe_syncbn.formats.caffemodel import read_weights
 
+from helpers.messages import error_of, one_line
 from helpers.paths import GOLDEN, ROOT, require
 
 
@@ -31,19 +31,6 @@ from helpers.paths import GOLDEN, ROOT, require
 def tmp_path():
     with short_folder() as folder:
         yield folder
-
-
-def one_line(message, *names):
-    assert '\n' not in message and len(message) <= 300, message
-    for name in names:
-        assert str(name) in message, (name, message)
-    return message
-
-
-def error_of(function, *args, **kwargs):
-    with pytest.raises(CaffeError) as info:
-        function(*args, **kwargs)
-    return str(info.value)
 
 
 def write(path, text):

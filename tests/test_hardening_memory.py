@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
 
-import caffe_syncbn as caffe
-
 from helpers import watchdog
 from helpers.paths import ROOT
 

@@ -19,12 +19,12 @@ import caffe_syncbn as caffe
 from caffe_syncbn.blob import checked_shape, memory_limit
 from caffe_syncbn.data.datum import array_to_datum, write_lmdb
 from caffe_syncbn.data.lmdbfile import LMDBFile
-from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.caffemodel import read_weights
 from caffe_syncbn.netparam.inputs import swap_data_layers_for_inputs
 from caffe_syncbn.netparam.upgrade import load_net_param
 from caffe_syncbn.pycaffe.caffe import get_solver
 
+from helpers.messages import error_of, one_line
 from helpers.paths import ROOT
 
 #: generous: a hang is the failure these bounds catch, and a loaded machine is no hang
@@ -49,19 +49,6 @@ def worker():
     worker = Worker(limit=TIMEOUT)
     yield worker
     worker.close()
-
-
-def one_line(message, *names):
-    assert '\n' not in message and len(message) <= 300, message
-    for name in names:
-        assert str(name) in message, (name, message)
-    return message
-
-
-def error_of(function, *args, **kwargs):
-    with pytest.raises(CaffeError) as info:
-        function(*args, **kwargs)
-    return str(info.value)
 
 
 # ---- HDF5 files that read other files -----------------------------------------------------------

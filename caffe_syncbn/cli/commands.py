@@ -31,7 +31,6 @@ from ..errors import CaffeError
 from ..formats.regular import require_regular
 from ..glog import setup_logging
 from ..memory_planner import DEFAULT_PLAN, MEMORY_PLANS, describe_plans
-from ..netparam.solver_param import load_solver_param
 from ..netparam.upgrade import load_net_param
 from ..netparam.upgrade_file import upgrade_file
 from ..pycaffe.draw import draw_net_to_file

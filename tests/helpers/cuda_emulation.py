@@ -35,7 +35,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from helpers import cuda_signatures

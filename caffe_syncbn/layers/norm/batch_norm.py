@@ -55,7 +55,6 @@ an engine's (array.py says what one does), chosen once at setup: the CUDA kernel
 """
 import numpy as np
 
-from ... import caffe_pb2
 from ...layer import TEST, Layer, register
 from ...syncbn_policy import keeps_sums
 from . import array, gpu, host
