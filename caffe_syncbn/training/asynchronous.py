@@ -192,7 +192,7 @@ class Asynchronous:
         return float(np.mean(self.holder.losses)) if self.holder.losses else float('nan')
 
     def skipped_statistics(self):
-        """None: asynchronous training refuses SyncBN (syncbn_policy.check_asynchronous)."""
+        """None skipped: asynchronous training refuses SyncBN (syncbn_policy.check_asynchronous)."""
         return {}
 
     def update(self, rate):
