@@ -7,9 +7,10 @@ are the gradient of one device on the whole batch; every replica applies the sam
 The replicas' losses and the counts of the SyncBN updates they skipped (non-finite batch
 statistics) are summed over every replica in one collective.
 It is a strategy of the solver (see solver.py): ``forward_backward_all``,
-``skipped_statistics``, ``forward_all``, ``update``; and, for the data-parallel solver, ``lockstep``, ``start``, ``train_net``,
-``broadcast_params``, ``after_restore``, ``follows_process_0``, ``close`` and ``stop``
-(``close`` without waiting: for a solver collected without ``close()``).
+``skipped_statistics``, ``forward_all``, ``update``; and, for the data-parallel solver,
+``lockstep``, ``start``, ``train_net``, ``broadcast_params``, ``after_restore``,
+``follows_process_0``, ``close`` and ``stop`` (``close`` without waiting: for a solver
+collected without ``close()``).
 """
 import weakref
 
