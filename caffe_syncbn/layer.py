@@ -67,6 +67,8 @@ class LayerContext:
     xp:     numpy or cupy
     dtype:  the float type of every blob
     comm:   the Communicator that joins the replicas of a data-parallel run (None alone)
+    group_comm: the Communicator of the replicas SyncBN layers share batch statistics with:
+            ``comm`` itself, unless sync_bn_group_size splits the replicas into groups
     rng:    this replica's numpy RandomState (dropout masks, data shuffling)
     feeder: the input pipeline's batch for this replica, for data layers (None outside a solver)
     cuda_kernels: layers that have a kernel in cuda/ run it (default: when xp is CuPy); the
@@ -74,16 +76,19 @@ class LayerContext:
     """
 
     def __init__(self, phase=TRAIN, xp=np, dtype=np.float32, comm=None, rng=None, feeder=None,
-                 cuda_kernels=None):
+                 cuda_kernels=None, group_comm=None):
         self.phase = phase
         self.xp = xp
         self.cuda_kernels = xp is not np if cuda_kernels is None else cuda_kernels
         self.dtype = np.dtype(dtype)
         self.comm = comm
+        self.group_comm = group_comm if group_comm is not None else comm
         self.rng = rng if rng is not None else np.random.RandomState()
         self.feeder = feeder
         #: the device checks of this pass (check_later) that the Net has not read yet
         self.pending_checks = []
+        #: the device values of this pass (read_later) that the Net has not read yet
+        self.pending_reads = []
 
     @property
     def replicas(self):
@@ -98,6 +103,15 @@ class LayerContext:
                 raise layer.error(message())
             return
         self.pending_checks.append((failed, layer, message))
+
+    def read_later(self, value, receive):
+        """``receive(value)`` with the host copy of a 0-d ``value``: at once for a host value;
+        for a device's, when the Net reads the pass's loss, in that one read (a layer's
+        count of what it did on the device, such as a skipped update)."""
+        if get_array_module(value) is np:
+            receive(value)
+            return
+        self.pending_reads.append((value, receive))
 
 
 class BlobVec(list):
@@ -238,6 +252,11 @@ class Layer:
         """The host copy of what ``before_pass`` returned, before the pass's forward."""
 
     # ---- what a layer's own steps use ---------------------------------------------------
+    #: the running-statistics updates this layer skipped because the statistics of its
+    #: batch were not finite (SyncBN), counted as the passes are read; the solver takes
+    #: and reports them (training/solver_checks.py)
+    skipped_statistics = 0
+
     def wants_param_gradient(self, index):
         """Whether learnable blob ``index`` gets a gradient (the Net turns it off for
         lr_mult 0; a layer built outside a Net has no flags and wants them all)."""

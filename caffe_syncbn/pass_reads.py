@@ -1,7 +1,7 @@
 """What a Net's pass reads of its device: on a GPU each read waits for the device's queue,
 so a pass reads twice at most, whatever its depth. Before it, what the layers decide the
-pass by (Layer.before_pass), all at once; after it, the loss with every check the layers
-left for it (LayerContext.check_later)."""
+pass by (Layer.before_pass), all at once; after it, the loss with every check and value the
+layers left for it (LayerContext.check_later, read_later)."""
 import numpy as np
 
 from .backend import to_numpy
@@ -21,15 +21,19 @@ def decide_before_pass(layers, xp):
 
 
 def read_pass(context, loss):
-    """The pass's loss as a float, and its layers' checks, in one read of the device;
+    """The pass's loss as a float, its layers' checks and the values they read later
+    (LayerContext.read_later), in one read of the device; hands those values over, then
     raises the first check that failed."""
-    checks = context.pending_checks
-    if not checks and isinstance(loss, float):     # numpy's float64 is a float
+    checks, reads = context.pending_checks, context.pending_reads
+    if not checks and not reads and isinstance(loss, float):     # numpy's float64 is a float
         return float(loss)
     xp = context.xp
     values = to_numpy(xp.stack([xp.asarray(loss, dtype=np.float64)] +
-                               [failed.astype(np.float64) for failed, _, _ in checks]))
-    context.pending_checks = []
+                               [failed.astype(np.float64) for failed, _, _ in checks] +
+                               [value.astype(np.float64) for value, _ in reads]))
+    context.pending_checks, context.pending_reads = [], []
+    for (_, receive), value in zip(reads, values[1 + len(checks):]):
+        receive(value)
     for (_, layer, message), failed in zip(checks, values[1:]):
         if failed:
             raise layer.error(message())

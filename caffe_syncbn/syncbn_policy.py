@@ -23,6 +23,11 @@ number of replicas (``loss_normalizer``), so that the solver's average of the re
 gradients is the gradient of one device on the whole batch. SyncBN's param diffs are
 sums over the local batch, as every layer's, and come out right through it.
 
+Groups: under -sync_bn_group_size K, SyncBN layers share batch statistics within groups
+of K consecutive replicas (comm/groups.py: which replicas form each, and where they run);
+the loss normalizer and the gradients still span every replica. ``group_lines`` says in
+the start log which replicas form each group and what each iteration exchanges.
+
 Asynchronous training refuses SyncBN, by -sync_bn or in the prototxt: SyncBN normalizes
 with the statistics of all replicas in the same step, and asynchronous replicas take no
 steps together.
@@ -91,9 +96,13 @@ def loss_normalizer(comm, local_count):
     return xp.maximum(count[0], 1.0) / size
 
 
-def check_asynchronous(sync_bn=False, layers=()):
-    """Refuse asynchronous training with -sync_bn, or of a net with SyncBN ``layers``
-    (anything with a type and a name), in one line that says why."""
+def check_asynchronous(sync_bn=False, layers=(), group_size=None):
+    """Refuse asynchronous training with -sync_bn or -sync_bn_group_size, or of a net with
+    SyncBN ``layers`` (anything with a type and a name), in one line that says why."""
+    if group_size is not None:
+        raise CaffeError('-async cannot run with -sync_bn_group_size: groups share SyncBN '
+                         'statistics in the same step, and asynchronous replicas take no '
+                         'steps together')
     if sync_bn:
         raise CaffeError('-async cannot run with -sync_bn: SyncBN normalizes with the '
                          'statistics of all replicas in the same step, and asynchronous '
@@ -106,10 +115,11 @@ def check_asynchronous(sync_bn=False, layers=()):
                          % ', '.join(names))
 
 
-def start_lines(net_param, units):
+def start_lines(net_param, units, grouped=False):
     """What the start log says of -sync_bn on ``net_param``, whose norm units are ``units``
     (weights/norm_forms.norm_units): what runs as SyncBN, how their running statistics
-    accumulate, and which keep frozen statistics, as (logging level, line) pairs."""
+    accumulate (``grouped``: of each group's batch, -sync_bn_group_size), and which keep
+    frozen statistics, as (logging level, line) pairs."""
     if not units:
         return [(logging.WARNING, "--sync-bn: net '%s' has no BatchNorm or BN layer; nothing "
                                   'is synchronized' % net_param.name)]
@@ -123,11 +133,50 @@ def start_lines(net_param, units):
     sums = sum(u.keeps_sums for u in units)
     conventions = [("%d as BatchNorm's sums (moving_average_fraction)" % sums, sums),
                    ('%d as a momentum average' % (len(units) - sums), len(units) - sums)]
-    lines.append((logging.INFO, '--sync-bn: running statistics of the global batch, kept %s'
-                  % ' and '.join(text for text, n in conventions if n)))
+    lines.append((logging.INFO, '--sync-bn: running statistics of the %s, kept %s'
+                  % ("batch of each replica's group" if grouped else 'global batch',
+                     ' and '.join(text for text, n in conventions if n))))
     frozen = [u.name for u in units if is_frozen(net_param.layer[u.index])]
     if frozen:
         lines.append((logging.INFO, '--sync-bn: %d of them keep their running statistics '
                                     '(use_global_stats: true or frozen: true), as frozen '
                                     'SyncBN: %s' % (len(frozen), ', '.join(frozen))))
+    return lines
+
+
+def group_lines(shared, group_size, total, placement, crossing=()):
+    """What the start log says of the groups SyncBN layers share statistics in, as (logging
+    level, line) pairs: ``shared`` holds (channels, whether its backward runs) of each
+    SyncBN layer that takes batch statistics, ``placement`` a line per group (Groups.
+    describe; none when the replicas form one group) and ``crossing`` the groups that span
+    nodes. Per layer and iteration a replica sends 1 + 2C float64 forward and 2C backward
+    to the others of its group (as many back)."""
+    if not shared and placement:
+        return [(logging.WARNING, 'sync_bn_group_size %d: the train net has no SyncBN layer '
+                                  'that takes batch statistics (-sync_bn makes them); nothing '
+                                  'is grouped' % group_size)]
+    if not shared or total == 1:
+        return []
+    buffers = sum(1 + backward for _, backward in shared)
+    sent = 8 * sum(1 + 2 * channels + (2 * channels if backward else 0)
+                   for channels, backward in shared)
+    if group_size == 1:
+        lines = [(logging.INFO, 'SyncBN: sync_bn_group_size 1: each of the %d replicas keeps '
+                                'the statistics of its own batch (per-device batch norm); '
+                                'nothing is exchanged for the %d SyncBN layer(s)'
+                  % (total, len(shared)))]
+    else:
+        others = '%d other replica%s' % (group_size - 1, 's' if group_size > 2 else '')
+        lines = [(logging.INFO, 'SyncBN: %d layer(s) share batch statistics over %s; per '
+                                'iteration each replica reduces %d buffers, %s, with %s'
+                  % (len(shared), 'groups of %d replicas' % group_size if placement else
+                     'all %d replicas' % total, buffers,
+                     '%d bytes' % sent if sent < 10000 else '%.1f KB' % (sent / 1e3),
+                     'the %s of its group' % others if placement else 'the %s' % others))]
+    lines += [(logging.INFO, 'SyncBN %s' % line) for line in placement if group_size > 1]
+    if crossing:
+        lines.append((logging.WARNING, 'SyncBN: group(s) %s span several nodes, so their '
+                                       'statistics cross the network; a sync_bn_group_size '
+                                       'that divides the replicas of each node keeps every '
+                                       'group within one' % ', '.join(map(str, crossing))))
     return lines

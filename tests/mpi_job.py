@@ -1,8 +1,8 @@
 """Checks that run inside an MPI job; tests/test_mpi.py launches them and reads what they
 write. Several checks share one launch, because starting an MPI job on 2 cores is slow.
 
-    mpiexec -n 2 python tests/mpi_job.py OUT equivalence pipelines nccl async prefix
-    mpiexec -n 2 python tests/mpi_job.py OUT fault SOLVER     (FAULT=raise|kill|stop, ...)
+    mpiexec -n 2 python tests/mpi_job.py OUT equivalence groups pipelines nccl async prefix
+    mpiexec -n 2 python tests/mpi_job.py OUT fault SOLVER     (FAULT=raise|kill|stop|skip, ...)
 
 Each check writes OUT/<check>-rank<r>.npz; process 0 also writes the references that one
 process computes alone (link=None) in the same launch.
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from caffe_syncbn.backend import to_numpy  # noqa: E402
-from caffe_syncbn.comm.mpi import job_link  # noqa: E402
+from caffe_syncbn.comm.mpi import Channel, job_link  # noqa: E402
 from caffe_syncbn.training.data_parallel import DataParallelSolver  # noqa: E402
 
 STEPS = 4
@@ -79,6 +79,50 @@ def equivalence(out, link):
             np.savez(out / ('equivalence-%s-1x1.npz' % dtype),
                      **record_run('cpu:1', dtype, None, None))
         link.barrier()
+
+
+# ---- SyncBN in groups --------------------------------------------------------------------------
+GROUP_SIZE = 2
+
+
+def record_groups(devices, link):
+    """STEPS steps of the data-parallel test net with SyncBN in groups of GROUP_SIZE: every
+    local replica's learned params and running statistics, by global replica."""
+    from test_data_parallel import batches, solver_param
+    solver = DataParallelSolver(solver_param(), devices=devices, dtype='float64', link=link,
+                                sync_bn_group_size=GROUP_SIZE)
+    first = solver.replication.first
+    feed = iter(batches(STEPS, seed=5))
+    solver.set_data_source(lambda: next(feed))
+    solver.step(STEPS)
+    out = {}
+    for k, net in enumerate(solver.replicas):
+        for i, blob in enumerate(net.learnable_params):
+            out['%d/%d' % (first + k, i)] = to_numpy(blob.data).copy()
+    solver.close()
+    return out
+
+
+def groups(out, link):
+    """Groups of 2 replicas in 2 processes of 2 (each group within a process) or in 4 of 1
+    (each group two whole processes, over a link of their own); process 0 also computes 1
+    process of 4 in groups of 2. The messages each process sends for SyncBN's layer 'bn'
+    over MPI are counted (none where every group is within a process)."""
+    sent = []
+    for name in ('send', 'bcast', 'allgather_bytes'):
+        def counting(self, *args, _original=getattr(Channel, name), _name=name):
+            what = args[-1] if _name != 'allgather_bytes' else ''
+            sent.append((_name, what))
+            return _original(self, *args)
+        setattr(Channel, name, counting)
+    devices = os.environ.get('DEVICES_PER_PROCESS', '2')
+    mine = record_groups('cpu:' + devices, link)
+    mine['bn_messages'] = sum("'bn'" in what for _, what in sent)
+    mine['messages'] = len(sent)
+    np.savez(out / ('groups-rank%d.npz' % link.rank), **mine)
+    if link.rank == 0 and os.environ.get('REFERENCES', '1') == '1':
+        np.savez(out / 'groups-1x4.npz', **record_groups('cpu:4', None))
+    link.barrier()
 
 
 # ---- the input pipeline ----------------------------------------------------------------------
@@ -197,9 +241,11 @@ def asynchronous(out, link):
 # ---- faults ------------------------------------------------------------------------------------
 def fault(out, link, solver_path):
     """caffe-syncbn train on 2 replicas per process with a fault on one rank: FAULT is
-    raise, kill (SIGKILL) or stop (SIGSTOP); FAULT_WHERE is forward (in a collective),
-    reader (in the input pipeline) or snapshot (rank 0, halfway through the solverstate);
-    FAULT_RANK the process; FAULT_AT the call that fails."""
+    raise, kill (SIGKILL), stop (SIGSTOP) or skip (the replicas of FAULT_RANK skip the
+    allreduce of SyncBN layer FAULT_WHERE at their FAULT_AT-th forward, as a layer run on
+    some processes only); else FAULT_WHERE is forward (in a collective), reader (in the
+    input pipeline) or snapshot (rank 0, halfway through the solverstate); FAULT_RANK the
+    process; FAULT_AT the call that fails."""
     import caffe_syncbn.formats.solverstate as state
     import caffe_syncbn.training.snapshot_layout as snapshot_layout
     from caffe_syncbn.cli import main
@@ -224,7 +270,18 @@ def fault(out, link, solver_path):
             return original(self, *args, **kwargs)
         return wrapper
 
-    if where == 'forward':
+    if what == 'skip':
+        from caffe_syncbn.layers.norm.batch_norm import SyncBN
+        share, forwards = SyncBN.share, {}
+
+        def skipping(self, packed):
+            if self.name == where and packed.size % 2:        # a forward's 1 + 2C sums
+                forwards[id(self)] = forwards.get(id(self), 0) + 1
+                if mine and forwards[id(self)] == at:
+                    return None
+            return share(self, packed)
+        SyncBN.share = skipping
+    elif where == 'forward':
         Net.forward_backward = at_call(Net.forward_backward)
     elif where == 'reader':
         HDF5Reader.next_batch = at_call(HDF5Reader.next_batch)
@@ -298,7 +355,7 @@ def main():
     if checks[0] == 'uncaught':
         return uncaught(link)
     for check in checks:
-        {'equivalence': equivalence, 'pipelines': pipelines, 'nccl': nccl,
+        {'equivalence': equivalence, 'groups': groups, 'pipelines': pipelines, 'nccl': nccl,
          'async': asynchronous, 'prefix': prefix}[check](out, link)
     link.close()
 

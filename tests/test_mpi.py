@@ -78,7 +78,7 @@ def job(tmp_path_factory):
         pytest.skip("mpiexec not found: pip install '.[mpi]' (make test installs it)")
     out = tmp_path_factory.mktemp('mpi')
     data = pipeline_data(out / 'data')
-    result = launch(out, 'equivalence', 'pipelines', 'nccl', 'async', 'prefix',
+    result = launch(out, 'equivalence', 'groups', 'pipelines', 'nccl', 'async', 'prefix',
                     env={'PIPELINE_DATA': str(data)})
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -132,7 +132,11 @@ def test_two_processes_of_two_devices_equal_one_process_and_one_device(job, dtyp
 
 @needs_mpi
 def test_four_processes_of_one_device_equal_one_process_of_four(tmp_path, job):
-    result = launch(tmp_path, 'equivalence', processes=4,
+    """The same 4 replicas as 4 processes of 1: bitwise the numbers of 1 process of 4; and
+    in SyncBN groups of 2, each group two whole processes that exchange SyncBN's sums over
+    an MPI communicator of their own (MpiLink.split), bitwise those of 1 process in groups
+    of 2."""
+    result = launch(tmp_path, 'equivalence', 'groups', processes=4,
                     env={'DEVICES_PER_PROCESS': '1', 'REFERENCES': '0'})
     assert result.returncode == 0, result.stderr[-3000:]
     for dtype in ('float64', 'float32'):
@@ -140,6 +144,65 @@ def test_four_processes_of_one_device_equal_one_process_of_four(tmp_path, job):
         for rank in range(4):
             mine = load(tmp_path / ('equivalence-%s-rank%d.npz' % (dtype, rank)))
             assert max(max_differences(mine, four).values()) == 0.0
+    check_groups([load(tmp_path / ('groups-rank%d.npz' % r)) for r in range(4)], job)
+    assert all(int(load(tmp_path / ('groups-rank%d.npz' % r))['bn_messages']) > 0
+               for r in range(4))
+
+
+# ---- SyncBN in groups ----------------------------------------------------------------------------
+def check_groups(ranks, job):
+    """Every global replica's learned params of ``ranks`` (each process's groups-rank*.npz)
+    equal those of 1 process of 4 in the same groups, bitwise."""
+    reference = load(job / 'groups-1x4.npz')
+    seen = set()
+    for rank in ranks:
+        for key, value in rank.items():
+            if '/' in key:
+                assert np.array_equal(value, reference[key]), key
+                seen.add(key)
+    assert seen == set(reference)
+
+
+def test_groups_within_processes_exchange_nothing_for_syncbn_between_processes(job):
+    """2 processes of 2 replicas in SyncBN groups of 2: each group is the threads of one
+    process, so SyncBN's sums never touch MPI (the gradients still do), and every replica
+    ends bitwise as in 1 process of 4 in groups of 2."""
+    ranks = [load(job / ('groups-rank%d.npz' % r)) for r in range(2)]
+    check_groups(ranks, job)
+    assert [int(r['bn_messages']) for r in ranks] == [0, 0]
+    assert all(int(r['messages']) > 0 for r in ranks)
+
+
+TWO_NORMS = ('layer { name: "conv2" type: "Convolution" bottom: "conv" top: "conv2" '
+             'convolution_param { num_output: 4 kernel_size: 1 '
+             'weight_filler { type: "xavier" } } }\n'
+             'layer { name: "bn2" type: "BatchNorm" bottom: "conv2" top: "conv2" }\n'
+             'layer { name: "ip" type: "InnerProduct" bottom: "conv2"')
+
+
+@needs_mpi
+def test_a_process_that_skips_a_syncbn_layer_stops_every_process_naming_both_layers(tmp_path):
+    """Process 1's replicas skip the allreduce of SyncBN 'bn' at their third forward
+    (iteration 2), so their next collective is 'bn2''s: every process stops with one line
+    naming what each process called, and none waits for a timeout (the timeouts are set
+    far beyond what the watchdog lets the job take)."""
+    from test_train_net import make_job
+    solver = make_job(tmp_path / 'job', 2, max_iter=4)
+    net = tmp_path / 'job' / 'net.prototxt'
+    net.write_text(net.read_text().replace(
+        'layer { name: "ip" type: "InnerProduct" bottom: "conv"', TWO_NORMS))
+    result = launch(tmp_path, 'fault', solver, limit=30,
+                    env={'FAULT': 'skip', 'FAULT_WHERE': 'bn', 'FAULT_RANK': '1',
+                         'FAULT_AT': '3', 'CAFFE_SYNCBN_PEER_TIMEOUT': '3600',
+                         'CAFFE_SYNCBN_COLLECTIVE_TIMEOUT': '3600'})
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if 'error:' in line]
+    named = [line for line in lines if 'processes issued different collectives' in line]
+    assert named, result.stderr[-3000:]
+    for line in named:
+        assert "process 0 called allreduce 'bn' (float64, shape (9,)) at iteration 2" in line
+        assert "process 1 called allreduce 'bn2' (float64, shape (9,)) at iteration 2" in line
+    assert not any('timed out' in line or 'heartbeat' in line for line in lines)
 
 
 # ---- the input pipeline ------------------------------------------------------------------------
@@ -189,6 +252,9 @@ class ThreadLink:
     def bcast_bytes(self, payload, root=0):
         return self._exchange(payload)[root]
 
+    def allgather_bytes(self, payload):
+        return self._exchange(payload)
+
 
 def test_nccl_across_processes_sums_over_all_their_gpus():
     """Two "processes" (threads) of 2 GPUs each, through the fake NCCL and host streams:
@@ -222,6 +288,37 @@ def test_nccl_across_processes_sums_over_all_their_gpus():
     watchdog.join(threads, 'the collectives across processes')
     for array, copy in results:
         assert np.array_equal(array, np.full(5, 1111.0)) and np.array_equal(copy, np.full(3, 3.0))
+
+
+def test_nccl_across_processes_compares_each_call_first_and_names_both():
+    """Two "processes" of one GPU each: one issues allreduce 'bn1', the other 'bn2' of the
+    same shape, which NCCL would sum without a word. The records the processes exchange
+    first (rendezvous.compare_across) fail both, naming both calls."""
+    from helpers import fake_nccl
+
+    from caffe_syncbn.comm import CollectiveMismatch
+    from caffe_syncbn.comm.mpi import nccl_across_processes
+    board = {'values': [None, None], 'barrier': threading.Barrier(2)}
+    comms, errors = [None, None], [None, None]
+
+    def run(process):
+        comms[process] = nccl_across_processes(ThreadLink(board, process, 2), [process],
+                                               nccl=fake_nccl,
+                                               streams_for=lambda d: HostStreams())[0]
+        comms[process].iteration = 7
+        try:
+            comms[process].allreduce(np.ones(3), tag='bn%d' % (process + 1))
+        except CollectiveMismatch as exc:
+            errors[process] = str(exc)
+    threads = [threading.Thread(target=run, args=(p,)) for p in range(2)]
+    for t in threads:
+        t.start()
+    watchdog.join(threads, 'the processes')
+    for error in errors:
+        assert error is not None and error.startswith(
+            "processes issued different collectives at the same point (process 0 called "
+            "allreduce 'bn1' (float64, shape (3,)) at iteration 7; process 1 called allreduce "
+            "'bn2' (float64, shape (3,)) at iteration 7)"), error
 
 
 # ---- asynchronous updates across processes -------------------------------------------------------

@@ -82,6 +82,10 @@ def _parser(command):
                                                 "(they replace the solver's weights)")
         p.flag('snapshot', metavar='FILE', help='the solverstate to resume from')
         p.flag('sync_bn', action='store_true', help='run every BatchNorm(+Scale) and BN as SyncBN')
+        p.flag('sync_bn_group_size', type=positive_int('replicas'), metavar='K',
+               help='SyncBN shares batch statistics within groups of K consecutive replicas '
+                    '(1: per-device batch norm; default: all replicas); K divides the '
+                    'replicas (docs/syncbn.md)')
         p.add_argument('-async', dest='async_updates', action='store_true',
                        help='asynchronous updates: each replica updates the shared params '
                             'without waiting for the others (not with -sync_bn)')
@@ -191,7 +195,8 @@ def _train(args):
                         stages=args.stage, weights=weights if args.weights or args.snapshot
                         else None, mode='async' if args.async_updates else 'sync',
                         max_staleness=args.max_staleness, memory_plan=args.memory_plan or
-                        param.memory_plan or DEFAULT_PLAN['command'])
+                        param.memory_plan or DEFAULT_PLAN['command'],
+                        sync_bn_group_size=args.sync_bn_group_size)
     solver.nan_effect = args.nan_effect
     requests = None
     try:

@@ -3,7 +3,7 @@
 Every replica holds one member communicator of a group of ``size`` members and
 calls the same collectives in the same order. A collective carries a short
 ``tag`` naming its caller (a layer name, 'gradients', ...); members compare the
-op, tag, shape and dtype of each collective, and if they differ (a layer run on
+op, tag, shape, dtype and iteration of each collective, and if they differ (a layer run on
 only some replicas, collectives issued in different orders) EVERY member raises
 ``CollectiveMismatch`` naming what each replica called, instead of deadlocking.
 
@@ -56,6 +56,9 @@ class Communicator:
 
     size = 1
     rank = 0
+    #: the solver's iteration, set on every member before each pass (None outside a
+    #: solver): members compare it with each call, so one a whole iteration apart fails
+    iteration = None
 
     def allreduce(self, array, tag=None):
         """Sum ``array`` over all members, IN PLACE; every member gets bitwise the
@@ -84,6 +87,12 @@ class Communicator:
     def abort(self, exc):
         """Make every member's pending and future collectives raise CommAborted (cause: exc)."""
         raise NotImplementedError
+
+    def share_order_with(self, other):
+        """Run this member's collectives in one order with those of ``other``, a member of
+        another communicator on the same device (a SyncBN group's and all replicas'): where
+        the device runs collectives of its own (NCCL's kernels), two communicators that each
+        wait for their peers could otherwise wait on each other. Nothing to do elsewhere."""
 
     def close(self):
         """Release what this member holds for async collectives (helper threads)."""

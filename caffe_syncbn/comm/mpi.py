@@ -14,10 +14,16 @@ reductions may regroup a sum, so they are not used for it: the processes pass a 
 sum along in rank order (process p waits for the sum of the ranks before it, adds its own
 replicas' arrays in order and passes it on), and the last one broadcasts the total.
 
+**Mismatches.** Before each collective the processes exchange a record of the call (op,
+tag, shape, dtype, iteration; rendezvous.compare_across): a process that skipped a layer,
+ran another or is an iteration apart fails every process at once, with one line naming
+what each called. It costs one small non-blocking allgather per collective.
+
 **Faults.** An MPI call blocks for ever when a peer dies, so nothing here blocks in MPI
-once the link is up (counting the processes on each node, when it starts, is a blocking
-collective): every wait polls a non-blocking request and gives up when the local group
-failed, when the link failed, or at a deadline. A watchdog thread exchanges heartbeats with every other
+once the link is up (counting the processes on each node when it starts, and splitting off
+the communicators of groups that span processes, are blocking collectives): every wait
+polls a non-blocking request and gives up when the local group failed, when the link
+failed, or at a deadline. A watchdog thread exchanges heartbeats with every other
 process; a process silent for ``peer_timeout`` seconds (killed, out of memory, stopped)
 fails the link with a message naming it, every wait raises ``CommAborted``, and the job
 ends through ``abort_job`` (MPI_Abort), which the error path of the command calls after
@@ -37,7 +43,7 @@ import numpy as np
 from ..errors import CaffeError
 from .base import CommAborted
 from .nccl import NcclComm, nccl_module
-from .rendezvous import DEFAULT_TIMEOUT, Call, Group, GroupMember
+from .rendezvous import DEFAULT_TIMEOUT, Call, Group, GroupMember, compare_across
 
 #: how often a process tells the others it is alive, and how long a silence may last
 HEARTBEAT_SECONDS = 1.0
@@ -95,7 +101,58 @@ def _abort_after(report, link, kind, value, traceback):
     link.abort_job(1)
 
 
-class MpiLink:
+class Channel:
+    """MPI point-to-point and collectives over one MPI communicator (``comm``) that never
+    block for ever: every wait polls through ``wait`` (MpiLink's: see the module
+    docstring). ``rank`` and ``size`` are this process's place in ``comm``."""
+
+    def send(self, array, dest, what):
+        self.wait(self.comm.Isend(array, dest=dest, tag=_CHAIN), what)
+
+    def recv(self, array, source, what):
+        self.wait(self.comm.Irecv(array, source=source, tag=_CHAIN), what)
+
+    def bcast(self, array, root, what):
+        self.wait(self.comm.Ibcast(array, root=root), what)
+
+    def barrier(self, what='barrier'):
+        self.wait(self.comm.Ibarrier(), what)
+
+    def send_object(self, value, dest, tag, what):
+        """Send a picklable ``value`` (arrays and all) to process ``dest``."""
+        self.wait(self.comm.isend(value, dest=dest, tag=tag), what)
+
+    def recv_object(self, source, tag, what):
+        """The next value process ``source`` sent with ``tag``."""
+        self.poll(lambda: self.comm.Iprobe(source=source, tag=tag), what)
+        return self.comm.recv(source=source, tag=tag)
+
+    def allgather(self, value):
+        """Every process's ``value`` (an int), in rank order."""
+        values = np.zeros(self.size, np.int64)
+        self.wait(self.comm.Iallgather(np.array([value], np.int64), values), 'allgather')
+        return [int(v) for v in values]
+
+    def allgather_bytes(self, payload):
+        """Every process's ``payload`` (bytes, of one length in every process), in rank
+        order: rendezvous.compare_across's exchange of the calls' records."""
+        size = len(payload)
+        gathered = np.empty(self.size * size, np.uint8)
+        self.wait(self.comm.Iallgather(np.frombuffer(payload, np.uint8), gathered),
+                  'the comparison of the collectives')
+        return [gathered[p * size:(p + 1) * size].tobytes() for p in range(self.size)]
+
+    def bcast_bytes(self, payload, root=0):
+        """``payload`` (bytes) of process ``root``, on every process."""
+        length = np.array([len(payload) if self.rank == root else 0], np.int64)
+        self.bcast(length, root, 'broadcast of a length')
+        buffer = np.frombuffer(payload, np.uint8).copy() if self.rank == root \
+            else np.empty(int(length[0]), np.uint8)
+        self.bcast(buffer, root, 'broadcast of bytes')
+        return buffer.tobytes()
+
+
+class MpiLink(Channel):
     """This process in the job: MPI point-to-point and collectives that never block for
     ever (see the module docstring), the heartbeat watchdog and the end of the job."""
 
@@ -122,9 +179,10 @@ class MpiLink:
     def wait(self, request, what):
         """Poll ``request`` until it completes; raise CommAborted when the link fails or
         after ``timeout`` seconds."""
-        self._poll(request.Test, what)
+        self.poll(request.Test, what)
 
-    def _poll(self, done, what):
+    def poll(self, done, what):
+        """Return once ``done()`` holds; raise as ``wait`` does."""
         start = time.monotonic()
         spin_until, deadline = start + self.spin, start + self.timeout
         pause = 0.0
@@ -141,27 +199,7 @@ class MpiLink:
             time.sleep(pause)
             pause = min(0.0005, pause + 0.00005)
 
-    def send(self, array, dest, what):
-        self.wait(self.comm.Isend(array, dest=dest, tag=_CHAIN), what)
-
-    def recv(self, array, source, what):
-        self.wait(self.comm.Irecv(array, source=source, tag=_CHAIN), what)
-
-    def bcast(self, array, root, what):
-        self.wait(self.comm.Ibcast(array, root=root), what)
-
-    def barrier(self, what='barrier'):
-        self.wait(self.comm.Ibarrier(), what)
-
-    def send_object(self, value, dest, tag, what):
-        """Send a picklable ``value`` (arrays and all) to process ``dest``."""
-        self.wait(self.comm.isend(value, dest=dest, tag=tag), what)
-
-    def recv_object(self, source, tag, what):
-        """The next value process ``source`` sent with ``tag``."""
-        self._poll(lambda: self.comm.Iprobe(source=source, tag=tag), what)
-        return self.comm.recv(source=source, tag=tag)
-
+    # ---- where the processes are -----------------------------------------------------------
     def processes_on_this_node(self):
         """How many processes of the job share this machine (MPI_COMM_TYPE_SHARED)."""
         node = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
@@ -170,20 +208,24 @@ class MpiLink:
         finally:
             node.Free()
 
-    def allgather(self, value):
-        """Every process's ``value`` (an int), in rank order."""
-        values = np.zeros(self.size, np.int64)
-        self.wait(self.comm.Iallgather(np.array([value], np.int64), values), 'allgather')
-        return [int(v) for v in values]
+    def nodes(self):
+        """The node (machine) of each process, numbered 0, 1, ... in the order of their first
+        process; a collective of every process (blocking, as the link's start)."""
+        node = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
+        try:
+            first = node.bcast(self.rank, root=0)
+        finally:
+            node.Free()
+        firsts = self.allgather(first)
+        order = sorted(set(firsts))
+        return [order.index(f) for f in firsts]
 
-    def bcast_bytes(self, payload, root=0):
-        """``payload`` (bytes) of process ``root``, on every process."""
-        length = np.array([len(payload) if self.rank == root else 0], np.int64)
-        self.bcast(length, root, 'broadcast of a length')
-        buffer = np.frombuffer(payload, np.uint8).copy() if self.rank == root \
-            else np.empty(int(length[0]), np.uint8)
-        self.bcast(buffer, root, 'broadcast of bytes')
-        return buffer.tobytes()
+    def split(self, color):
+        """A SubLink over the processes that give the same ``color`` (None: this process
+        joins none, and gets None); a collective of every process (blocking, as MPI's
+        Comm_split), so every process calls it at the same point."""
+        comm = self.comm.Split(self.MPI.UNDEFINED if color is None else int(color), self.rank)
+        return None if comm == self.MPI.COMM_NULL else SubLink(self, comm)
 
     # ---- failure -------------------------------------------------------------------------------
     def fail(self, message):
@@ -244,6 +286,22 @@ class MpiLink:
         self._watchdog.join(5.0)
 
 
+class SubLink(Channel):
+    """Some processes of the job (MpiLink.split), over an MPI communicator of their own:
+    what a communicator of a group of replicas that spans processes needs (a SyncBN group,
+    comm/groups.py). Its waits are its link's: they give up when the link fails."""
+
+    def __init__(self, link, comm):
+        self.link, self.comm = link, comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+
+    def wait(self, request, what):
+        self.link.wait(request, what)
+
+    def poll(self, done, what):
+        self.link.poll(done, what)
+
+
 @contextlib.contextmanager
 def ending_job_on_error(link, report):
     """Run the body; if it raises in a job of several processes, ``report(exc)`` (the
@@ -276,8 +334,10 @@ class _Processes:
 
 class ProcessGroupComm(GroupMember):
     """One replica of a group that spans processes: the threads inside a process meet
-    (rendezvous.py), and the last to arrive does the MPI part for all of them. Its place in
-    the process's group is ``index``; its ``rank`` is global."""
+    (rendezvous.py), and the last to arrive does the MPI part for all of them, after
+    comparing the call with every other process's (rendezvous.compare_across). Its place in
+    the process's group is ``index``; its ``rank`` is global. ``link`` is the MpiLink, or a
+    SubLink of some processes (a SyncBN group)."""
 
     @classmethod
     def create(cls, link, local_size, timeout=DEFAULT_TIMEOUT):
@@ -303,8 +363,11 @@ class ProcessGroupComm(GroupMember):
 
     def barrier(self, tag=None):
         link = self._processes.link
-        self.in_order(self.meet, Call('barrier', tag),
-                      lambda calls: link.barrier('barrier %r' % (tag,)))
+
+        def across(calls):
+            compare_across(link, calls[0])
+            link.barrier('barrier %r' % (tag,))
+        self.in_order(self.meet, Call('barrier', tag), across)
 
     # ---- implementation ----------------------------------------------------------------
     def _allreduce(self, array, tag):
@@ -314,6 +377,7 @@ class ProcessGroupComm(GroupMember):
 
     def _chain_sum(self, calls, tag):
         link, what = self._processes.link, 'allreduce %r' % (tag,)
+        compare_across(link, calls[0])
         process, last = link.rank, link.size - 1
         if process == 0:
             total = calls[0].array.copy()
@@ -333,6 +397,7 @@ class ProcessGroupComm(GroupMember):
 
         def across(calls):
             link = self._processes.link
+            compare_across(link, calls[0])
             value = calls[local].array.copy() if link.rank == owner else np.empty_like(array)
             link.bcast(value, owner, 'broadcast %r' % (tag,))
             return value
@@ -352,9 +417,11 @@ def _host(array):
 def nccl_across_processes(link, device_ids, nccl=None, streams_for=None):
     """One NCCL communicator over every GPU of every process, as Caffe's multi-node forks
     built it: process 0 makes the unique id, MPI broadcasts it, and each process joins with
-    its GPUs at their global ranks (ncclCommInitRank, grouped: one thread inits them all)."""
+    its GPUs at their global ranks (ncclCommInitRank, grouped: one thread inits them all).
+    Each collective is compared with the other processes' over ``link`` before NCCL runs
+    it (NcclComm.join_ranks)."""
     nccl = nccl or nccl_module()
     processes = _Processes(link, link.allgather(len(device_ids)))
     uid = link.bcast_bytes(NcclComm.unique_id(nccl) if link.rank == 0 else b'')
     return NcclComm.join_ranks(processes.total, uid, processes.offset, device_ids, nccl=nccl,
-                               streams_for=streams_for)
+                               streams_for=streams_for, link=link)

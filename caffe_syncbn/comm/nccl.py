@@ -17,8 +17,13 @@ Groups made by ``create_all`` also meet on the host (rendezvous.py), so that
 collectives issued in different orders raise CollectiveMismatch on every member
 instead of hanging on the GPU, and ``abort`` wakes waiting members and aborts every
 member's NCCL communicator (ncclCommAbort ends kernels waiting on a dead peer).
-Groups of several processes cannot compare their calls; ``abort`` then aborts the
-communicators of this process's ranks, and the process launcher must stop the others.
+Ranks joined across processes (``join_ranks`` with a ``link``) meet on the host too: the
+ranks of a process compare their calls there, and the last to arrive compares the call with
+every other process's through the link (rendezvous.compare_across, one small MPI
+allgather per collective, on the host: the GPU never waits for it) before NCCL runs it, so
+a process that skipped a layer fails every process at once instead of hanging a kernel.
+``abort`` aborts the communicators of this process's ranks, and the process launcher must
+stop the others.
 
 NCCL needs distinct GPUs: for replicas that share one, use SameDeviceComm.
 """
@@ -28,7 +33,7 @@ import numpy as np
 
 from ..backend.device import RUNTIMES
 from .base import CommAborted, Communicator, Handle
-from .rendezvous import DEFAULT_TIMEOUT, Call, Group, ValueCall, sum_values
+from .rendezvous import DEFAULT_TIMEOUT, Call, Group, ValueCall, compare_across, sum_values
 
 
 def nccl_module():
@@ -90,10 +95,13 @@ class NcclComm(Communicator):
         return cls(raw, int(rank), int(nranks), streams, nccl, None, _Members([raw]))
 
     @classmethod
-    def join_ranks(cls, nranks, uid, first_rank, device_ids, nccl=None, streams_for=None):
+    def join_ranks(cls, nranks, uid, first_rank, device_ids, nccl=None, streams_for=None,
+                   link=None, timeout=DEFAULT_TIMEOUT):
         """This process's ranks ``first_rank``, ``first_rank + 1``, ... of ``nranks`` that
         share ``uid``, one per GPU of ``device_ids``, joined in one NCCL group (one thread
-        initializes them all); an abort of one aborts them all."""
+        initializes them all); an abort of one aborts them all. With ``link`` (the other
+        processes: ``allgather_bytes``), every collective is compared across processes
+        first (see the module docstring)."""
         nccl = nccl or nccl_module()
         members = []
         nccl.groupStart()
@@ -104,8 +112,10 @@ class NcclComm(Communicator):
         finally:
             nccl.groupEnd()
         local = _Members([member._raw for member in members])
-        for member in members:
-            member._members = local
+        group = Group(len(members), timeout) if link is not None else None
+        for index, member in enumerate(members):
+            member._members, member._group, member._index = local, group, index
+            member._link = link
         return members
 
     @staticmethod
@@ -115,6 +125,8 @@ class NcclComm(Communicator):
     def __init__(self, raw, rank, size, streams, nccl, group, members):
         self._raw, self._nccl, self._streams = raw, nccl, streams
         self._group, self._members = group, members
+        #: this rank's place in ``_group``, and the other processes' link (None: one process)
+        self._index, self._link = rank, None
         self.rank, self.size = rank, size
         self._codes = _dtype_codes(nccl)
         self._side = None
@@ -145,14 +157,13 @@ class NcclComm(Communicator):
         return array
 
     def allreduce_scalar(self, value, tag=None):
-        if self._group is not None:      # threads of one process: a host sum, no GPU sync
-            return self._group.rendezvous(self.rank, ValueCall('allreduce_scalar', tag,
-                                                               float(value)), sum_values)
+        if self._in_one_process():       # threads of one process: a host sum, no GPU sync
+            return self._meet(ValueCall('allreduce_scalar', tag, float(value)), sum_values)
         return super().allreduce_scalar(value, tag=tag)
 
     def barrier(self, tag=None):
-        if self._group is not None:
-            self._group.rendezvous(self.rank, Call('barrier', tag))
+        if self._in_one_process():
+            self._meet(Call('barrier', tag))
             return
         token = self._streams.to_device(np.zeros(1, np.float32))
         done = self._enqueue('allreduce', tag, [token])
@@ -163,6 +174,19 @@ class NcclComm(Communicator):
             self._group.fail(CommAborted, 'collectives aborted because a replica failed: %r'
                              % (exc,), exc)
         self._members.abort_all(exc)
+
+    def share_order_with(self, other):
+        """One side stream with ``other`` (an NcclComm on the same GPU): every replica issues
+        the collectives of both in the same order, so the kernels of the two communicators
+        run in that order on every GPU, and none waits for a peer stuck behind the other."""
+        if isinstance(other, NcclComm):
+            self._side = other.side_stream()
+
+    def side_stream(self):
+        """The stream this member's NCCL calls run on (made on first use)."""
+        if self._side is None:
+            self._side = self._streams.new_stream()
+        return self._side
 
     @contextlib.contextmanager
     def group(self):
@@ -183,17 +207,16 @@ class NcclComm(Communicator):
                                  % (a.shape, a.strides))
             if a.dtype not in self._codes:
                 raise TypeError('NCCL has no %s type' % a.dtype)
-        if self._group is not None:      # one process: compare the calls on the host first
-            self._group.rendezvous(self.rank, Call(op, tag, arrays[0] if len(arrays) == 1
-                                                   else _Signature(arrays), root))
+        if self._group is not None:      # compare the calls on the host first
+            call = Call(op, tag, arrays[0] if len(arrays) == 1 else _Signature(arrays), root)
+            self._meet(call, None if self._link is None
+                       else lambda calls: compare_across(self._link, calls[0]))
         if self._members.aborted:
             raise self._aborted(op, tag)
-        streams = self._streams
-        if self._side is None:
-            self._side = streams.new_stream()
+        streams, side = self._streams, self.side_stream()
         current = streams.current_stream()
-        streams.wait_event(self._side, streams.record_event(current))
-        handle = streams.handle(self._side)
+        streams.wait_event(side, streams.record_event(current))
+        handle = streams.handle(side)
         try:
             with streams.device_scope(), self.group() if len(arrays) > 1 else _nothing():
                 for a in arrays:
@@ -206,7 +229,14 @@ class NcclComm(Communicator):
             if self._members.aborted:
                 raise self._aborted(op, tag) from exc
             raise
-        return streams.record_event(self._side)
+        return streams.record_event(side)
+
+    def _in_one_process(self):
+        return self._group is not None and self._link is None
+
+    def _meet(self, call, complete=None):
+        call.iteration = self.iteration
+        return self._group.rendezvous(self._index, call, complete)
 
     def _aborted(self, op, tag):
         return CommAborted('NCCL communicator of rank %d was aborted because a replica failed: '

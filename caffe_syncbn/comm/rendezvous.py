@@ -9,6 +9,13 @@ every member gets it back. Calls that differ (a layer run on only some replicas,
 collectives issued in different orders) fail the group with CollectiveMismatch naming
 what each replica called, instead of a deadlock.
 
+Each call carries the member's ``iteration`` (the solver's, set before each pass; None
+outside a solver), so that a member a whole iteration behind or ahead fails as a mismatch
+too. Groups that span processes compare each call across them as well before the
+collective runs (``compare_across``: a fixed-size record of it from every process, in one
+non-blocking allgather), so a process that skipped a layer or ran another fails every
+process at once with one line naming what each called, instead of waiting for a timeout.
+
 Waiting members wake at once when the group fails: ``abort(exc)`` from any member (or
 from the device pool), a mismatch, or a meeting that times out (``timeout`` seconds, a
 backstop for a replica that stopped issuing collectives without failing). A failed group
@@ -21,6 +28,7 @@ thread timing), and a helper thread per member that runs its ``allreduce_async``
 all of a member's collectives, async or blocking, run in the order they were issued, as
 on one NCCL stream. NcclComm meets here too, to compare its calls before NCCL runs them.
 """
+import hashlib
 import queue
 import threading
 import time
@@ -33,20 +41,25 @@ from .base import CollectiveMismatch, CommAborted, Communicator, Handle
 DEFAULT_TIMEOUT = 300.0
 #: host arrays with at least this many elements are summed by all members in parallel
 PARALLEL_SUM_MIN_SIZE = 1 << 16
+#: the bytes of one call's record in the comparison across processes: a digest of its
+#: signature, then its description (cut to fit) for the message
+RECORD_BYTES, DIGEST_BYTES = 256, 8
 
 
 class Call:
     """What one member asked for at one collective; subclasses carry more (a stream, an
     event, a scalar) for the member that completes the meeting."""
-    __slots__ = ('op', 'tag', 'array', 'root')
+    __slots__ = ('op', 'tag', 'array', 'root', 'iteration')
 
     def __init__(self, op, tag, array=None, root=None):
         self.op, self.tag, self.array, self.root = op, tag, array, root
+        self.iteration = None
 
     def signature(self):
         if self.array is None:
-            return (self.op, self.tag, None, None, self.root)
-        return (self.op, self.tag, self.array.shape, self.array.dtype.str, self.root)
+            return (self.op, self.tag, None, None, self.root, self.iteration)
+        return (self.op, self.tag, self.array.shape, self.array.dtype.str, self.root,
+                self.iteration)
 
     def describe(self):
         text = '%s %r' % (self.op, self.tag)
@@ -54,7 +67,15 @@ class Call:
             text += ' (%s, shape %s)' % (self.array.dtype.name, self.array.shape)
         if self.root is not None:
             text += ' root %d' % self.root
+        if self.iteration is not None:
+            text += ' at iteration %d' % self.iteration
         return text
+
+    def record(self):
+        """This call as RECORD_BYTES bytes, for compare_across."""
+        digest = hashlib.blake2b(repr(self.signature()).encode(), digest_size=DIGEST_BYTES)
+        text = self.describe().encode('utf-8', 'replace')[:RECORD_BYTES - DIGEST_BYTES]
+        return digest.digest() + text.ljust(RECORD_BYTES - DIGEST_BYTES, b'\0')
 
 
 class ValueCall(Call):
@@ -80,6 +101,27 @@ def sum_arrays(calls):
     for call in calls[1:]:
         total += call.array
     return total
+
+
+def compare_across(link, call):
+    """Raise CollectiveMismatch, on every process of ``link`` alike, unless each of them is
+    at the same ``call`` (op, tag, shape, dtype, root, iteration): one exchange of the
+    calls' records (``link.allgather_bytes``) before the collective runs, so a mismatch
+    ends the collective in every process at once, named, and arrays of different sizes
+    never meet."""
+    records = link.allgather_bytes(call.record())
+    if all(r[:DIGEST_BYTES] == records[0][:DIGEST_BYTES] for r in records):
+        return
+    callers = {}
+    for process, record in enumerate(records):
+        text = record[DIGEST_BYTES:].rstrip(b'\0').decode('utf-8', 'replace')
+        callers.setdefault(text, []).append(process)
+    listing = '; '.join('process%s %s called %s' % ('es' if len(ps) > 1 else '',
+                                                    ', '.join(map(str, ps)), text)
+                        for text, ps in callers.items())
+    raise CollectiveMismatch('processes issued different collectives at the same point (%s). '
+                             'A layer that runs in only some processes, or collectives issued '
+                             'in a different order, cause this' % listing)
 
 
 def _mismatch(calls):
@@ -137,6 +179,8 @@ class Group:
                 else:
                     try:
                         self._published = complete(calls) if complete else calls
+                    except CollectiveMismatch as exc:     # across processes: its own line
+                        self._failure = (CollectiveMismatch, str(exc), None)
                     except Exception as exc:
                         self._failure = (CommAborted, 'collective failed: %r' % exc, exc)
                 self._cond.notify_all()
@@ -175,7 +219,9 @@ class GroupMember(Communicator):
         self._last_async = None
 
     def meet(self, call, complete=None):
-        """This member's part of a meeting of the group (Group.rendezvous)."""
+        """This member's part of a meeting of the group (Group.rendezvous), at its
+        ``iteration``."""
+        call.iteration = self.iteration
         return self.group.rendezvous(self.index, call, complete)
 
     def barrier(self, tag=None):

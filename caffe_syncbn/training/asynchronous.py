@@ -191,6 +191,10 @@ class Asynchronous:
         """The display pass after training: the mean loss of the last iteration's updates."""
         return float(np.mean(self.holder.losses)) if self.holder.losses else float('nan')
 
+    def skipped_statistics(self):
+        """None skipped: asynchronous training refuses SyncBN (syncbn_policy.check_asynchronous)."""
+        return {}
+
     def update(self, rate):
         """Nothing to do: the holder applied the replicas' updates as they came in."""
 

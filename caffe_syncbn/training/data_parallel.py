@@ -44,7 +44,7 @@ from .replicas import Replicas
 from .snapshot_layout import UserLayout
 from .solver import Solver
 from .solver_checks import NAN_EFFECTS
-from .start_log import log_batches, log_built, log_sync_bn
+from .start_log import log_batches, log_built, log_groups, log_sync_bn
 from .synchronous import Synchronous
 
 log = logging.getLogger('caffe_syncbn')
@@ -67,16 +67,17 @@ class DataParallelSolver(Solver):
 
     def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None,
                  level=None, stages=(), weights=None, mode='sync', max_staleness=None,
-                 link='auto', memory_plan=None):
+                 link='auto', memory_plan=None, sync_bn_group_size=None):
         if mode not in MODES:
             raise CaffeError('mode %r: expected one of %s' % (mode, ', '.join(MODES)))
         if mode == 'async':
-            check_asynchronous(sync_bn=sync_bn)
+            check_asynchronous(sync_bn=sync_bn, group_size=sync_bn_group_size)
         if max_staleness is not None and (mode != 'async' or max_staleness < 0):
             raise CaffeError('-max_staleness %s: needs -async and a number >= 0' % max_staleness)
         devices = parse_devices(devices)
         link = job_link() if link == 'auto' else link
-        self.replication = Replicas(devices, link, communicate=mode == 'sync')
+        self.replication = Replicas(devices, link, communicate=mode == 'sync',
+                                    group_size=sync_bn_group_size)
         for line in describe_devices(devices, self.replication):
             log.info('%s', line)
         self.sync_bn = sync_bn
@@ -127,7 +128,7 @@ class DataParallelSolver(Solver):
         if self.sync_bn:
             if phase == TRAIN:
                 self._user_train_param = net_param
-                log_sync_bn(net_param)
+                log_sync_bn(net_param, self.replication.groups is not None)
             net_param = to_syncbn(net_param)[0]
         start = time.perf_counter()
         if phase != TRAIN:                   # test nets run alone, on replica 0's device
@@ -141,6 +142,7 @@ class DataParallelSolver(Solver):
         replication = self.replication
         root = replication.build(net_param, phase, seed, self.xp, self.dtype, self.memory_plan)
         log_built(root, 'train', replication.total, start)
+        log_groups(root, replication)
         readers = replication.data_layers()
         log_batches(readers, replication.input_layers, replication, self.param.iter_size)
         replication.start_pipeline(seed, per_replica=not self.strategy.lockstep)

@@ -1,6 +1,7 @@
 """The strategy of a solver on its own: its one net, in the caller's thread (what a
 strategy is: see solver.py)."""
 from .input_feed import feed
+from .solver_checks import skipped_by_layer, take_skipped
 
 
 class OneNet:
@@ -25,3 +26,7 @@ class OneNet:
 
     def update(self, rate):
         self.solver.update_params(rate)
+
+    def skipped_statistics(self):
+        net = self.solver.net
+        return skipped_by_layer(net, take_skipped(net), 1, self.solver.param.iter_size)

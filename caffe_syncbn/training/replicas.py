@@ -2,7 +2,8 @@
 P2PSync sits beside its Solver.
 
 ``Replicas`` is where the replicas live: one worker thread per local device
-(``DevicePool``), one communicator member per replica, the replica nets, the input
+(``DevicePool``), one communicator member per replica (and one of its SyncBN group, under
+``sync_bn_group_size``: comm/groups.py), the replica nets, the input
 pipeline that reads this process's share of each global batch, and the parts of the batch
 each replica reads next. Across MPI processes (``link``, comm/mpi.py) replica k of process
 p is global replica ``first + k`` of ``total``. The replicas make updates in the way of a
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..backend.thread_start import start_workers
 from ..comm import CommAborted, SoloComm, communicators
+from ..comm.groups import Groups, group_communicators
 from ..errors import CaffeError
 from ..layer import LayerContext
 from ..net import Net
@@ -28,9 +30,10 @@ ABORT_GRACE_SECONDS = 5.0
 class Replicas:
     """The local replicas of a run and what they share (see the module docstring).
     ``communicate=False`` gives each replica a communicator of its own (asynchronous
-    replicas meet only at the parameter holder)."""
+    replicas meet only at the parameter holder). ``group_size``: SyncBN layers share batch
+    statistics within groups of that many consecutive global replicas (None: all)."""
 
-    def __init__(self, devices, link=None, communicate=True):
+    def __init__(self, devices, link=None, communicate=True, group_size=None):
         self.devices, self.link = devices, link
         self.process, self.processes = (link.rank, link.size) if link else (0, 1)
         #: how many replicas each process holds
@@ -44,9 +47,16 @@ class Replicas:
                                              for p, gpu in enumerate(kinds)))
         self.first, self.total = sum(self.counts[:self.process]), sum(self.counts)
         self.communicate = communicate
+        #: SyncBN's groups (comm/groups.py), or None: every replica shares its statistics
+        self.groups = Groups(self.counts, group_size) \
+            if group_size is not None and group_size != self.total else None
         self.comms = communicators(devices, link) if communicate else \
             [SoloComm() for _ in devices]
-        self.pool = DevicePool(devices, self.comms)
+        #: the node of each process (MpiLink.nodes), for the lines that place the groups
+        self.nodes = link.nodes() if link is not None and self.groups is not None else None
+        self.group_comms = self.comms if self.groups is None else \
+            group_communicators(devices, link, self.groups, self.first, self.comms)
+        self.pool = DevicePool(devices, self._all_comms())
         self.nets, self.pipeline, self.input_layers = [], None, []
         #: what each replica's data layers read next: {layer name: arrays} per replica
         self.parts = [{} for _ in devices]
@@ -54,6 +64,20 @@ class Replicas:
 
     def __len__(self):
         return len(self.devices)
+
+    def _all_comms(self):
+        return self.comms + (self.group_comms if self.group_comms is not self.comms else [])
+
+    @property
+    def group_size(self):
+        """How many replicas share SyncBN's statistics."""
+        return self.total if self.groups is None else self.groups.size
+
+    def at_iteration(self, iteration):
+        """Tell every communicator member the solver's iteration, which each collective
+        then carries (comm/base.py): members an iteration apart fail as a mismatch."""
+        for comm in self._all_comms():
+            comm.iteration = iteration
 
     def build(self, net_param, phase, seed, xp, dtype, memory_plan):
         """The replica nets, built one after another: the fillers share one seeded RNG, and
@@ -63,7 +87,8 @@ class Replicas:
         def build_one(rank):
             rng = np.random.RandomState((seed + 7919 * (self.first + rank)) & 0xFFFFFFFF)
             context = LayerContext(phase=phase, xp=xp, dtype=dtype, comm=self.comms[rank],
-                                   rng=rng, feeder=functools.partial(self._layer_feed, rank))
+                                   rng=rng, feeder=functools.partial(self._layer_feed, rank),
+                                   group_comm=self.group_comms[rank])
             return Net(net_param, phase, level=net_param.state.level, context=context,
                        memory_plan=memory_plan)
         self.nets = [self.pool.run_on(rank, functools.partial(build_one, rank))
@@ -180,7 +205,7 @@ class Replicas:
             if pipeline is not None:
                 pipeline.close()
         self.pool.close()
-        for comm in self.comms:
+        for comm in self._all_comms():
             comm.close()
 
 

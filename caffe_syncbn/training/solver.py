@@ -9,10 +9,11 @@ rule, ``w -= update``), then ``iter += 1`` and maybe a snapshot.
 Where the passes and updates run is the solver's ``strategy``, the one seam between the
 loop and data parallelism. ``OneNet`` (one_net.py) runs the solver's own net in the caller's
 thread; ``Synchronous`` and ``Asynchronous`` (synchronous.py, asynchronous.py) run
-replicas. A strategy has three methods, and uses the solver's public ones only:
+replicas. A strategy has four methods, and uses the solver's public ones only:
 
 - ``forward_backward_all()``: this iteration's gradients, in the diffs of the solver's
-  net; the mean loss. ``Solver.accumulate`` is the ``iter_size`` loop, for every strategy.
+  net; the mean loss. ``Solver.accumulate`` is the ``iter_size`` loop, for every strategy;
+  then ``skipped_statistics()``: the SyncBN updates its passes skipped (solver_checks.py).
 - ``forward_all()``: the display pass after training; the loss.
 - ``update(rate)``: the update of every replica at ``rate`` (``Solver.update_params``).
 """
@@ -280,8 +281,7 @@ class Solver:
             if displaying and self.is_root:
                 log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
                 self.log_outputs(self.net, 'Train')
-            found = self._non_finite.check(loss, self.net, unlearned, self.nan_effect) \
-                if self.is_root else None
+            found = self._non_finite.check(loss, self, unlearned) if self.is_root else None
             if found is not None:     # once a run: FirstNonFinite finds the first only
                 log.warning('Iteration %d: %s (first time); %s', self.iter, found,
                             effect_text(found, self.nan_effect))
@@ -314,6 +314,7 @@ class Solver:
             log.info('Restoring previous solver status from %s', resume_file)
             self.restore(resume_file)
         self.step(p.max_iter - self.iter)
+        self._non_finite.log_skipped()
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0) and \
                 self._snapshot_iter != self.iter and not self._non_finite.spoiled_weights:
             self.snapshot()

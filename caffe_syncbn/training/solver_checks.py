@@ -1,6 +1,8 @@
 """Checks of a solver's run: the SolverParameter before any net is built (settings Caffe
 would abort on), and the first value that is not finite as it trains: the loss, a
-gradient, a learned param or a running statistic."""
+gradient, a learned param, a running statistic, or the batch statistics of a SyncBN, which
+then kept its running statistics (each such skipped update is logged, and counted at the
+end of the run)."""
 import logging
 
 import numpy as np
@@ -44,12 +46,38 @@ class Finding:
         return '%s %s not finite' % (self.what, 'are' if self.plural else 'is')
 
 
-def non_finite(loss, net):
+def take_skipped(net):
+    """How many running-statistics updates each layer of ``net`` skipped since the last call
+    (Layer.skipped_statistics), as floats in layer order; their counts start again."""
+    counts = np.array([layer.skipped_statistics for layer in net.layers], np.float64)
+    for layer in net.layers:
+        if layer.skipped_statistics:
+            layer.skipped_statistics = 0
+    return counts
+
+
+def skipped_by_layer(net, counts, group_size, updates):
+    """{layer name: (updates skipped, of ``updates``)} from ``counts`` (take_skipped's, summed
+    over the replicas): the replicas of a group skip together, so each group's skip counts
+    ``group_size`` times."""
+    return {layer.name: (int(round(count / group_size)), updates)
+            for layer, count in zip(net.layers, counts) if count}
+
+
+def skipped_text(name, skipped, updates):
+    """The warning of one layer's skipped update(s)."""
+    which = '' if updates == 1 else ' in %d of its %d updates (one per group and pass)' % (
+        skipped, updates)
+    return ("layer '%s' kept its running statistics%s: the statistics of the batch are not "
+            'finite' % (name, which))
+
+
+def non_finite(loss, net, skipped=None):
     """The first value of the pass that is not finite (a Finding), or None: a learned param,
-    the loss, a gradient, then a param that no update changes. The sum of each kind's
-    arrays is finite exactly when they all are (short of an overflow, which the search
-    that follows finds to be none): one pass over each, and one read of the device for
-    all three."""
+    the loss, a gradient, the batch statistics of a SyncBN (``skipped``: skipped_by_layer's),
+    then a param that no update changes. The sum of each kind's arrays is finite exactly
+    when they all are (short of an overflow, which the search that follows finds to be
+    none): one pass over each, and one read of the device for all three."""
     groups = [[getattr(blob, field) for blob, lr in zip(net.learnable_params, net.params_lr)
                if (lr != 0) == learned] for _, learned, field in WATCHED]
     totals = [0.0] * len(WATCHED)
@@ -64,6 +92,9 @@ def non_finite(loss, net):
         return found[0]
     if not np.isfinite(loss):
         return Finding('the loss (%g)' % loss)
+    if found[1] is None and skipped:
+        return Finding("the batch statistics of layer '%s' (which kept its running statistics)"
+                       % next(iter(skipped)), plural=True)
     return found[1] or found[2]
 
 
@@ -104,13 +135,23 @@ NAN_EFFECTS_ON_WEIGHTS = {
 
 
 class FirstNonFinite:
-    """The first value of a run that is not finite, found once."""
+    """The first value of a run that is not finite, found once; and every update of running
+    statistics that a SyncBN skipped, logged as it happens and counted."""
 
     def __init__(self):
         self.seen = False
         #: whether learned params are not finite, under a nan_effect that keeps them out of
         #: snapshots
         self.spoiled_weights = False
+        #: {layer name: updates of its running statistics it skipped} in this run
+        self.skipped = {}
+
+    def log_skipped(self):
+        """The count of skipped updates at the end of a run, if any."""
+        if self.skipped:
+            log.warning('%d update(s) of running statistics skipped because the statistics of '
+                        'the batch were not finite: %s', sum(self.skipped.values()),
+                        ', '.join("'%s' %d" % item for item in self.skipped.items()))
 
     def keep_unlearned(self, net, nan_effect):
         """While ``nan_effect`` wants a snapshot at the first non-finite: copies of the params
@@ -120,12 +161,18 @@ class FirstNonFinite:
         return [(blob, blob.data.copy()) for blob, lr in
                 zip(net.learnable_params, net.params_lr) if lr == 0]
 
-    def check(self, loss, net, unlearned, nan_effect):
-        """What is not finite the first time (a Finding, see non_finite), or None; the params
-        of ``unlearned`` (keep_unlearned) are then put back as they were before the passes."""
+    def check(self, loss, solver, unlearned):
+        """What is not finite the first time in ``solver``'s iteration (a Finding, see
+        non_finite), or None; the params of ``unlearned`` (keep_unlearned) are then put back
+        as they were before the passes. The updates its strategy's passes skipped
+        (skipped_statistics) are logged first, each time."""
+        skipped = solver.strategy.skipped_statistics()
+        for name, (count, updates) in skipped.items():
+            log.warning('Iteration %d: %s', solver.iter, skipped_text(name, count, updates))
+            self.skipped[name] = self.skipped.get(name, 0) + count
         if self.seen:
             return None
-        found = non_finite(loss, net)
+        found, nan_effect = non_finite(loss, solver.net, skipped), solver.nan_effect
         if found is None:
             return None
         self.seen = True

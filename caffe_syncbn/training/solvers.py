@@ -66,12 +66,15 @@ def checked_solver_param(solver):
 
 
 def get_solver(solver, devices=None, sync_bn=False, dtype=None, level=None, stages=(),
-               weights=None, mode='sync', max_staleness=None, memory_plan=None):
+               weights=None, mode='sync', max_staleness=None, memory_plan=None,
+               sync_bn_group_size=None):
     """The solver a solver prototxt (or SolverParameter) asks for. Without ``devices``,
     pycaffe's single-device solver (see below); else a data-parallel one running on
     ``devices``: 'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0'
     (replicas sharing a GPU).
-    ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN. ``level`` and
+    ``sync_bn`` turns every BatchNorm(+Scale) and BN of the nets into SyncBN;
+    ``sync_bn_group_size`` K makes SyncBN share batch statistics within groups of K
+    consecutive replicas (1: per-device batch norm; None: all replicas). ``level`` and
     ``stages`` add to the train net's NetState, and ``weights`` (caffemodel paths) replace
     the solver's own ``weights``, as caffe train's -level, -stage and -weights do. ``mode``
     'async' makes asynchronous updates, with replicas at most ``max_staleness`` updates
@@ -88,13 +91,15 @@ def get_solver(solver, devices=None, sync_bn=False, dtype=None, level=None, stag
         solver = param
     if devices is None:
         if sync_bn or level is not None or stages or weights is not None or mode != 'sync' \
-                or max_staleness is not None:
-            raise CaffeError('get_solver: sync_bn, level, stages, weights, mode and '
-                             'max_staleness need devices (devices=None: a single-device solver)')
+                or max_staleness is not None or sync_bn_group_size is not None:
+            raise CaffeError('get_solver: sync_bn, sync_bn_group_size, level, stages, weights, '
+                             'mode and max_staleness need devices (devices=None: a '
+                             'single-device solver)')
         return get_solver_class(param.type)(solver, dtype=dtype, memory_plan=memory_plan)
     return DataParallelSolver(solver, devices=devices, sync_bn=sync_bn, dtype=dtype, level=level,
                               stages=stages, weights=weights, mode=mode,
-                              max_staleness=max_staleness, memory_plan=memory_plan)
+                              max_staleness=max_staleness, memory_plan=memory_plan,
+                              sync_bn_group_size=sync_bn_group_size)
 
 
 def get_solver_from_string(text, devices=None, **kwargs):

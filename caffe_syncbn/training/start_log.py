@@ -1,10 +1,10 @@
 """The lines a data-parallel solver logs as it starts: each net's size and build time, the
-batch per device and per iteration, and what --sync-bn turns into SyncBN and how those keep
-their running statistics."""
+batch per device and per iteration, what --sync-bn turns into SyncBN and how those keep
+their running statistics, and which replicas share SyncBN's statistics at what cost."""
 import logging
 import time
 
-from ..syncbn_policy import start_lines
+from ..syncbn_policy import group_lines, start_lines
 from ..weights.norm_forms import norm_units
 
 log = logging.getLogger('caffe_syncbn')
@@ -32,8 +32,23 @@ def log_batches(readers, input_layers, replication, iter_size):
                  'device(s)%s', name, replicas, where)
 
 
-def log_sync_bn(net_param):
-    """Say what --sync-bn turns into SyncBN, how their running statistics accumulate, and
-    which of them keep frozen statistics (syncbn_policy.start_lines)."""
-    for level, line in start_lines(net_param, norm_units(net_param.layer)):
+def log_sync_bn(net_param, grouped=False):
+    """Say what --sync-bn turns into SyncBN, how their running statistics accumulate
+    (``grouped``: of each SyncBN group's batch), and which of them keep frozen statistics
+    (syncbn_policy.start_lines)."""
+    for level, line in start_lines(net_param, norm_units(net_param.layer), grouped):
+        log.log(level, line)
+
+
+def log_groups(net, replication):
+    """Which replicas share the statistics of ``net``'s SyncBN layers, and what that costs
+    per iteration (syncbn_policy.group_lines)."""
+    shared = [(layer.channels, layer.backward_runs) for layer in net.layers
+              if layer.type == 'SyncBN' and layer.uses_batch_formula()]
+    groups = replication.groups
+    placement = groups.describe(replication.nodes) if groups is not None else []
+    crossing = groups.crossing_nodes(replication.nodes) \
+        if groups is not None and replication.nodes is not None else []
+    for level, line in group_lines(shared, replication.group_size, replication.total,
+                                   placement, crossing):
         log.log(level, line)

@@ -4,10 +4,13 @@ Every replica runs forward and backward on its part of the global batch; the gra
 are summed in buckets that overlap backward (gradient_buckets.py) and averaged, so they
 are the gradient of one device on the whole batch; every replica applies the same update
 (a ``ParamUpdate`` of its own, with the same history), so params stay bitwise equal.
-It is a strategy of the solver (see solver.py): ``forward_backward_all``, ``forward_all``,
-``update``; and, for the data-parallel solver, ``lockstep``, ``start``, ``train_net``,
-``broadcast_params``, ``after_restore``, ``follows_process_0``, ``close`` and ``stop``
-(``close`` without waiting: for a solver collected without ``close()``).
+The replicas' losses and the counts of the SyncBN updates they skipped (non-finite batch
+statistics) are summed over every replica in one collective.
+It is a strategy of the solver (see solver.py): ``forward_backward_all``,
+``skipped_statistics``, ``forward_all``, ``update``; and, for the data-parallel solver,
+``lockstep``, ``start``, ``train_net``, ``broadcast_params``, ``after_restore``,
+``follows_process_0``, ``close`` and ``stop`` (``close`` without waiting: for a solver
+collected without ``close()``).
 """
 import weakref
 
@@ -16,6 +19,7 @@ import numpy as np
 from ..backend import get_array_module, to_numpy
 from .gradient_buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .rules import ParamUpdate
+from .solver_checks import skipped_by_layer, take_skipped
 
 
 class Synchronous:
@@ -31,6 +35,7 @@ class Synchronous:
         self.solver, self.replicas = weakref.proxy(solver), replicas
         self._buckets = [None] * len(replicas)
         self.updaters = []
+        self._skipped = {}
 
     def train_net(self, build_alone, root):
         """The solver's own net: replica 0's (the replicas stay equal to it)."""
@@ -59,14 +64,24 @@ class Synchronous:
         replicas.pool.run(send)
 
     def forward_backward_all(self):
-        replicas = self.replicas
-        losses = self.solver.accumulate(
+        replicas, solver = self.replicas, self.solver
+        replicas.at_iteration(solver.iter)
+        losses = solver.accumulate(
             lambda: replicas.pool.run(lambda rank: replicas.nets[rank].clear_param_diffs()),
             self._one_pass, dtype=np.float64)
         if replicas.total > 1:
             replicas.pool.run(lambda rank: self._gradient_buckets(rank).finish())
         # summed in global rank order, so any placement of the replicas gives the same bits
-        return float(replicas.sum_over_all(losses)[0]) / replicas.total
+        totals = replicas.sum_over_all([np.concatenate([[loss], take_skipped(net)])
+                                        for loss, net in zip(losses, replicas.nets)])
+        self._skipped = skipped_by_layer(replicas.nets[0], totals[1:], replicas.group_size,
+                                         replicas.total // replicas.group_size *
+                                         solver.param.iter_size)
+        return float(totals[0]) / replicas.total
+
+    def skipped_statistics(self):
+        """{layer: (updates skipped, of updates)} of the last forward_backward_all."""
+        return self._skipped
 
     def _one_pass(self, last):
         """Every replica's pass on its part of the next global batch; their losses. The

@@ -98,9 +98,14 @@ def _values(layer, j):
     return layer.blobs[j].data.reshape(-1).astype(STAT)
 
 
-def _store(layer, j, values):
+def _store(layer, j, values, kept=None):
+    """Blob j := ``values``, or, where the 0-d boolean ``kept`` holds (a batch whose
+    statistics are not finite), its old values: chosen on the device, never read back."""
     blob = layer.blobs[j]
-    blob.data[...] = values.reshape(blob.shape).astype(blob.data.dtype)
+    values = values.reshape(blob.shape).astype(blob.data.dtype)
+    if kept is not None:
+        values = get_array_module(values).where(kept, blob.data, values)
+    blob.data[...] = values
 
 
 class RunningSums:
@@ -126,11 +131,12 @@ class RunningSums:
         inverse = 1.0 / get_array_module(factor).where(factor == 0, np.inf, factor)
         return _values(layer, j) * inverse, _values(layer, j + 1) * inverse
 
-    def update(self, count, mean, var):
+    def update(self, count, mean, var, kept=None):
+        """One TRAIN step's update; where ``kept`` holds, none (see _store)."""
         layer, j, f = self.layer, self.first, self.fraction
-        _store(layer, j + 2, _values(layer, j + 2) * f + 1)
-        _store(layer, j, _values(layer, j) * f + mean)
-        _store(layer, j + 1, _values(layer, j + 1) * f + unbiased(var, count))
+        _store(layer, j + 2, _values(layer, j + 2) * f + 1, kept)
+        _store(layer, j, _values(layer, j) * f + mean, kept)
+        _store(layer, j + 1, _values(layer, j + 1) * f + unbiased(var, count), kept)
 
 
 class RunningAverage:
@@ -153,12 +159,13 @@ class RunningAverage:
     def running(self):
         return _values(self.layer, self.first), _values(self.layer, self.first + 1)
 
-    def update(self, count, mean, var):
+    def update(self, count, mean, var, kept=None):
+        """One TRAIN step's update; where ``kept`` holds, none (see _store)."""
         layer, j, keep = self.layer, self.first, self.momentum
         if self.unbiased_variance:
             var = unbiased(var, count)
-        _store(layer, j, keep * _values(layer, j) + (1 - keep) * mean)
-        _store(layer, j + 1, keep * _values(layer, j + 1) + (1 - keep) * var)
+        _store(layer, j, keep * _values(layer, j) + (1 - keep) * mean, kept)
+        _store(layer, j + 1, keep * _values(layer, j + 1) + (1 - keep) * var, kept)
 
 
 # ---- the array engine ------------------------------------------------------------------------

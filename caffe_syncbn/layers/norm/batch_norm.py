@@ -15,7 +15,8 @@ s] with ``statistics: BATCHNORM``) normalizes with the statistics of the GLOBAL 
 union of every replica's local batch:
 
 * TRAIN forward: each replica packs [count, sum(x-K) (C), sum((x-K)^2) (C)] into
-  one float64 buffer and makes ONE ``ctx.comm.allreduce(buffer, tag=layer name)``.
+  one float64 buffer and makes ONE ``ctx.group_comm.allreduce(buffer, tag=layer name)``
+  (group_comm: every replica, or the layer's group of them under sync_bn_group_size).
   K is the running mean, identical on every replica. The local sums are exact:
   each replica takes them about its OWN local mean L (two passes, no cancellation,
   in the blob dtype but at least float32) and moves them to K in float64 by
@@ -26,11 +27,12 @@ union of every replica's local batch:
   y normalizes with the biased global variance. The running statistics take the
   UNBIASED global variance var*m/(m-1) (m = global count, as yjxiong's sync_bn_layer,
   PyTorch and BVLC's BatchNorm), in the convention ``bn_param.statistics`` names:
-  MOMENTUM, the forks' average in blobs [mean, var] (SyncBN alone, ctx.comm None, then
+  MOMENTUM, the forks' average in blobs [mean, var] (SyncBN alone, group_comm None, then
   equals BN except that its running variance is m/(m-1) larger), or BATCHNORM, BVLC
   BatchNorm's sums in blobs [mean_sum, var_sum, s] (what a converted BatchNorm keeps, so
   that its blobs are those of Caffe's BatchNorm on one device with the global batch).
-  Every replica gets bitwise the same running stats.
+  Every replica gets bitwise the same running stats. A batch whose mean or variance is
+  not finite leaves them as they were, on every replica alike (update_statistics).
 * TRAIN backward: ONE allreduce of [sum(dy), sum(dy*x_hat)] (2C), then dx with
   the global count m. It is skipped, on every replica alike, when dx is not needed.
 * Parameter gradients: dslope = sum(dy*x_hat) and dbias = sum(dy) over the LOCAL
@@ -105,14 +107,14 @@ class _ChannelNorm(Layer):
         packed, shift = self.engine.local_sums(x3, reference)
         self.share(packed)
         if x3.shape[0] * x3.shape[2] == 0 and float(packed[0]) == 0:   # the only read-back
-            raise self.error('the global batch is empty (local shape %s on every replica)'
-                             % (x3.shape,) if self.ctx.replicas > 1 else
-                             'cannot take batch statistics of an empty batch (shape %s)'
-                             % (x3.shape,))
+            raise self.error(self.empty_batch_message(x3.shape))
         return moments(packed, shift)
 
     def share(self, packed):
         """Sum per-channel sums over the replicas (SyncBN); alone, nothing to do."""
+
+    def empty_batch_message(self, shape):
+        return 'cannot take batch statistics of an empty batch (shape %s)' % (shape,)
 
     def absorb(self, layer, top):
         chain = self.chain or self.new_chain()
@@ -323,9 +325,13 @@ class BN(_ChannelNorm):
             self._count = self.xp.full(1, x3.shape[0] * x3.shape[2], STAT)
         else:
             self._count, mean, var = self.batch_moments(x3)
-            self.statistics.update(self._count, mean, var)
+            self.update_statistics(self._count, mean, var)
         self._inv_std = inverse_std(var, self.eps)
         self.normalize(bottom, top, mean, self.backward_reads_x_hat(), *self.affine())
+
+    def update_statistics(self, count, mean, var):
+        """The running statistics take this batch's (the forks' BN: whatever they are)."""
+        self.statistics.update(count, mean, var)
 
     def backward_reads_x_hat(self):
         return not self.affine_frozen
@@ -357,7 +363,8 @@ class BN(_ChannelNorm):
 
 @register('SyncBN')
 class SyncBN(BN):
-    """BN with the statistics of the global batch across ``ctx.comm`` (module docstring)."""
+    """BN with the statistics of the global batch across ``ctx.group_comm`` (module
+    docstring)."""
 
     affine_frozen = False
 
@@ -373,8 +380,31 @@ class SyncBN(BN):
         return self.local_moments(x3, reference=reference)
 
     def share(self, packed):
-        if self.ctx.comm is not None:
-            self.ctx.comm.allreduce(packed, tag=self.name)
+        if self.ctx.group_comm is not None:
+            self.ctx.group_comm.allreduce(packed, tag=self.name)
+
+    def empty_batch_message(self, shape):
+        comm = self.ctx.group_comm
+        if comm is None or comm.size == 1:
+            return super().empty_batch_message(shape)
+        whose = 'global batch' if comm.size == self.ctx.replicas else \
+            'batch of its group of %d replicas' % comm.size
+        return 'the %s is empty (local shape %s on every replica)' % (whose, shape)
+
+    def update_statistics(self, count, mean, var):
+        """Every replica of the group holds the same reduced sums, so one check of the
+        mean and variance they give lets all of them skip the update alike: on the device,
+        with a ``where``, and counted with the pass's loss (skipped_statistics). mean + var
+        is finite when both are (var is never -inf; short of a sum past 1e308, no
+        statistic to keep either), and they are when the 2C + 1 sums are (the count being
+        positive)."""
+        kept = ~self.xp.isfinite(mean + var).all()
+        self.statistics.update(count, mean, var, kept=kept)
+        self.ctx.read_later(kept, self.count_skipped)
+
+    def count_skipped(self, skipped):
+        if skipped:
+            self.skipped_statistics += 1
 
     def uses_batch_formula(self):
         return not self.use_running_stats
