@@ -115,6 +115,12 @@ class _ChannelNorm(Layer):
     def share(self, packed):
         """Sum per-channel sums over the replicas (SyncBN); alone, nothing to do."""
 
+    def use_running_statistics(self):
+        """From now on, normalize with the running statistics and update none, as in TEST,
+        whatever the phase: PreciseBN (training/precise_bn.py) runs the layers before the
+        one it estimates so, on their new statistics."""
+        raise NotImplementedError
+
     def absorb(self, layer, top):
         chain = self.chain or self.new_chain()
         if not chain.offer(layer, self.channels):
@@ -237,6 +243,9 @@ class BatchNorm(_ChannelNorm):
     def fixed_param_mults(self, index):
         return (0.0, None) if index < 3 else None
 
+    def use_running_statistics(self):
+        self.use_global_stats = True
+
     def uses_batch_formula(self):
         return not self.use_global_stats
 
@@ -327,6 +336,9 @@ class BN(_ChannelNorm):
             self.statistics.update(self._count, mean, var)
         self._inv_std = inverse_std(var, self.eps)
         self.normalize(bottom, top, mean, self.backward_reads_x_hat(), *self.affine())
+
+    def use_running_statistics(self):
+        self.use_running_stats = True
 
     def backward_reads_x_hat(self):
         return not self.affine_frozen
