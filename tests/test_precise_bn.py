@@ -11,9 +11,11 @@ import h5py
 import numpy as np
 import pytest
 from helpers import watchdog
+from helpers.emulated_gpu import emulated_gpu
 from helpers.paths import ROOT
 
 from caffe_syncbn import TEST, TRAIN, Net
+from caffe_syncbn.backend import to_numpy
 from caffe_syncbn.cli.commands import main
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.training.precise_bn import PreciseBN
@@ -258,6 +260,14 @@ def test_bad_input_is_one_line(tmp_path, rows):
     assert '(all 4 are frozen)' in run_command('-model', str(frozen), '-weights', weights,
                                                 '-output', output)
 
+    overflowing = Net(model, TRAIN, weights=weights)
+    overflowing.params['conv2'][0].data[...] = 3e38
+    overflowing.save(str(tmp_path / 'overflowing.caffemodel'))
+    message = run_command('-model', model, '-weights', str(tmp_path / 'overflowing.caffemodel'),
+                          '-output', output)
+    assert "the input of layer 'bn2' is not finite over 200 global batches (channel 0 of 5" \
+        in message
+
     inputs = tmp_path / 'inputs.prototxt'
     inputs.write_text(net_text('BatchNorm', source, 1).replace(
         'type: "HDF5Data" top: "data" hdf5_data_param { source: "%s" batch_size: 1 }' % source,
@@ -289,3 +299,22 @@ def test_two_processes_of_two_devices_write_the_file_of_one_process_of_four(tmp_
     assert 'Process 0 of 2 (MPI): replicas 0 to 1 of 4' in result.stderr
     with open(one, 'rb') as a, open(two, 'rb') as b:
         assert a.read() == b.read()
+
+
+# ---- the GPU path, on the emulation of the CUDA runtime ------------------------------------------
+@pytest.mark.parametrize('devices', ['gpu:0,1', 'gpu:0,0'])
+def test_the_gpu_path_gives_the_statistics_of_the_cpu(monkeypatch, tmp_path, rows, devices):
+    """The CUDA engine's sums, the device communicators and every hand-over between the
+    replicas' streams (which the emulation holds to a GPU's order) give the CPU's numbers."""
+    source, _ = rows
+    model, weights = write_model(tmp_path, 'BatchNorm', source, 2)
+    found = {}
+    for where in ('cpu:2', devices):
+        if where.startswith('gpu'):
+            emulated_gpu(monkeypatch)
+        with PreciseBN(model, [weights], devices=where) as job:
+            job.estimate(BATCHES)
+            found[where] = [[to_numpy(blob.data) for blob in net.params['bn3']] for net in job.nets]
+    for mine, theirs in zip(found['cpu:2'][0], found[devices][0]):
+        np.testing.assert_allclose(theirs, mine, rtol=1e-5)
+    assert all(np.array_equal(a, b) for a, b in zip(*found[devices]))

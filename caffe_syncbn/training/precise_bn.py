@@ -179,10 +179,9 @@ class PreciseBN:
         (count, mean, biased variance)} as float64 numpy arrays."""
         if iterations < 1:
             raise CaffeError('PreciseBN needs at least 1 global batch, got %d' % iterations)
-        names = [self.net.layers[i].name for i in self.targets]
         log.info('PreciseBN: %d batch norm(s) in %d pass(es) over the same %d global batches, '
                  'each pass with the layers before it on their new statistics',
-                 len(names), len(self.passes), iterations)
+                 len(self.targets), len(self.passes), iterations)
         found = {}
         for number, group in enumerate(self.passes, 1):
             log.info('PreciseBN pass %d of %d: %s', number, len(self.passes),
@@ -250,11 +249,12 @@ class PreciseBN:
         for i, shift in zip(group, shifts):
             name = self.net.layers[i].name
             size = 1 + 2 * shift.size
-            count, mean, var = moments(packed[offset:offset + size], to_numpy(shift))
-            offset += size
-            if count[0] == 0:
+            if packed[offset] == 0:
                 raise CaffeError("PreciseBN: the input of layer '%s' held no values in %d "
                                  'global batches' % (name, iterations))
+            with np.errstate(invalid='ignore', over='ignore'):      # checked below
+                count, mean, var = moments(packed[offset:offset + size], to_numpy(shift))
+            offset += size
             bad = np.flatnonzero(~(np.isfinite(mean) & np.isfinite(var)))
             if bad.size:
                 raise CaffeError("PreciseBN: the input of layer '%s' is not finite over %d "
