@@ -301,7 +301,7 @@ def test_two_processes_of_two_devices_write_the_file_of_one_process_of_four(tmp_
         assert a.read() == b.read()
 
 
-# ---- the GPU path, on the emulation of the CUDA runtime ------------------------------------------
+# ---- the GPU path, on the emulation of the CUDA runtime --------------------------------------
 @pytest.mark.parametrize('devices', ['gpu:0,1', 'gpu:0,0'])
 def test_the_gpu_path_gives_the_statistics_of_the_cpu(monkeypatch, tmp_path, rows, devices):
     """The CUDA engine's sums, the device communicators and every hand-over between the
@@ -318,3 +318,32 @@ def test_the_gpu_path_gives_the_statistics_of_the_cpu(monkeypatch, tmp_path, row
     for mine, theirs in zip(found['cpu:2'][0], found[devices][0]):
         np.testing.assert_allclose(theirs, mine, rtol=1e-5)
     assert all(np.array_equal(a, b) for a, b in zip(*found[devices]))
+
+
+# ---- the demo's figure -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_demo_script_scores_each_run_before_and_after(tmp_path):
+    """examples/segmentation/precise_bn_gain.py on a pair of 4-iteration demo runs: the
+    command writes new statistics beside each snapshot, which the script scores, and so
+    does the anchors' average of batch statistics."""
+    pytest.importorskip('cv2')
+    sys.path.insert(0, str(ROOT / 'examples' / 'segmentation'))
+    import compare
+    import make_dataset
+    import precise_bn_gain
+    data = str(tmp_path / 'data')
+    make_dataset.make_dataset(data, train=8, val=4, seed=3)
+    pair = compare.run_pair(str(tmp_path), data, seed=5, devices=['--cpu-devices', '2'],
+                            solver_overrides={'max_iter': 4, 'test_interval': 4, 'test_iter': 1},
+                            progress=lambda line: None)
+    for run in pair.values():
+        after = precise_bn_gain.precise(run, str(tmp_path / 'fcn_bn.prototxt'), 2,
+                                        ['--cpu-devices', '2'], 4)
+        assert 0 <= after['mean_iou'] <= 1 and 0 <= after['pixel_accuracy'] <= 1
+        trained, precise = (Net(str(tmp_path / 'fcn_bn.prototxt'), TEST, weights=path)
+                            for path in (run['snapshot'], after['weights']))
+        assert not np.array_equal(trained.params['conv1_bn'][0].data,
+                                  precise.params['conv1_bn'][0].data)
+        assert np.array_equal(trained.params['conv1'][0].data, precise.params['conv1'][0].data)
+        average = precise_bn_gain.batch_average(run, str(tmp_path / 'fcn_bn.prototxt'), 4, 2, 4)
+        assert 0 <= average['mean_iou'] <= 1

@@ -151,7 +151,8 @@ def parse(command, argv):
 
 # ---- train ---------------------------------------------------------------------------------
 def train(args):
-    """caffe train; under mpiexec or srun, this process's part of one run (training/data_parallel.py)."""
+    """caffe train; under mpiexec or srun, this process's part of one run
+    (training/data_parallel.py)."""
     return _in_job(_train, args)
 
 
