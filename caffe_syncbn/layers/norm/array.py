@@ -134,10 +134,10 @@ class RunningSums:
         _store(layer, j + 1, _values(layer, j + 1) * f + unbiased(var, count))
 
     def population(self, count, mean, var):
-        """Hold the statistics of ``count`` values (their mean and biased variance) as
-        sums of the factor Caffe's s tends to as it trains (a power of two,
-        weights/norm_forms.statistics_factor): TEST reads the mean and the unbiased
-        variance back exactly, and training that resumes weighs them as a full history."""
+        """Hold the statistics of ``count`` values (their mean and biased variance): the
+        mean and the unbiased variance times s, and s the factor Caffe's s tends to as it
+        trains (a power of two, weights/norm_forms.statistics_factor). TEST reads them back
+        exactly, and a training that resumes weighs them as a full history."""
         layer, j = self.layer, self.first
         factor = statistics_factor(self.fraction)
         _store(layer, j + 2, get_array_module(mean).full(1, factor, STAT))
