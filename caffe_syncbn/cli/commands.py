@@ -4,6 +4,7 @@
     mpiexec -n 2 caffe-syncbn train ...      (every process's devices join one run)
     caffe-syncbn test -model train_val.prototxt -weights net.caffemodel [-iterations 50]
     caffe-syncbn time -model net.prototxt [-iterations 50]
+    caffe-syncbn precise_bn -model train_val.prototxt -weights in.caffemodel -output out.caffemodel
     caffe-syncbn device_query [-gpu all]
     caffe-syncbn convert to-syncbn|to-batchnorm|fold-bn|to-deploy|to-onnx -model ... -output ...
     caffe-syncbn draw net.prototxt net.png [-rankdir LR] [-phase TRAIN|TEST|ALL]
@@ -34,6 +35,7 @@ from ..memory_planner import DEFAULT_PLAN, MEMORY_PLANS, describe_plans
 from ..netparam.upgrade import load_net_param
 from ..netparam.upgrade_file import upgrade_file
 from ..pycaffe.draw import draw_net_to_file
+from ..training.precise_bn import PreciseBN
 from ..training.rules import rule_class
 from ..training.solvers import checked_solver_param, get_solver
 from . import convert as convert_command
@@ -52,6 +54,7 @@ COMMANDS = {
     'test': 'score a model',
     'device_query': 'show the devices (GPU diagnostic information with -gpu)',
     'time': 'benchmark model execution time',
+    'precise_bn': "re-estimate every batch norm's running statistics over K global batches",
     'convert': 'convert a model: to-syncbn, to-batchnorm, fold-bn, to-deploy, to-onnx',
     'draw': 'draw a net as a PNG, SVG or PDF diagram',
     'upgrade': 'upgrade a V1 or old-style net prototxt, caffemodel or solver prototxt',
@@ -62,14 +65,15 @@ COMMANDS = {
 def _parser(command):
     """The flags of ``command``, named as caffe names them (see the README's flag table)."""
     p = FlagParser('%s %s' % (PROG, command), COMMANDS[command])
-    if command in ('train', 'test', 'time', 'device_query'):
+    if command in ('train', 'test', 'time', 'device_query', 'precise_bn'):
         where = p.add_mutually_exclusive_group()
         where.add_argument('-gpu', dest='gpu', type=gpu_ids, metavar='IDS',
                            help="GPU ids separated by ',', or 'all'" + {
                                'train': ' (a repeated id runs replicas on one GPU)',
+                               'precise_bn': ' (a repeated id runs replicas on one GPU)',
                                'device_query': ' (the GPUs to describe)'}.get(
                                    command, ' (the first runs the net)'))
-        if command == 'train':
+        if command in ('train', 'precise_bn'):
             where.add_argument('-cpu_devices', dest='cpu_devices', metavar='N',
                                type=positive_int('devices'),
                                help='virtual CPU devices, threads (1 when no GPU is asked for)')
@@ -99,28 +103,34 @@ def _parser(command):
                 if name == 'nan_effect' else 'a ' + name.split('_')[0].upper(), default,
                 ': a snapshot, then the run ends' if name == 'sigterm_effect' else ''))
         p.flag('log_file', metavar='FILE', help='also append the log to this file')
-    if command in ('test', 'time'):
+    if command in ('test', 'time', 'precise_bn'):
         default_phase = 'TEST' if command == 'test' else 'TRAIN'
+        iterations = 200 if command == 'precise_bn' else 50
         p.flag('model', required=True, metavar='FILE', help='the net prototxt')
-        p.flag('iterations', type=positive_int('iterations'), default=50, metavar='N',
-               help='the number of iterations to run (default 50)')
+        p.flag('iterations', type=positive_int('iterations'), default=iterations, metavar='N',
+               help='the number of %s to run (default %d)' % (
+                   'global batches' if command == 'precise_bn' else 'iterations', iterations))
         p.flag('phase', choices=('TRAIN', 'TEST'), default=default_phase,
                help='the net phase (default %s)' % default_phase)
-    if command == 'test':
-        p.flag('weights', required=True, metavar='FILES', help="the caffemodels to score, "
-                                                               "separated by ','")
+    if command in ('test', 'precise_bn'):
+        p.flag('weights', required=True, metavar='FILES', help="the caffemodels to %s, "
+               "separated by ','" % ('score' if command == 'test' else 'load'))
+    if command == 'precise_bn':
+        p.flag('output', required=True, metavar='FILE', help='the caffemodel to write (HDF5 '
+                                                             'for a name ending in .h5)')
     if command == 'time':
         p.flag('batch', type=positive_int('rows'), metavar='N',
                help="the batch size (default: the prototxt's)")
         p.flag('input_shape', type=convert_command.parse_shape, metavar='N,C,H,W',
                help="the data's shape (default: what the data layers' sources give)")
+    if command in ('train', 'test', 'time', 'precise_bn'):
+        p.flag('level', type=int, metavar='N', help='the NetState level')
+        p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
+               help="NetState stages separated by ',' (the flag may repeat)")
     if command in ('train', 'test', 'time'):
         plans = describe_plans(DEFAULT_PLAN['command'], 'the default, unless the solver '
                                'file sets memory_plan' if command == 'train' else 'the default')
         p.flag('memory_plan', choices=MEMORY_PLANS, help=plans.replace('%', '%%'))  # argparse's %
-        p.flag('level', type=int, metavar='N', help='the NetState level')
-        p.flag('stage', type=stage_list, action='append', default=[], metavar='S',
-               help="NetState stages separated by ',' (the flag may repeat)")
     if command == 'draw':
         p.add_argument('model', help='the net prototxt')
         p.add_argument('output', help='the file to write: its extension (png, svg, pdf, dot) '
@@ -144,14 +154,20 @@ def parse(command, argv):
 
 # ---- train ---------------------------------------------------------------------------------
 def train(args):
-    """caffe train; under mpiexec or srun, this process's part of one run (training/data_parallel.py).
-    In a job of several processes, an error ends every process: this one prints it and
-    calls MPI_Abort, so that none waits for ever in a collective."""
+    """caffe train; under mpiexec or srun, this process's part of one run
+    (training/data_parallel.py)."""
+    return _in_job(_train, args)
+
+
+def _in_job(run, args):
+    """``run(args)``; under mpiexec or srun, as this process's part of one job. In a job of
+    several processes, an error ends every process: this one prints it and calls
+    MPI_Abort, so that none waits for ever in a collective."""
     link = job_link()
     if link is not None and link.rank > 0:
         _log_as_rank(link.rank)
     with ending_job_on_error(link, functools.partial(_report, link)):
-        status = _train(args)
+        status = run(args)
         if link is not None:
             link.close()
     return status
@@ -231,6 +247,27 @@ def _advance(solver, requests, bar):
     if requests.sigterm_taken:
         log_sigterm(solver, request, time.monotonic() - requests.sigterm_at)
     return request
+
+
+# ---- precise_bn ------------------------------------------------------------------------------
+def precise_bn(args):
+    """PreciseBN (training/precise_bn.py); under mpiexec, every process's devices join it."""
+    return _in_job(_precise_bn, args)
+
+
+def _precise_bn(args):
+    weights = _paths(args.weights)
+    _require_files([('-model', args.model)] + [('-weights', path) for path in weights])
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        raise CaffeError('-output %s: no folder %s to write it in' % (args.output, folder))
+    with PreciseBN(args.model, weights, devices=train_devices(args),
+                   phase=TEST if args.phase == 'TEST' else TRAIN, level=args.level or 0,
+                   stages=args.stage) as job:
+        with progress_bar(len(job.passes) * args.iterations) as bar:
+            job.estimate(args.iterations, progress=bar.update if bar is not None else None)
+        job.save(args.output)
+    return 0
 
 
 # ---- test and time ---------------------------------------------------------------------------
@@ -331,7 +368,7 @@ def upgrade(args):
 
 # ---- the command -----------------------------------------------------------------------------
 _RUN = {'train': train, 'test': test, 'time': time_command, 'device_query': device_query,
-        'draw': draw, 'upgrade': upgrade}
+        'draw': draw, 'upgrade': upgrade, 'precise_bn': precise_bn}
 
 
 def main(argv=None):

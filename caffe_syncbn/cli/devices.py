@@ -11,14 +11,14 @@ from ..training.device_names import gpu_name
 log = logging.getLogger('caffe_syncbn')
 
 
-def train_devices(args, solver_param):
-    """The devices argument of get_solver: -gpu, -cpu_devices, or the solver's solver_mode
-    and device_id, which caffe train follows when -gpu is not given."""
+def train_devices(args, solver_param=None):
+    """The devices argument of get_solver (and PreciseBN): -gpu, -cpu_devices, or the
+    solver's solver_mode and device_id, which caffe train follows when -gpu is not given."""
     if args.gpu is not None:
         return 'gpu:' + gpu_spec(args.gpu, 'for virtual CPU devices use -cpu_devices N')
     if args.cpu_devices is not None:
         return 'cpu:%d' % args.cpu_devices
-    if solver_param.HasField('solver_mode') and \
+    if solver_param is not None and solver_param.HasField('solver_mode') and \
             solver_param.solver_mode == caffe_pb2.SolverParameter.GPU:
         if gpu_count():
             return 'gpu:%d' % solver_param.device_id

@@ -42,6 +42,7 @@ import math
 import numpy as np
 
 from ...backend import get_array_module
+from ...weights.norm_forms import statistics_factor
 from ..neuron.layers import relu, relu_gradient
 
 STAT = np.float64   # dtype of every per-channel statistic
@@ -138,6 +139,17 @@ class RunningSums:
         _store(layer, j, _values(layer, j) * f + mean, kept)
         _store(layer, j + 1, _values(layer, j + 1) * f + unbiased(var, count), kept)
 
+    def population(self, count, mean, var):
+        """Hold the statistics of ``count`` values (their mean and biased variance): the
+        mean and the unbiased variance times s, and s the factor Caffe's s tends to as it
+        trains (a power of two, weights/norm_forms.statistics_factor). TEST reads them back
+        exactly, and a training that resumes weighs them as a full history."""
+        layer, j = self.layer, self.first
+        factor = statistics_factor(self.fraction)
+        _store(layer, j + 2, get_array_module(mean).full(1, factor, STAT))
+        _store(layer, j, mean * factor)
+        _store(layer, j + 1, unbiased(var, count) * factor)
+
 
 class RunningAverage:
     """The forks' running statistics, blobs [first, first + 2) of ``layer``: mean and var,
@@ -166,6 +178,12 @@ class RunningAverage:
             var = unbiased(var, count)
         _store(layer, j, keep * _values(layer, j) + (1 - keep) * mean, kept)
         _store(layer, j + 1, keep * _values(layer, j + 1) + (1 - keep) * var, kept)
+
+    def population(self, count, mean, var):
+        """Hold the statistics of ``count`` values (their mean and biased variance), the
+        variance as ``update`` takes a batch's."""
+        _store(self.layer, self.first, mean)
+        _store(self.layer, self.first + 1, unbiased(var, count) if self.unbiased_variance else var)
 
 
 # ---- the array engine ------------------------------------------------------------------------

@@ -116,6 +116,12 @@ class _ChannelNorm(Layer):
     def empty_batch_message(self, shape):
         return 'cannot take batch statistics of an empty batch (shape %s)' % (shape,)
 
+    def use_running_statistics(self):
+        """From now on, normalize with the running statistics and update none, as in TEST,
+        whatever the phase: PreciseBN (training/precise_bn.py) runs the layers before the
+        one it estimates so, on their new statistics."""
+        raise NotImplementedError
+
     def absorb(self, layer, top):
         chain = self.chain or self.new_chain()
         if not chain.offer(layer, self.channels):
@@ -238,6 +244,9 @@ class BatchNorm(_ChannelNorm):
     def fixed_param_mults(self, index):
         return (0.0, None) if index < 3 else None
 
+    def use_running_statistics(self):
+        self.use_global_stats = True
+
     def uses_batch_formula(self):
         return not self.use_global_stats
 
@@ -332,6 +341,9 @@ class BN(_ChannelNorm):
     def update_statistics(self, count, mean, var):
         """The running statistics take this batch's (the forks' BN: whatever they are)."""
         self.statistics.update(count, mean, var)
+
+    def use_running_statistics(self):
+        self.use_running_stats = True
 
     def backward_reads_x_hat(self):
         return not self.affine_frozen
