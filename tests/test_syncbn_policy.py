@@ -13,7 +13,7 @@ from caffe_syncbn.comm.thread import ThreadComm
 from caffe_syncbn.convert import to_syncbn
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layer import TRAIN
-from caffe_syncbn.layers.norm_math import RunningAverage, RunningSums
+from caffe_syncbn.layers.norm.array import RunningAverage, RunningSums
 from caffe_syncbn.net import Net
 from caffe_syncbn.weights.norm_forms import norm_units
 
