@@ -10,16 +10,36 @@ import difflib
 
 YOLO = 'the YOLO ports of Caffe'
 RFCN = "R-FCN's Caffe"
-SEGNET = "SegNet's Caffe"
 SSD = "Wei Liu's SSD fork of Caffe"
+DEEPLAB = "DeepLab's Caffe (deeplab-public-ver2)"
+#: DeepLab's own nets leave DenseCRF commented out and run the CRF as a tool afterwards
+DEEPLAB_CRF = ("DeepLab's Caffe (deeplab-public-ver2; write the scores with MatWrite and run "
+               "DeepLab's densecrf tool on them)")
+DEEPLAB_V1 = "DeepLab v1's Caffe (deeplab-public)"
 
 FORK_LAYER_TYPES = {
     'Reorg': YOLO,
     'Region': YOLO,
     'RegionLoss': YOLO,
     'PSROIPooling': RFCN,
-    'DenseImageData': SEGNET,
     'VideoData': SSD,
+    # DeepLab: ImageSegData, Interp, SegAccuracy, MatWrite and MatRead are implemented
+    'DenseCRF': DEEPLAB_CRF,
+    'DomainTransform': DEEPLAB,
+    'DomainTransformForwardOnly': DEEPLAB,
+    'BiasChannel': DEEPLAB,
+    'AdaptiveBiasChannel': DEEPLAB,
+    'SpatialProduct': DEEPLAB,
+    'UniqueLabel': DEEPLAB,
+    'Padding': DEEPLAB_V1,
+    'DominantChannel': DEEPLAB_V1,
+    'CensorLabel': DEEPLAB_V1,
+    'ChannelAggregator': DEEPLAB_V1,
+    'IgnoreOverlay': DEEPLAB_V1,
+    'Histogram': DEEPLAB_V1,
+    'RelativeError': DEEPLAB_V1,
+    'GainChannel': DEEPLAB_V1,
+    'OneHot': DEEPLAB_V1,
 }
 
 FORK_PARAM_FIELDS = {
@@ -27,7 +47,20 @@ FORK_PARAM_FIELDS = {
     'region_param': YOLO,
     'region_loss_param': YOLO,
     'psroi_pooling_param': RFCN,
-    'dense_image_data_param': SEGNET,
+    'dense_crf_param': DEEPLAB_CRF,
+    'domain_transform_param': DEEPLAB,
+    'bias_channel_param': DEEPLAB,
+    'adaptive_bias_channel_param': DEEPLAB,
+    'unique_label_param': DEEPLAB,
+    'padding_param': DEEPLAB_V1,
+    'dominant_channel_param': DEEPLAB_V1,
+    'censor_label_param': DEEPLAB_V1,
+    'channel_aggregator_param': DEEPLAB_V1,
+    'ignore_overlay_param': DEEPLAB_V1,
+    'histogram_param': DEEPLAB_V1,
+    'gain_channel_param': DEEPLAB_V1,
+    'onehot_param': DEEPLAB_V1,
+    'softmaxloss_param': DEEPLAB_V1,
 }
 
 #: how close (difflib ratio) a known name must be to be offered as a correction
