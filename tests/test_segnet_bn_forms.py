@@ -166,3 +166,57 @@ def test_a_binary_caffemodel_of_the_fork_loads():
     net = caffe.Net(param, caffe.TEST)
     net.copy_from(caffe_pb2.NetParameter.FromString(bytes(raw)))
     np.testing.assert_array_equal(net.params['bn'][0].data, weights['bn'][0].astype(np.float32))
+
+
+SEGNET_TRAIN = '''name: "segnet_style"
+layer { name: "data" type: "DenseImageData" top: "data" top: "label"
+  dense_image_data_param { source: "%(root)s/train.txt" root_folder: "%(root)s/" batch_size: %(batch)d
+                           mirror: true crop_height: 8 crop_width: 9 } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 6 kernel_size: 3 pad: 1 weight_filler { type: "msra" } } }
+layer { name: "conv1_bn" type: "BN" bottom: "conv1" top: "conv1"
+  bn_param { scale_filler { type: "constant" value: 1 } shift_filler { type: "constant" value: 0.001 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "conv_classifier" type: "Convolution" bottom: "conv1" top: "conv_classifier"
+  convolution_param { num_output: 3 kernel_size: 1 weight_filler { type: "msra" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "conv_classifier" bottom: "label" top: "loss"
+  loss_param { weight_by_label_freqs: true ignore_label: 11
+               class_weighting: 0.5 class_weighting: 1.5 class_weighting: 3 } }
+'''
+
+
+def test_a_segnet_net_trains_under_sync_bn_on_two_devices_as_on_one(tmp_path):
+    """SegNet's BN as SyncBN, DenseImageData's flips and crops drawn per image, the
+    class-weighted loss: 2 devices x 2 images train as 1 device x 4 images."""
+    cv2 = pytest.importorskip('cv2')
+    rs = np.random.RandomState(0)
+    lines = []
+    for i in range(6):
+        labels = rs.randint(0, 3, (10, 12)).astype(np.uint8)
+        labels[rs.rand(10, 12) < 0.1] = 11
+        image = (np.minimum(labels, 2)[..., None] * 70 + rs.randint(0, 40, (10, 12, 3)))
+        cv2.imwrite(str(tmp_path / ('%d.png' % i)), image.astype(np.uint8))
+        cv2.imwrite(str(tmp_path / ('%d_label.png' % i)), labels)
+        lines.append('%d.png %d_label.png\n' % (i, i))
+    (tmp_path / 'train.txt').write_text(''.join(lines))
+    trained = {}
+    for devices, batch in (('cpu:2', 2), ('cpu:1', 4)):
+        net = tmp_path / ('%s.prototxt' % devices.replace(':', ''))
+        net.write_text(SEGNET_TRAIN % {'root': tmp_path, 'batch': batch})
+        solver_file = tmp_path / ('%s_solver.prototxt' % devices.replace(':', ''))
+        solver_file.write_text('net: "%s" base_lr: 0.05 momentum: 0.9 lr_policy: "fixed" '
+                               'max_iter: 10 display: 0 random_seed: 3 snapshot_prefix: "%s"'
+                               % (net, tmp_path / 'snap'))
+        solver = caffe.get_solver(str(solver_file), devices=devices, sync_bn=True)
+        try:
+            assert type(solver.net.layer_by_name['conv1_bn']).__name__ == 'SyncSegNetBN'
+            solver.step(3)
+            trained[devices] = {name: [b.data.copy() for b in blobs]
+                                for name, blobs in solver.net.params.items()}
+        finally:
+            solver.close()
+    for name, blobs in trained['cpu:1'].items():
+        for j, blob in enumerate(blobs):
+            np.testing.assert_allclose(trained['cpu:2'][name][j], blob, rtol=2e-4, atol=2e-5,
+                                       err_msg='%s[%d]' % (name, j))
+    assert np.any(trained['cpu:1']['conv1_bn'][0] != 1)          # the scale learned
