@@ -3,8 +3,9 @@ implement, so that a net using one is told where the layer comes from instead of
 being offered the nearest name of another layer.
 
 ``FORK_LAYER_TYPES`` maps a layer type to the fork it comes from, ``FORK_PARAM_FIELDS``
-a LayerParameter field (``*_param``, as a prototxt spells it) to its fork. A type
-or field that gets implemented is removed here (the tests check both ways).
+a LayerParameter field (``*_param``, as a prototxt spells it), or a fork's field of another
+message, to its fork. A type or field that gets implemented is removed here (the tests
+check both ways).
 """
 import difflib
 
@@ -52,6 +53,7 @@ FORK_PARAM_FIELDS = {
     'bias_channel_param': DEEPLAB,
     'adaptive_bias_channel_param': DEEPLAB,
     'unique_label_param': DEEPLAB,
+    'update_global_stats': DEEPLAB,          # its BatchNorm's, unused by its released nets
     'padding_param': DEEPLAB_V1,
     'dominant_channel_param': DEEPLAB_V1,
     'censor_label_param': DEEPLAB_V1,

@@ -140,3 +140,13 @@ def test_deeplabs_crf_settings_name_deeplab():
     assert str(info.value).endswith(
         '"dense_crf_param". (a layer setting of DeepLab\'s Caffe (deeplab-public-ver2; write the '
         "scores with MatWrite and run DeepLab's densecrf tool on them), not implemented)")
+
+
+def test_deeplabs_batchnorm_setting_names_deeplab():
+    text = ('layer { name: "bn" type: "BatchNorm" batch_norm_param { use_global_stats: true '
+            'update_global_stats: true } }')
+    with pytest.raises(CaffeError) as info:
+        parse_text(text, caffe_pb2.NetParameter(), 'test.prototxt')
+    assert str(info.value).endswith(
+        "\"update_global_stats\". (a layer setting of DeepLab's Caffe (deeplab-public-ver2), not "
+        'implemented)')
