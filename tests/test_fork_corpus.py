@@ -12,6 +12,7 @@ import pytest
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
+from caffe_syncbn.convert import to_deploy
 from caffe_syncbn.netparam.inputs import is_data_layer, swap_data_layers_for_inputs
 from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.netparam.upgrade import load_net_param
@@ -133,3 +134,33 @@ def test_fork_net_runs_forward(name, tmp_path, monkeypatch):
     for top, value in outputs.items():
         assert np.all(np.isfinite(value)), '%s: %s is not finite' % (name, top)
         assert value.size == 1 or np.ptp(value) > 0, '%s: %s is constant' % (name, top)
+
+
+@pytest.mark.parametrize('name, kept', [
+    ('talent518_deeplab-public-ver2__exper_voc12_config_vgg16_test.prototxt',
+     {'Input': 1, 'Interp': 1, 'Eltwise': 1}),
+    ('alexgkendall_SegNet-Tutorial__Models_segnet_basic_train.prototxt',
+     {'Input': 1, 'BN': 8, 'Upsample': 4, 'Softmax': 1}),
+])
+def test_fork_nets_deploy(name, kept, tmp_path, monkeypatch):
+    """to-deploy leaves the test run's layers out (DeepLab's MatWrite and SegAccuracy, the
+    losses, what reads the labels); the data layer becomes an Input of its crop or image."""
+    monkeypatch.chdir(tmp_path)
+    param = net_param(name)
+    net_files(tmp_path, param)
+    for layer in param.layer:        # the list the data layer reads: one image of 40 x 48
+        if is_data_layer(layer):
+            p = layer.dense_image_data_param if layer.type == 'DenseImageData' else \
+                layer.image_data_param
+            p.source, p.root_folder = str(tmp_path / 'list.txt'), str(tmp_path) + '/'
+    cv2 = pytest.importorskip('cv2')
+    cv2.imwrite(str(tmp_path / 'a.png'), np.zeros((40, 48, 3), np.uint8))
+    cv2.imwrite(str(tmp_path / 'a_label.png'), np.zeros((40, 48), np.uint8))
+    (tmp_path / 'list.txt').write_text('a.png a_label.png\n')
+    deploy, _ = to_deploy(param)
+    types = [layer.type for layer in deploy.layer]
+    assert not {'MatWrite', 'SegAccuracy', 'Accuracy', 'Silence', 'SoftmaxWithLoss'} & set(types)
+    for kind, count in kept.items():
+        assert types.count(kind) == count, (kind, types)
+    net = caffe.Net(deploy, caffe.TEST)
+    assert net.blobs['data'].shape in ((1, 3, 513, 513), (4, 3, 40, 48))
