@@ -61,7 +61,8 @@ def is_segnet_bn(layer):
     if segnet and pspnet:
         raise layer_error(layer, "bn_param mixes settings of SegNet's and ENet's BN (%s) with "
                                  "settings of PSPNet's BN (%s); the two forks' layers differ: "
-                                 'keep the settings of one' % (', '.join(segnet), ', '.join(pspnet)))
+                                 'keep the settings of one'
+                                 % (', '.join(segnet), ', '.join(pspnet)))
     return bool(segnet) or len(layer.top) > 1
 
 

@@ -19,7 +19,8 @@ from helpers.onnx_helpers import assert_close, run
 
 FILLERS = 'scale_filler { type: "constant" value: 1 } shift_filler { type: "constant" value: 0 }'
 NET = '''name: "segnet"
-layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 6 dim: 7 } } }
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 2 dim: 3 dim: 6 dim: 7 } } }
 layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
         convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }
 layer { name: "bn" type: "BN" bottom: "conv" top: "conv" %s
@@ -170,12 +171,14 @@ def test_a_binary_caffemodel_of_the_fork_loads():
 
 SEGNET_TRAIN = '''name: "segnet_style"
 layer { name: "data" type: "DenseImageData" top: "data" top: "label"
-  dense_image_data_param { source: "%(root)s/train.txt" root_folder: "%(root)s/" batch_size: %(batch)d
+  dense_image_data_param { source: "%(root)s/train.txt" root_folder: "%(root)s/"
+                           batch_size: %(batch)d
                            mirror: true crop_height: 8 crop_width: 9 } }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   convolution_param { num_output: 6 kernel_size: 3 pad: 1 weight_filler { type: "msra" } } }
 layer { name: "conv1_bn" type: "BN" bottom: "conv1" top: "conv1"
-  bn_param { scale_filler { type: "constant" value: 1 } shift_filler { type: "constant" value: 0.001 } } }
+  bn_param { scale_filler { type: "constant" value: 1 }
+             shift_filler { type: "constant" value: 0.001 } } }
 layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
 layer { name: "conv_classifier" type: "Convolution" bottom: "conv1" top: "conv_classifier"
   convolution_param { num_output: 3 kernel_size: 1 weight_filler { type: "msra" } } }

@@ -109,7 +109,8 @@ def _guess_top_shapes(layer, batch):
     channels, height, width = _image_shape(layer)
     shapes = [(batch, channels, height, width)]
     dense = layer.dense_image_data_param
-    if layer.type == 'DenseImageData' and not (layer.transform_param.crop_size or dense.crop_height):
+    cropped = layer.transform_param.crop_size or dense.crop_height
+    if layer.type == 'DenseImageData' and not cropped:
         factor = max(1, dense.label_divide_factor)     # ENet's labels for its encoder
         height, width = height // factor, width // factor
     for _ in layer.top[1:]:

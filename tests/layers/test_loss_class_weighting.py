@@ -33,7 +33,8 @@ def fork_loss(scores, labels, weights, normalize=True):
                 label = int(labels[i, 0, h, w])
                 if label == 11:
                     continue
-                loss -= np.log(max(prob[i, label, h, w], np.finfo(np.float32).tiny)) * weights[label]
+                p = max(prob[i, label, h, w], np.finfo(np.float32).tiny)
+                loss -= np.log(p) * weights[label]
                 count += 1
     return loss / count if normalize else loss / n
 

@@ -58,7 +58,8 @@ def fork_backward(x, dy, scale, mode):
 def sample(seed=0, shape=(4, 3, 5, 6)):
     rs = np.random.RandomState(seed)
     x = rs.standard_normal(shape) * rs.uniform(0.5, 3, (1, shape[1], 1, 1)) + 4
-    return x, rs.standard_normal(shape), rs.uniform(0.5, 1.5, shape[1]), rs.standard_normal(shape[1])
+    scale, shift = rs.uniform(0.5, 1.5, shape[1]), rs.standard_normal(shape[1])
+    return x, rs.standard_normal(shape), scale, shift
 
 
 def run(engine, text, x, dy, scale, shift, phase=TRAIN, dtype=np.float64, in_place=False):

@@ -53,7 +53,8 @@ class DenseReader(SampleStream):
                     np.zeros((0, 1) + layer.label_window, layer.dtype)]
         # the label's crop and flip are the image's: the same draws, from copies
         label_rngs = [copy.deepcopy(rng) for rng in rngs]
-        return [self.images(images, layer.dtype, rngs), self.labels(labels, layer.dtype, label_rngs)]
+        return [self.images(images, layer.dtype, rngs),
+                self.labels(labels, layer.dtype, label_rngs)]
 
     def pass_over(self, n):
         for _ in range(n):
