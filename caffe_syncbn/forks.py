@@ -3,23 +3,44 @@ implement, so that a net using one is told where the layer comes from instead of
 being offered the nearest name of another layer.
 
 ``FORK_LAYER_TYPES`` maps a layer type to the fork it comes from, ``FORK_PARAM_FIELDS``
-a LayerParameter field (``*_param``, as a prototxt spells it) to its fork. A type
-or field that gets implemented is removed here (the tests check both ways).
+a LayerParameter field (``*_param``, as a prototxt spells it), or a fork's field of another
+message, to its fork. A type or field that gets implemented is removed here (the tests
+check both ways).
 """
 import difflib
 
 YOLO = 'the YOLO ports of Caffe'
 RFCN = "R-FCN's Caffe"
-SEGNET = "SegNet's Caffe"
 SSD = "Wei Liu's SSD fork of Caffe"
+DEEPLAB = "DeepLab's Caffe (deeplab-public-ver2)"
+#: DeepLab's own nets leave DenseCRF commented out and run the CRF as a tool afterwards
+DEEPLAB_CRF = ("DeepLab's Caffe (deeplab-public-ver2; write the scores with MatWrite and run "
+               "DeepLab's densecrf tool on them)")
+DEEPLAB_V1 = "DeepLab v1's Caffe (deeplab-public)"
 
 FORK_LAYER_TYPES = {
     'Reorg': YOLO,
     'Region': YOLO,
     'RegionLoss': YOLO,
     'PSROIPooling': RFCN,
-    'DenseImageData': SEGNET,
     'VideoData': SSD,
+    # DeepLab: ImageSegData, Interp, SegAccuracy, MatWrite and MatRead are implemented
+    'DenseCRF': DEEPLAB_CRF,
+    'DomainTransform': DEEPLAB,
+    'DomainTransformForwardOnly': DEEPLAB,
+    'BiasChannel': DEEPLAB,
+    'AdaptiveBiasChannel': DEEPLAB,
+    'SpatialProduct': DEEPLAB,
+    'UniqueLabel': DEEPLAB,
+    'Padding': DEEPLAB_V1,
+    'DominantChannel': DEEPLAB_V1,
+    'CensorLabel': DEEPLAB_V1,
+    'ChannelAggregator': DEEPLAB_V1,
+    'IgnoreOverlay': DEEPLAB_V1,
+    'Histogram': DEEPLAB_V1,
+    'RelativeError': DEEPLAB_V1,
+    'GainChannel': DEEPLAB_V1,
+    'OneHot': DEEPLAB_V1,
 }
 
 FORK_PARAM_FIELDS = {
@@ -27,7 +48,21 @@ FORK_PARAM_FIELDS = {
     'region_param': YOLO,
     'region_loss_param': YOLO,
     'psroi_pooling_param': RFCN,
-    'dense_image_data_param': SEGNET,
+    'dense_crf_param': DEEPLAB_CRF,
+    'domain_transform_param': DEEPLAB,
+    'bias_channel_param': DEEPLAB,
+    'adaptive_bias_channel_param': DEEPLAB,
+    'unique_label_param': DEEPLAB,
+    'update_global_stats': DEEPLAB,          # its BatchNorm's, unused by its released nets
+    'padding_param': DEEPLAB_V1,
+    'dominant_channel_param': DEEPLAB_V1,
+    'censor_label_param': DEEPLAB_V1,
+    'channel_aggregator_param': DEEPLAB_V1,
+    'ignore_overlay_param': DEEPLAB_V1,
+    'histogram_param': DEEPLAB_V1,
+    'gain_channel_param': DEEPLAB_V1,
+    'onehot_param': DEEPLAB_V1,
+    'softmaxloss_param': DEEPLAB_V1,
 }
 
 #: how close (difflib ratio) a known name must be to be offered as a correction

@@ -104,6 +104,8 @@ class Net:
                     needs = lp.propagate_down[j]
                 bottom_needs.append(needs)
                 need_backward |= blob_need_backward[name]
+            if layer.is_loss and not lp.top:
+                lp.top.append(self._automatic_top(lp))
             tops = []
             for name in lp.top:
                 if name in lp.bottom:
@@ -164,6 +166,13 @@ class Net:
     def _params_by_layer(self):
         return collections.OrderedDict((name, layer.blobs) for name, layer in
                                        zip(self._layer_names, self.layers) if layer.blobs)
+
+    def _automatic_top(self, lp):
+        """The top Caffe gives a loss layer that names none (AutoTopBlobs), so that its loss
+        counts (DeepLab's training nets leave them out): named as the layer where no blob
+        is, and, unlike Caffe's anonymous one, an output of the net, shown in the log."""
+        taken = {top for layer in self.net_param.layer for top in layer.top}
+        return lp.name if lp.name not in taken else lp.name + ' (automatic)'
 
     def _register_param(self, lp, layer, j, blob, owners, explicit_mults):
         """Apply ParamSpec j (lr_mult, decay_mult, sharing); return whether it wants a gradient.

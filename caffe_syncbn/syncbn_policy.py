@@ -15,8 +15,13 @@ that is what the layer's files and users expect. One made of a BatchNorm keeps B
 sums (``statistics: BATCHNORM``): its blobs, snapshots and TEST scores are those of
 BatchNorm on one device with the global batch. One made of a BN keeps the forks'
 momentum average (MOMENTUM). Both take the global batch's mean and unbiased variance,
-by the rules of layers/norm_math.py (RunningSums, RunningAverage). A frozen layer
-(use_global_stats: true, frozen: true) makes a frozen SyncBN.
+by the rules of layers/norm/array.py (RunningSums, RunningAverage). A frozen layer
+(use_global_stats: true, frozen: true) makes a frozen SyncBN. SegNet's and ENet's BN,
+which shares its type name with PSPNet's and is told apart by its settings
+(``is_segnet_bn``), keeps none: in LEARN mode it normalizes with the statistics of the
+batch in every phase, the global batch's under -sync_bn, and its users fold the
+statistics of their data set into its scale and shift after training (INFERENCE mode,
+a per-channel affine that has nothing to synchronize).
 
 The loss normalizer: a loss layer of a replica divides by the global count over the
 number of replicas (``loss_normalizer``), so that the solver's average of the replicas'
@@ -38,10 +43,32 @@ import numpy as np
 
 from . import caffe_pb2
 from .backend import get_array_module
-from .errors import CaffeError
+from .errors import CaffeError, layer_error
 
 #: the layer types -sync_bn turns into SyncBN (a BatchNorm with its Scale, if it has one)
 CONVERTED = ('BatchNorm', 'BN')
+#: the settings of SegNet's and ENet's BN, and those of PSPNet's and yjxiong's (with ours)
+SEGNET_BN_FIELDS = ('scale_filler', 'shift_filler', 'bn_mode')
+PSPNET_BN_FIELDS = ('slope_filler', 'bias_filler', 'momentum', 'eps', 'frozen', 'engine',
+                    'statistics')
+
+
+def is_segnet_bn(layer):
+    """Whether the BN or SyncBN LayerParameter ``layer`` is SegNet's and ENet's (blobs
+    scale and shift, no running statistics) rather than PSPNet's and yjxiong's: it names
+    SegNet's settings, or has the batch mean and variance tops only SegNet's has. A layer
+    that names settings of both is refused."""
+    if layer.type not in ('BN', 'SyncBN'):
+        return False
+    p = layer.bn_param
+    segnet = [name for name in SEGNET_BN_FIELDS if p.HasField(name)]
+    pspnet = [name for name in PSPNET_BN_FIELDS if p.HasField(name)]
+    if segnet and pspnet:
+        raise layer_error(layer, "bn_param mixes settings of SegNet's and ENet's BN (%s) with "
+                                 "settings of PSPNet's BN (%s); the two forks' layers differ: "
+                                 'keep the settings of one'
+                                 % (', '.join(segnet), ', '.join(pspnet)))
+    return bool(segnet) or len(layer.top) > 1
 
 
 def syncbn_statistics(layer):
@@ -127,15 +154,24 @@ def start_lines(net_param, units, grouped=False):
                                       for u in units)),
              ('BatchNorm', sum(u.kind == 'BatchNorm' and u.scale_name is None for u in units)),
              ('BN', sum(u.kind == 'BN' for u in units)),
+             ("SegNet's BN", sum(u.kind == 'SegNetBN' for u in units)),
              ('SyncBN', sum(u.kind == 'SyncBN' for u in units))]
     lines = [(logging.INFO, '--sync-bn: %d layer(s) run as SyncBN (%s)' % (
         len(units), ', '.join('%d %s' % (n, form) for form, n in forms if n)))]
     sums = sum(u.keeps_sums for u in units)
+    segnet = sum(u.kind == 'SegNetBN' for u in units)
+    averages = len(units) - sums - segnet
     conventions = [("%d as BatchNorm's sums (moving_average_fraction)" % sums, sums),
-                   ('%d as a momentum average' % (len(units) - sums), len(units) - sums)]
-    lines.append((logging.INFO, '--sync-bn: running statistics of the %s, kept %s'
-                  % ("batch of each replica's group" if grouped else 'global batch',
-                     ' and '.join(text for text, n in conventions if n))))
+                   ('%d as a momentum average' % averages, averages)]
+    if sums or averages:
+        lines.append((logging.INFO, '--sync-bn: running statistics of the %s, kept %s'
+                      % ("batch of each replica's group" if grouped else 'global batch',
+                         ' and '.join(text for text, n in conventions if n))))
+    if segnet:
+        lines.append((logging.INFO, "--sync-bn: %d of them (SegNet's BN) keep no running "
+                                    "statistics: bn_mode LEARN normalizes with the %s's "
+                                    "statistics in every phase, INFERENCE applies scale and shift"
+                      % (segnet, "group" if grouped else "global batch")))
     frozen = [u.name for u in units if is_frozen(net_param.layer[u.index])]
     if frozen:
         lines.append((logging.INFO, '--sync-bn: %d of them keep their running statistics '

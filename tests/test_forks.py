@@ -116,3 +116,37 @@ def test_ssd_fork_training_data_layer_parses_and_names_its_missing_lmdb(tmp_path
     line = one_error_line(run_cli('time', '-model', net, '-phase', 'TRAIN', '-iterations', 1))
     assert "layer 'data' (type AnnotatedData): LMDB (data_param.source) 'trainval_lmdb' " \
            "not found" in line
+
+
+@pytest.mark.parametrize('text, fork', [
+    ('layer { name: "c" type: "DenseCRF" bottom: "a" top: "b" }',
+     "layer type 'DenseCRF' is from DeepLab's Caffe (deeplab-public-ver2; write the scores with "
+     "MatWrite and run DeepLab's densecrf tool on them) and is not implemented"),
+    ('layer { name: "c" type: "DomainTransform" bottom: "a" top: "b" }',
+     "layer type 'DomainTransform' is from DeepLab's Caffe (deeplab-public-ver2) and is not "
+     'implemented'),
+])
+def test_deeplabs_missing_layers_name_deeplab(text, fork):
+    net = parse_text(text, caffe_pb2.NetParameter())
+    with pytest.raises(CaffeError) as info:
+        layer_class(net.layer[0].type, net.layer[0])
+    assert fork in str(info.value)
+
+
+def test_deeplabs_crf_settings_name_deeplab():
+    text = 'layer { name: "crf" type: "DenseCRF" dense_crf_param { max_iter: 10 } }'
+    with pytest.raises(CaffeError) as info:
+        parse_text(text, caffe_pb2.NetParameter(), 'test.prototxt')
+    assert str(info.value).endswith(
+        '"dense_crf_param". (a layer setting of DeepLab\'s Caffe (deeplab-public-ver2; write the '
+        "scores with MatWrite and run DeepLab's densecrf tool on them), not implemented)")
+
+
+def test_deeplabs_batchnorm_setting_names_deeplab():
+    text = ('layer { name: "bn" type: "BatchNorm" batch_norm_param { use_global_stats: true '
+            'update_global_stats: true } }')
+    with pytest.raises(CaffeError) as info:
+        parse_text(text, caffe_pb2.NetParameter(), 'test.prototxt')
+    assert str(info.value).endswith(
+        "\"update_global_stats\". (a layer setting of DeepLab's Caffe (deeplab-public-ver2), not "
+        'implemented)')

@@ -298,6 +298,24 @@ def test_split_insertion_names_and_diff_accumulation(monkeypatch):
                 close(getattr(net.blobs[name], kind), ref[key])
 
 
+def test_a_loss_layer_without_a_top_gets_one_and_its_loss_counts():
+    """Caffe's AutoTopBlobs, which DeepLab's training nets rely on: its SoftmaxWithLoss
+    layers name no top. The loss counts with weight 1 and reaches the scores' diff."""
+    text = 'force_backward: true\n' + input_layer('x', 2, 3) + input_layer('y', 2) + \
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "x" bottom: "y" }\n' + \
+        'layer { name: "again" type: "SoftmaxWithLoss" bottom: "x" bottom: "y" top: "loss" }\n'
+    net = build(text, dtype=np.float64)
+    x = np.array([[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]])
+    y = np.array([2.0, 0.0])
+    out = net.forward(x=x, y=y)
+    expected = -np.mean(np.log(np.exp(x) / np.exp(x).sum(axis=1, keepdims=True))[[0, 1], [2, 0]])
+    assert set(out) == {'loss', 'loss (automatic)'}
+    assert float(out['loss (automatic)']) == pytest.approx(expected)
+    net.backward()
+    softmax = np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)
+    close(net.blobs['x'].diff, 2 * (softmax - np.eye(3)[[2, 0]]) / 2)
+
+
 def test_one_layer_consuming_a_blob_twice():
     net = build('force_backward: true\n' + input_layer('x', 2, 3)
                 + 'layer { name: "sum" type: "Eltwise" bottom: "x" bottom: "x" top: "y" }\n')

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
+import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.formats.blobs import blob_to_array, write_blob_proto
 from caffe_syncbn.formats.caffemodel import read_net_param
 from caffe_syncbn.layer import layer_type_list
 from caffe_syncbn.netparam.inputs import is_data_layer, swap_data_layers_for_inputs
-from caffe_syncbn.netparam.prototxt import read_prototxt
+from caffe_syncbn.netparam.prototxt import parse_text, read_prototxt
 from caffe_syncbn.netparam.upgrade import V1_TYPE_NAMES, upgrade_net_param
 
 from helpers.paths import CORPUS, GOLDEN, require
@@ -96,6 +97,48 @@ def test_v1_param_specs_and_data_transform():
     assert ip.include[0].phase == caffe_pb2.TRAIN and ip.inner_product_param.num_output == 2
     assert (loss.type, list(loss.loss_weight), loss.loss_param.ignore_label) == \
         ('SoftmaxWithLoss', [2], 255)
+
+
+DEEPLAB_V1 = '''
+  layers { name: "data" type: IMAGE_SEG_DATA top: "data" top: "label"
+           image_data_param { source: "list.txt" batch_size: 1 label_type: PIXEL }
+           transform_param { crop_size: 306 mean_value: 104 } }
+  layers { name: "shrink" type: INTERP bottom: "label" top: "label_shrink"
+           interp_param { shrink_factor: 8 pad_beg: 0 pad_end: 0 } }
+  layers { name: "accuracy" type: SEG_ACCURACY bottom: "data" bottom: "label_shrink"
+           top: "accuracy" seg_accuracy_param { ignore_label: 255 } }
+  layers { name: "out" type: MAT_WRITE bottom: "data"
+           mat_write_param { prefix: "features/" source: "ids.txt" strip: 0 period: 1 } }'''
+
+
+def test_deeplab_v1_layer_types_upgrade_with_their_settings():
+    """DeepLab v1's prototxts use the V1 format with its own layer types."""
+    data, shrink, accuracy, out = upgrade_net_param(parse(DEEPLAB_V1)).layer
+    assert [layer.type for layer in (data, shrink, accuracy, out)] == [
+        'ImageSegData', 'Interp', 'SegAccuracy', 'MatWrite']
+    assert data.image_data_param.label_type == caffe_pb2.ImageDataParameter.PIXEL
+    assert data.transform_param.crop_size == 306
+    assert shrink.interp_param.shrink_factor == 8
+    assert list(accuracy.seg_accuracy_param.ignore_label) == [255]
+    assert out.mat_write_param.prefix == 'features/'
+    with pytest.raises(CaffeError) as info:                 # its list is not here
+        caffe.Net(upgrade_net_param(parse(DEEPLAB_V1)), caffe.TRAIN)
+    assert "layer 'data' (type ImageSegData): as DeepLab's ImageSegData (deeplab-public-ver2): " \
+           in str(info.value)
+
+
+def test_deeplab_v1_types_this_package_lacks_name_deeplab():
+    net = upgrade_net_param(parse('layers { name: "crf" type: DENSE_CRF bottom: "a" top: "b" }'))
+    with pytest.raises(CaffeError) as info:
+        caffe.Net(net, caffe.TEST)
+    assert "layer type 'DenseCRF' is from DeepLab's Caffe (deeplab-public-ver2; write the " \
+           "scores with MatWrite and run DeepLab's densecrf tool on them) and is not " \
+           'implemented' in str(info.value)
+    with pytest.raises(CaffeError) as info:
+        parse_text('layers { name: "p" type: PADDING padding_param { pad: 1 } }',
+                   caffe_pb2.NetParameter(), 'deeplab_v1.prototxt')
+    assert str(info.value).endswith('"padding_param". (a layer setting of DeepLab v1\'s Caffe '
+                                    '(deeplab-public), not implemented)')
 
 
 def test_upgrade_refuses_v0_and_mixed_nets():

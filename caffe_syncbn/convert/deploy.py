@@ -5,7 +5,8 @@ layers: the image top gets ``input_shape``, or the shape the data layer itself w
 it, read from its source (data/top_shapes.py: the first record, image or dataset, the
 crop, the batch size); where that source cannot be read, the conversion stops and asks
 for the shape. SoftmaxWithLoss
-becomes Softmax with top 'prob'. Accuracy, every other loss, and any layer that reads a
+becomes Softmax with top 'prob'. Accuracy (DeepLab's SegAccuracy too), every other loss,
+DeepLab's MatWrite (which writes a test run's scores to files), and any layer that reads a
 label (a data layer's second or later top) are dropped, with the layers that depend on
 them. What a dropped loss read stays, as an output of the net. Weights are kept for the
 layers that remain.
@@ -20,6 +21,10 @@ from ..netparam.graph import filter_net, net_state
 from ..netparam.inputs import is_data_layer, swap_data_layers_for_inputs
 from ..netparam.upgrade import load_net_param
 from ..weights.copy import arrays_of, with_shared_params
+
+
+#: the layers of a test run that a deploy net leaves out, besides the losses
+_SCORING = ('Accuracy', 'SegAccuracy', 'MatWrite')
 
 
 def _is_loss(layer):
@@ -76,7 +81,7 @@ def to_deploy(net_param, weights=None, input_shape=None, stages=()):
         layer.ClearField('exclude')
         if layer.type == 'SoftmaxWithLoss':
             layers.append(_softmax_for(layer, taken))
-        elif layer.type != 'Accuracy' and not _is_loss(layer):
+        elif layer.type not in _SCORING and not _is_loss(layer):
             layers.append(layer)
     layers = _without_dependents(layers, labels)
     for layer in layers:           # Input layers drop their label tops (and shapes)

@@ -1,7 +1,8 @@
 """Folding TEST-mode batch norms into the layer before them, for deployment.
 
 In TEST a norm unit (BatchNorm(+Scale), BN or SyncBN, see norm.py) is a per-channel affine
-y = a * x + c, with a = slope / sqrt(var + eps) and c = bias - mean * a. When x comes
+y = a * x + c, with a = slope / sqrt(var + eps) and c = bias - mean * a (SegNet's BN in
+INFERENCE mode holds a and c as they are; in LEARN mode it is no affine). When x comes
 straight from a Convolution, Deconvolution or InnerProduct whose output nothing else reads,
 the affine folds into that layer's weights (W * a per output channel, b * a + c, a bias
 added where there was none) and the unit disappears. Otherwise (after a ReLU, an Eltwise,
@@ -23,6 +24,7 @@ from ..layer import TEST, LayerContext
 from ..net import Net
 from ..netparam.graph import filter_net, net_state
 from ..netparam.upgrade import load_net_param
+from ..syncbn_policy import is_segnet_bn
 from ..weights.copy import arrays_of, with_shared_params
 from ..weights.norm_forms import norm_units, stored_stats
 from .inputs import copy_checked, with_inputs
@@ -32,15 +34,24 @@ log = logging.getLogger('caffe_syncbn')
 _FOLDS_INTO = ('Convolution', 'Deconvolution', 'InnerProduct')
 
 
-def _affine(layer, stats):
+def _affine(layer, arrays, scale_arrays):
+    """(a, c, dtype) of a unit's stored arrays. SegNet's BN in INFERENCE mode is the
+    affine itself: [scale, shift]."""
+    if is_segnet_bn(layer):
+        scale, shift = (np.asarray(v) for v in arrays)
+        return scale.astype(np.float64).reshape(-1), shift.astype(np.float64).reshape(-1), \
+            scale.dtype
+    stats = stored_stats(arrays, scale_arrays)
     eps = layer.batch_norm_param.eps if layer.type == 'BatchNorm' else layer.bn_param.eps
     a = stats.slope / np.sqrt(stats.var + eps)
-    return a, stats.bias - stats.mean * a
+    return a, stats.bias - stats.mean * a, stats.dtype
 
 
 def _uses_batch_statistics(layer):
-    """A BatchNorm that says use_global_stats: false normalizes with each batch even in
-    TEST: it is no affine and cannot fold."""
+    """A BatchNorm that says use_global_stats: false, or SegNet's BN in LEARN mode,
+    normalizes with each batch even in TEST: it is no affine and cannot fold."""
+    if is_segnet_bn(layer):
+        return layer.bn_param.bn_mode == caffe_pb2.BNParameter.LEARN
     p = layer.batch_norm_param
     return layer.type == 'BatchNorm' and p.HasField('use_global_stats') and not p.use_global_stats
 
@@ -155,12 +166,11 @@ def fold_bn(net_param, weights, input_shape=None):
         bn = layers[unit.index]
         scale = layers[unit.scale_index] if unit.scale_name is not None else None
         try:
-            stats = stored_stats(weights[unit.name],
-                                 weights.get(unit.scale_name) if scale is not None else None)
+            a, c, dtype = _affine(bn, weights[unit.name],
+                                  weights.get(unit.scale_name) if scale is not None else None)
         except ValueError as exc:
             raise CaffeError("fold_bn: %s: batch norm '%s': %s"
                              % (source, unit.name, exc)) from None
-        a, c = _affine(bn, stats)
         output = (scale if scale is not None else bn).top[0]
         target = _foldable(layers, weights, unit)
         for name in (unit.name, unit.scale_name):
@@ -177,7 +187,7 @@ def fold_bn(net_param, weights, input_shape=None):
             affine = caffe_pb2.LayerParameter(name=unit.name, type='Scale', bottom=bn.bottom[:1],
                                               top=[output])
             affine.scale_param.bias_term = True
-            weights[unit.name] = [a.astype(stats.dtype), c.astype(stats.dtype)]
+            weights[unit.name] = [a.astype(dtype), c.astype(dtype)]
             replacement = [affine]
             log.info("fold_bn: '%s' cannot fold into the layer before it; it becomes a Scale",
                      unit.name)

@@ -3,9 +3,10 @@ weights/norm_forms.py): to_syncbn and to_batchnorm."""
 import collections
 
 from .. import caffe_pb2
+from ..errors import CaffeError
 from ..formats.caffemodel import read_weights
 from ..netparam.upgrade import load_net_param
-from ..syncbn_policy import CONVERTED, is_frozen, syncbn_statistics
+from ..syncbn_policy import CONVERTED, is_frozen, is_segnet_bn, syncbn_statistics
 from ..weights.copy import arrays_of, with_shared_params
 from ..weights.norm_forms import fit_norm_weights, norm_units
 
@@ -37,6 +38,7 @@ def _syncbn_layer(bn, scale):
     p = layer.bn_param
     fixed = caffe_pb2.ParamSpec(lr_mult=0, decay_mult=0)
     if bn.type != 'BatchNorm':
+        layer.top.extend(bn.top[1:])          # SegNet's BN: the batch mean and variance
         p.CopyFrom(bn.bn_param)
         # the forks' frozen BN fixes slope and bias; a frozen SyncBN follows its ParamSpecs
         layer.param.extend([fixed, fixed] if p.frozen else bn.param)
@@ -123,19 +125,44 @@ def _batchnorm_layers(norm, scale_name):
     return bn, scale
 
 
+def _segnet_scale_layer(norm):
+    """The Scale that SegNet's BN in INFERENCE mode is (y = scale * x + shift)."""
+    if norm.bn_param.bn_mode != caffe_pb2.BNParameter.INFERENCE:
+        raise CaffeError("to_batchnorm: layer '%s' is SegNet's BN in LEARN mode, which "
+                         "normalizes with each batch's statistics in every phase and keeps "
+                         "none: fold the statistics of your data into its scale and shift "
+                         "(SegNet's compute_bn_statistics) and set bn_mode: INFERENCE first"
+                         % norm.name)
+    scale = caffe_pb2.LayerParameter(name=norm.name, type='Scale', bottom=norm.bottom,
+                                     top=norm.top, include=norm.include, exclude=norm.exclude,
+                                     param=norm.param[:2])
+    scale.scale_param.bias_term = True
+    scale.scale_param.filler.CopyFrom(norm.bn_param.scale_filler)
+    scale.scale_param.bias_filler.CopyFrom(norm.bn_param.shift_filler)
+    return scale
+
+
 def to_batchnorm(net_param, weights=None):
     """``(net_param, weights)`` with every BN and SyncBN turned into BVLC BatchNorm followed by
     an in-place Scale named '<name>_scale' (frozen ones get use_global_stats: true), which
-    stock Caffe and OpenCV run. Arguments and result as for ``to_syncbn``."""
+    stock Caffe and OpenCV run; SegNet's BN in INFERENCE mode becomes the Scale alone.
+    Arguments and result as for ``to_syncbn``."""
     param = load_net_param(net_param)
     layers = list(param.layer)
     taken = {layer.name for layer in layers}
     out = caffe_pb2.NetParameter()
     out.CopyFrom(param)
     del out.layer[:]
+    scales = set()
     for layer in layers:
-        if layer.type in ('BN', 'SyncBN'):
+        if is_segnet_bn(layer):
+            out.layer.add().CopyFrom(_segnet_scale_layer(layer))
+            scales.add(layer.name)
+        elif layer.type in ('BN', 'SyncBN'):
             out.layer.extend(_batchnorm_layers(layer, _unique_name(layer.name + '_scale', taken)))
         else:
             out.layer.add().CopyFrom(layer)
-    return out, _kept(out.layer, _fitted(out, weights, layers))
+    kept = _kept(out.layer, _fitted(out, weights, layers))
+    for name in scales & set(kept or ()):
+        kept[name] = [array.reshape(-1) for array in kept[name]]    # Scale's are (C,)
+    return out, kept

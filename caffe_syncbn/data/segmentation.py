@@ -7,13 +7,21 @@ labels with ignore_label, as DeepLab does), and flip both left-right at random w
 ``mirror`` is set. In TEST the window is centred and nothing is random. The image becomes
 ``(pixel - mean_value[c]) * scale``. Without crop_size the whole (rescaled) image is kept,
 trimmed to a multiple of transform_param.stride as yjxiong's layer does.
+
+DeepLab's ImageSegData (``deeplab=True``) differs where DeepLab's code does: the factor is
+one of scale_factors, drawn with equal chances, and the rescaled size is truncated
+(int(H * factor)); the window may be crop_height x crop_width; the flip is drawn in every
+phase when ``mirror`` is set; the pad label is image_data_param.ignore_label. Its list
+lines (``read_seg_lines``) name a label image (label_type PIXEL), one class for the whole
+image (IMAGE) or nothing (NONE: every pixel is ignore_label); new_height/new_width resize
+the image and the label image alike, bilinearly, as DeepLab reads both.
 """
 import numpy as np
 
-from ..caffe_pb2 import TRAIN
+from ..caffe_pb2 import TRAIN, ImageDataParameter
 from ..errors import CaffeError, quote
 from ..formats.regular import require_regular
-from .datum import cv2, hwc_to_chw, imread, listed, read_image
+from .datum import cv2, hwc_to_chw, imread, listed, read_image, resize
 
 IGNORE_LABEL = 255
 
@@ -35,13 +43,61 @@ def read_pair_list(path, prefix='', error=CaffeError):
     return [(prefix + words[i], prefix + words[i + 1]) for i in range(0, len(words), 2)]
 
 
-def read_pair(image_path, label_path, color=True, error=CaffeError, source='the list'):
-    """The image (H x W x C uint8) and its label map (H x W uint8) from their files, which
-    the list file ``source`` names."""
-    image = read_image(listed(image_path, source, error), color=color)
+def read_seg_lines(path, prefix, label_type, explicit=True, error=CaffeError):
+    """[(image path, label)] of DeepLab's list file: label is a label image's path
+    (label_type PIXEL), a class (IMAGE) or None (NONE: lines name images alone). The
+    prefix is prepended to paths as plain text. Where label_type is not ``explicit``
+    (DeepLab's default, IMAGE), a second word that is no number names a label image."""
+    require_regular(path, 'list file', error)
+    try:
+        with open(path, errors='surrogateescape') as f:     # file names in any encoding
+            lines = [(number, line.split()) for number, line in enumerate(f, 1) if line.split()]
+    except OSError as exc:
+        raise error('cannot read list file %s: %s' % (quote(path), exc.strerror)) from None
+    if not lines:
+        raise error('list file %s names no images' % quote(path))
+    kinds = ImageDataParameter.LabelType
+    entries = []
+    for number, words in lines:
+        if label_type == ImageDataParameter.NONE:
+            entries.append((prefix + words[0], None))
+            continue
+        if len(words) < 2:
+            raise error('%s:%d: label_type %s needs a second word (the %s), got %s'
+                        % (path, number, kinds.Name(label_type), 'label image' if
+                           label_type == ImageDataParameter.PIXEL else 'class', quote(words[0])))
+        label = words[1]
+        if label_type == ImageDataParameter.IMAGE and (explicit or _is_class(label)):
+            if not _is_class(label):
+                raise error('%s:%d: label_type IMAGE reads the second word as the class of '
+                            'the whole image (0 to 255), got %s; label images need '
+                            'label_type: PIXEL' % (path, number, quote(label)))
+            entries.append((prefix + words[0], int(label)))
+        else:
+            entries.append((prefix + words[0], prefix + label))
+    return entries
+
+
+def _is_class(word):
+    return word.isdigit() and int(word) <= 255
+
+
+def read_pair(image_path, label, color=True, error=CaffeError, source='the list', size=(0, 0),
+              ignore_label=IGNORE_LABEL):
+    """The image (H x W x C uint8) and its label map (H x W uint8) from the files the list
+    file ``source`` names, both resized (bilinear) to ``size`` when it is not 0. ``label``
+    is the label map's path, a class for every pixel, or None (every pixel
+    ``ignore_label``)."""
+    height, width = size
+    image = read_image(listed(image_path, source, error), color, height, width)
+    if label is None or isinstance(label, int):
+        value = ignore_label if label is None else label
+        return image, np.full(image.shape[:2], value, np.uint8)
+    label_path = label
     labels = imread(listed(label_path, source, error), cv2().IMREAD_GRAYSCALE)
     if labels is None:
         raise error('could not open or decode label map %s' % quote(label_path))
+    labels = resize(labels, height, width)
     if image.shape[:2] != labels.shape:
         raise error('image %s is %d x %d but its label map %s is %d x %d (paired in %s)'
                     % (quote(image_path), image.shape[0], image.shape[1], quote(label_path),
@@ -52,32 +108,45 @@ def read_pair(image_path, label_path, color=True, error=CaffeError, source='the 
 class SegTransformer:
     """Rescale, crop/pad, mirror and normalize image/label pairs (see the module doc)."""
 
-    def __init__(self, param, phase, rng, ignore_label=IGNORE_LABEL, error=CaffeError):
+    def __init__(self, param, phase, rng, ignore_label=IGNORE_LABEL, error=CaffeError,
+                 deeplab=False):
         self.error = error
         self.train = phase == TRAIN
         self.rng = rng
+        self.deeplab = deeplab
         self.scale = float(param.scale)
         self.mirror = bool(param.mirror)
         self.crop_size = int(param.crop_size)
         self.stride = max(1, int(param.stride))
         self.ratios = [float(r) for r in param.scale_ratios]
+        self.factors = [float(f) for f in param.scale_factors] if deeplab else []
         self.ignore_label = ignore_label
         if param.mean_file:
             raise error('transform_param.mean_file is not supported for segmentation data; '
                         'use mean_value')
         self.mean_values = np.asarray(param.mean_value, np.float64)
-        if any(r <= 0 for r in self.ratios):
-            raise error('transform_param.scale_ratios must be > 0, got %s' % self.ratios)
+        for field, values in (('scale_ratios', self.ratios), ('scale_factors', self.factors)):
+            if any(r <= 0 for r in values):
+                raise error('transform_param.%s must be > 0, got %s' % (field, values))
+        self.window = (self.crop_size, self.crop_size) if self.crop_size else None
+        if param.crop_height or param.crop_width:
+            if not deeplab or param.crop_size or not (param.crop_height and param.crop_width):
+                raise error('transform_param: give crop_size, or both crop_height and crop_width '
+                            "(DeepLab's ImageSegData), not both")
+            self.window = (int(param.crop_height), int(param.crop_width))
 
     def output_size(self, height, width):
         """(h, w) of the windows cut from a (rescaled) image of height x width."""
-        if self.crop_size:
-            return self.crop_size, self.crop_size
+        if self.window:
+            return self.window
         return height // self.stride * self.stride, width // self.stride * self.stride
 
     def _random_ratio(self):
-        """Two scale_ratios are a range [low, high] in steps of 0.001 (yjxiong's rule);
-        one or more than two are the factors to choose from."""
+        """DeepLab's scale_factors: one of them, with equal chances, in every phase. Two
+        scale_ratios are a range [low, high] in steps of 0.001 (yjxiong's rule); one or
+        more than two are the factors to choose from."""
+        if self.factors:
+            return self.factors[self.rng.randint(len(self.factors))]
         if not self.train or not self.ratios:
             return 1.0
         if len(self.ratios) == 2:
@@ -158,7 +227,7 @@ class SegTransformer:
         top, left = self._offset(image.shape[0], h), self._offset(image.shape[1], w)
         rows, cols = slice(top, top + h), slice(left, left + w)
         window, window_labels = hwc_to_chw(image[rows, cols]), label_map[rows, cols]
-        if self.mirror and self.train and self.rng.randint(2):
+        if self.mirror and (self.train or self.deeplab) and self.rng.randint(2):
             window, window_labels = window[:, :, ::-1], window_labels[:, ::-1]
         return window, window_labels
 
@@ -167,8 +236,12 @@ class SegTransformer:
         if ratio == 1.0:
             return image, label_map
         cv = cv2()
-        height = int(image.shape[0] * ratio + 0.5)
-        width = int(image.shape[1] * ratio + 0.5)
+        if self.deeplab:              # DeepLab truncates H * factor, in float
+            height = int(np.float32(image.shape[0]) * np.float32(ratio))
+            width = int(np.float32(image.shape[1]) * np.float32(ratio))
+        else:
+            height = int(image.shape[0] * ratio + 0.5)
+            width = int(image.shape[1] * ratio + 0.5)
         resized = cv.resize(image, (width, height), interpolation=cv.INTER_LINEAR)
         label_map = cv.resize(label_map, (width, height), interpolation=cv.INTER_NEAREST)
         return resized.reshape((height, width, image.shape[2])), label_map

@@ -4,8 +4,8 @@ A deploy net, a timed net or an exported one needs its inputs' shapes where the 
 net has data layers. They come from where the layer itself would take them, never from a
 dataset's name or a scale: Data from the first record of its LMDB (a raw Datum's channels,
 height and width, an encoded one's decoded image), ImageData from new_height/new_width or
-its first listed image, HDF5Data from the datasets of its first listed file, SegData and
-ImageSegData from their first image, MemoryData and WindowData from their params;
+its first listed image, HDF5Data from the datasets of its first listed file, SegData,
+ImageSegData and DenseImageData from their first image, MemoryData and WindowData from their params;
 transform_param's crop_size then cuts the image. The first axis is the batch size.
 
 Where the source cannot be read (missing, damaged, a Python layer), the answer is one
@@ -19,7 +19,8 @@ from ..formats.hdf5 import reading
 from ..formats.regular import require_regular
 from .datum import LMDBReader, datum_to_array, listed, parse_datum, read_image, record_name
 from .imageset import read_image_list
-from .segmentation import SegTransformer, read_pair_list
+from .dense_image import check_dense_param
+from .segmentation import SegTransformer, read_pair_list, read_seg_lines
 
 log = logging.getLogger('caffe_syncbn')
 
@@ -160,7 +161,8 @@ def _window(layer, batch, first):
 
 
 def _segmentation(layer, batch, first):
-    """Image, label map (N, 1, h, w) and DeepLab's data_dim (N, 1, 1, 2); colour images."""
+    """Image, label map (N, 1, h, w) and DeepLab's data_dim (N, 1, 1, 2); colour images
+    (ImageSegData's is_color: false, grey ones)."""
     if layer.type == 'SegData':
         p = layer.seg_data_param
         field, source, prefix = 'seg_data_param.source', p.source, p.root_dir
@@ -174,19 +176,50 @@ def _segmentation(layer, batch, first):
         n, channels, window = first[0], first[1], tuple(first[2:])
     else:
         n = _batch(layer, batch, 'image_data_param', sizes[0] if sizes else 1)
+        deeplab = layer.type == 'ImageSegData'
         transformer = SegTransformer(layer.transform_param, caffe_pb2.TEST, None,
-                                     error=lambda message: layer_error(layer, message))
-        channels = 3
-        if transformer.crop_size:
+                                     error=lambda message: layer_error(layer, message),
+                                     deeplab=deeplab)
+        channels = 1 if deeplab and not p.is_color else 3
+        if transformer.window:
             window = transformer.output_size(0, 0)
         else:
             try:
-                image = read_image(listed(read_pair_list(source, prefix)[0][0], source))
+                if deeplab:
+                    path = read_seg_lines(source, prefix, p.label_type, False)[0][0]
+                    image = read_image(listed(path, source), height=p.new_height,
+                                       width=p.new_width)
+                else:
+                    image = read_image(listed(read_pair_list(source, prefix)[0][0], source))
             except CaffeError as exc:
                 raise _refusal(layer, field, source, exc) from None
             window = transformer.output_size(*image.shape[:2])
     shapes = [(n, channels) + window, (n, 1) + window, (n, 1, 1, 2)]
     return shapes[:len(layer.top)]
+
+
+def _dense(layer, batch, first):
+    """SegNet's DenseImageData: image and label image, the label's divided by ENet's
+    label_divide_factor where nothing crops them."""
+    p, crop = layer.dense_image_data_param, layer.transform_param.crop_size
+    check_dense_param(p, lambda message: layer_error(layer, message))
+    if first is not None:
+        n, channels, window = first[0], first[1], tuple(first[2:])
+    else:
+        n = _batch(layer, batch, 'dense_image_data_param', p.batch_size)
+        channels = 3 if p.is_color else 1
+        if crop or p.crop_height:
+            window = (crop, crop) if crop else (p.crop_height, p.crop_width)
+        else:
+            try:
+                path = read_pair_list(p.source, p.root_folder)[0][0]
+                image = read_image(listed(path, p.source), p.is_color, p.new_height, p.new_width)
+            except CaffeError as exc:
+                raise _refusal(layer, 'dense_image_data_param.source', p.source, exc) from None
+            window = image.shape[:2]
+    label = window if crop or p.crop_height else \
+        tuple(size // p.label_divide_factor for size in window)
+    return [(n, channels) + tuple(window), (n, 1) + tuple(label)][:len(layer.top)]
 
 
 def _python(layer, batch, first):
@@ -199,4 +232,5 @@ def _python(layer, batch, first):
 
 
 _READERS = {'Data': _lmdb, 'ImageData': _image_list, 'HDF5Data': _hdf5, 'MemoryData': _memory,
-            'WindowData': _window, 'SegData': _segmentation, 'ImageSegData': _segmentation}
+            'WindowData': _window, 'SegData': _segmentation, 'ImageSegData': _segmentation,
+            'DenseImageData': _dense}

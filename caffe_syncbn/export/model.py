@@ -26,10 +26,12 @@ MIN_OPSET = 17
 
 # why a family of layer types has no ONNX rule, for the error message
 _HINTS = (
-    (lambda t: t.endswith('Loss') or t == 'Accuracy', 'a training layer: export a deploy net'),
+    (lambda t: t.endswith('Loss') or t in ('Accuracy', 'SegAccuracy'),
+     'a training layer: export a deploy net'),
     (lambda t: t in ('Data', 'ImageData', 'HDF5Data', 'MemoryData', 'WindowData', 'SegData',
-                     'ImageSegData'),
+                     'ImageSegData', 'DenseImageData', 'MatRead'),
      'reads data: replace it with an Input layer'),
+    (lambda t: t in ('HDF5Output', 'MatWrite'), 'writes files: export a deploy net'),
     (lambda t: t == 'Python', 'runs Python code'),
     (lambda t: t in ('LSTM', 'RNN', 'LSTMUnit'), "Caffe's recurrent layers have no ONNX rule"),
     (lambda t: t == 'Filter', 'its output size depends on the data'),

@@ -7,11 +7,14 @@ BatchNormalization (which runtimes fold into the convolution before it):
   BN, SyncBN [slope, bias, mean, var]   as they are; a SyncBN that keeps BatchNorm's sums
                                         (statistics: BATCHNORM) divides them by its s
 The layer's own ``statistics.running()`` reads its running statistics in either convention.
-Only a BatchNorm with ``use_global_stats: false`` normalizes with the batch's statistics.
+Only a BatchNorm with ``use_global_stats: false`` normalizes with the batch's statistics, and
+SegNet's BN (a BN that names SegNet's settings) in LEARN mode, with eps 1e-9 and its scale
+and shift after; in INFERENCE mode it is y = scale * x + shift, a Mul and an Add.
 """
 import numpy as np
 
 from ..backend import to_numpy
+from ..syncbn_policy import is_segnet_bn
 from .graph import Unsupported, rule
 
 
@@ -35,9 +38,21 @@ def batch_norm(n):
 
 @rule('BN', 'SyncBN')
 def bn(n):
+    if is_segnet_bn(n.param):
+        return _segnet_bn(n)
     slope, bias = (to_numpy(b.data) for b in n.layer.blobs[:2])
     mean, var = (to_numpy(v) for v in n.layer.statistics.running())
     return _batch_normalization(n, slope, bias, mean, var, n.layer.eps)
+
+
+def _segnet_bn(n):
+    if len(n.param.top) > 1:
+        raise Unsupported("the batch mean and variance tops of SegNet's BN have no ONNX form")
+    layer = n.layer
+    x = n.inputs[0] if layer.inference else _batch_statistics_norm(n, layer.eps)
+    shape = _broadcast_shape(n, (layer.channels,), 1)
+    scaled = n.op('Mul', x, n.weight(layer.SCALE, shape, 'scale'))
+    return [n.op('Add', scaled, n.weight(layer.SHIFT, shape, 'shift'))]
 
 
 def _batch_statistics_norm(n, eps):

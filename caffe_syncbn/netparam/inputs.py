@@ -12,10 +12,10 @@ from .upgrade import upgrade_net_param
 # ---- data layers -> Input layers -----------------------------------------------------------
 #: layer types that read data from outside the net (Python layers count when they have no bottom)
 DATA_LAYER_TYPES = ('Data', 'ImageData', 'HDF5Data', 'WindowData', 'MemoryData', 'SegData',
-                    'ImageSegData')
+                    'ImageSegData', 'DenseImageData', 'MatRead')
 
 
-_LABEL_PER_PIXEL = ('SegData', 'ImageSegData', 'Python')   # their second top is a label image
+_LABEL_PER_PIXEL = ('SegData', 'ImageSegData', 'DenseImageData', 'Python')   # label images
 
 
 _IMAGE_LIST_TYPES = ('ImageData', 'ImageSegData')          # read image_data_param
@@ -33,7 +33,7 @@ def is_data_layer(layer):
 
 def _batch_size(layer):
     for field in ('data_param', 'image_data_param', 'window_data_param', 'memory_data_param',
-                  'hdf5_data_param'):
+                  'hdf5_data_param', 'dense_image_data_param', 'mat_read_param'):
         if layer.HasField(field) and getattr(layer, field).batch_size:
             return getattr(layer, field).batch_size
     return 1
@@ -71,7 +71,8 @@ def _image_shape(layer):
     """(C, H, W) of one image of a data layer, from its params, mean file or names."""
     tp = layer.transform_param
     own = getattr(layer, 'image_data_param' if layer.type in _IMAGE_LIST_TYPES else
-                  'window_data_param' if layer.type == 'WindowData' else 'data_param')
+                  'window_data_param' if layer.type == 'WindowData' else
+                  'dense_image_data_param' if layer.type == 'DenseImageData' else 'data_param')
     if layer.type == 'MemoryData':
         mp = layer.memory_data_param
         return (mp.channels, mp.height, mp.width)
@@ -85,10 +86,13 @@ def _image_shape(layer):
         channels, height, width = mean_shape
     if len(tp.mean_value) > 1:
         channels = len(tp.mean_value)
-    if tp.force_gray or (layer.type in _IMAGE_LIST_TYPES and not own.is_color):
+    resizes = layer.type in _IMAGE_LIST_TYPES + ('DenseImageData',)
+    if tp.force_gray or (resizes and not own.is_color):
         channels = 1
-    if layer.type in _IMAGE_LIST_TYPES and own.new_height:
-        height, width = layer.image_data_param.new_height, layer.image_data_param.new_width
+    if resizes and own.new_height:
+        height, width = own.new_height, own.new_width
+    if layer.type == 'DenseImageData' and own.crop_height:
+        height, width = own.crop_height, own.crop_width
     crop = tp.crop_size or getattr(own, 'crop_size', 0)
     if crop:
         height = width = crop
@@ -104,6 +108,11 @@ def _guess_top_shapes(layer, batch):
         return [(batch, 1)] + [(batch,)] * (len(layer.top) - 1)
     channels, height, width = _image_shape(layer)
     shapes = [(batch, channels, height, width)]
+    dense = layer.dense_image_data_param
+    cropped = layer.transform_param.crop_size or dense.crop_height
+    if layer.type == 'DenseImageData' and not cropped:
+        factor = max(1, dense.label_divide_factor)     # ENet's labels for its encoder
+        height, width = height // factor, width // factor
     for _ in layer.top[1:]:
         shapes.append((batch, 1, height, width) if layer.type in _LABEL_PER_PIXEL else (batch,))
     return shapes

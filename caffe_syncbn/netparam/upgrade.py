@@ -1,7 +1,8 @@
 """Bringing old nets up to date, as Caffe does when it loads them.
 
 ``upgrade_net_param`` does what Caffe's UpgradeNetAsNeeded does for the formats still
-found in the wild: V1 ``layers {}`` lists (enum types, blobs_lr/weight_decay), the
+found in the wild: V1 ``layers {}`` lists (enum types, DeepLab v1's among them,
+blobs_lr/weight_decay), the
 transform fields V1 data layers kept in their own params, the deprecated net-level
 ``input``/``input_shape``/``input_dim``, and BatchNorm layers that declare three param
 specs. The even older V0 format is refused with a clear error.
@@ -33,6 +34,14 @@ V1_TYPE_NAMES = {
     'SIGMOID_CROSS_ENTROPY_LOSS': 'SigmoidCrossEntropyLoss', 'SILENCE': 'Silence',
     'SOFTMAX': 'Softmax', 'SOFTMAX_LOSS': 'SoftmaxWithLoss', 'SPLIT': 'Split', 'SLICE': 'Slice',
     'TANH': 'TanH', 'WINDOW_DATA': 'WindowData', 'THRESHOLD': 'Threshold',
+    # DeepLab v1's (the fork names those it lacks: forks.py)
+    'IMAGE_SEG_DATA': 'ImageSegData', 'SEG_ACCURACY': 'SegAccuracy', 'INTERP': 'Interp',
+    'MAT_WRITE': 'MatWrite', 'MAT_READ': 'MatRead', 'PADDING': 'Padding',
+    'DENSE_CRF': 'DenseCRF', 'DOMINANT_CHANNEL': 'DominantChannel',
+    'BIAS_CHANNEL': 'BiasChannel', 'UNIQUE_LABEL': 'UniqueLabel', 'CENSOR_LABEL': 'CensorLabel',
+    'ADAPTIVE_BIAS_CHANNEL': 'AdaptiveBiasChannel', 'CHANNEL_AGGREGATOR': 'ChannelAggregator',
+    'IGNORE_OVERLAY': 'IgnoreOverlay', 'HISTOGRAM': 'Histogram', 'RELATIVE_ERROR': 'RelativeError',
+    'GAIN_CHANNEL': 'GainChannel', 'ONEHOT': 'OneHot',
 }
 
 # V1 data layers whose own params still held the transform settings

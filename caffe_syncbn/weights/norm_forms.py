@@ -7,6 +7,9 @@ A *norm unit* is one normalization of a net, in one of three forms:
   BN (the PSPNet and yjxiong forks) and SyncBN: [slope, bias, mean, var], each 1xCx1x1;
       a SyncBN with ``statistics: BATCHNORM`` holds BatchNorm's sums in their place:
       [slope, bias, mean_sum, var_sum, s], s of shape (1,).
+SegNet's and ENet's BN (kind ``SegNetBN``), which shares the type name BN, holds [scale,
+shift] and no statistics: it is a unit of the net (-sync_bn converts it) but has no form to
+move between, and the others' blobs do not load into it, nor its into them.
 In TEST all three compute y = slope * (x - mean) / sqrt(var + eps) + bias, so weights move
 between them through one per-channel record, ``NormStats``, and TEST outputs stay the same:
   - Between two forms that keep sums (BatchNorm, SyncBN with BATCHNORM statistics) the
@@ -30,7 +33,7 @@ import numpy as np
 
 from ..errors import CaffeError
 from ..formats.caffemodel import as_array
-from ..syncbn_policy import keeps_sums
+from ..syncbn_policy import is_segnet_bn, keeps_sums
 
 NormUnit = collections.namedtuple('NormUnit',
                                   'kind name index scale_name scale_index keeps_sums')
@@ -42,6 +45,8 @@ def _form_blobs(unit):
     """How many blobs a unit stores under the normalization's own name."""
     if unit.kind == 'BatchNorm':
         return 3
+    if unit.kind == 'SegNetBN':
+        return 2
     return 5 if unit.keeps_sums else 4
 
 
@@ -83,7 +88,8 @@ def norm_units(layers):
             units.append(NormUnit('BatchNorm', layer.name, i,
                                   layers[j].name if j is not None else None, j, True))
         elif layer.type in ('BN', 'SyncBN'):
-            units.append(NormUnit(layer.type, layer.name, i, None, None, keeps_sums(layer)))
+            kind = 'SegNetBN' if is_segnet_bn(layer) else layer.type
+            units.append(NormUnit(kind, layer.name, i, None, None, keeps_sums(layer)))
     return units
 
 
@@ -109,12 +115,17 @@ def stored_stats(arrays, scale_arrays=None):
         bias = scale[1] if len(scale) > 1 else np.zeros_like(mean)
     else:
         raise ValueError('it has %d blobs; a batch norm has 3 (BatchNorm), 4 (BN, SyncBN) or 5 '
-                         '(SyncBN with statistics: BATCHNORM)' % len(arrays))
+                         '(SyncBN with statistics: BATCHNORM)%s' % (len(arrays), _SEGNET_HINT
+                                                                    if len(arrays) == 2 else ''))
     sizes = {v.size for v in (mean, var, slope, bias)}
     if len(sizes) != 1:
         raise ValueError('its blobs disagree on the channel count: %s'
                          % sorted(v.size for v in (slope, bias, mean, var)))
     return NormStats(mean, var, slope, bias, arrays[0].dtype, sums)
+
+
+_SEGNET_HINT = ("; 2 are the scale and shift of SegNet's or ENet's BN, which a prototxt names "
+                'by bn_mode, scale_filler or shift_filler in bn_param')
 
 
 def statistics_factor(fraction):
@@ -179,6 +190,15 @@ def fit_norm_weights(target_layers, blobs, source_layers=None, source='weights')
             continue
         origin = written_for.get(unit.name)
         scale_arrays = None
+        if unit.kind == 'SegNetBN':
+            raise CaffeError(
+                "%s: layer '%s' is SegNet's BN here (2 blobs: scale and shift), but the file "
+                "holds %d blobs for it: PSPNet's and SegNet's BN layers do not share weights"
+                % (source, unit.name, len(stored)))
+        if origin is not None and origin.kind == 'SegNetBN':
+            raise CaffeError(
+                "%s: layer '%s' holds SegNet's BN (scale and shift, no statistics), which "
+                'loads into no %s' % (source, unit.name, unit.kind))
         if any(b is None for b in stored):
             raise CaffeError("%s: batch norm '%s' lacks blob %d"
                              % (source, unit.name, [b is None for b in stored].index(True)))

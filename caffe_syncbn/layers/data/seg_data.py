@@ -1,9 +1,10 @@
 """SegData (ImageSegData): the segmentation forks' image and label-map pairs, a list of
 them read as ImageData reads its images (image_data.py), each pair cropped, scaled and
-mirrored together."""
+mirrored together (data/segmentation.py, which says where DeepLab's ImageSegData differs
+from yjxiong's SegData)."""
 import numpy as np
 
-from ...data.segmentation import SegTransformer, read_pair, read_pair_list
+from ...data.segmentation import SegTransformer, read_pair, read_pair_list, read_seg_lines
 from ...layer import register
 from .image_data import ImageDataLayer, SampleStream
 
@@ -14,8 +15,7 @@ class SegReader(SampleStream):
     def __init__(self, layer, rng=None):
         self.layer = layer
         self.rng = layer.reader_rng(rng)
-        self.transformer = SegTransformer(layer.param.transform_param, layer.phase, self.rng,
-                                          error=layer.error)
+        self.transformer = layer.transformer(self.rng)
         self.start_stream(self.rng)
         self.order = np.arange(len(layer.pairs))
         if layer.shuffle:
@@ -48,8 +48,7 @@ class SegReader(SampleStream):
 
     def _next_pair(self):
         layer = self.layer
-        pair = read_pair(*layer.pairs[self.order[self.position]], error=layer.error,
-                         source=layer.source)
+        pair = layer.read_pair(*layer.pairs[self.order[self.position]])
         self._advance()
         return pair
 
@@ -71,7 +70,8 @@ class SegDataLayer(ImageDataLayer):
     (N x 1 x 1 x 2: the height and width of each window that the image covers).
 
     SegData (yjxiong) reads seg_data_param: source, root_dir, shuffle, balance.
-    ImageSegData (DeepLab) reads image_data_param: source, root_folder, shuffle, batch_size.
+    ImageSegData (DeepLab) reads image_data_param: source, root_folder, shuffle, batch_size,
+    new_height/new_width, is_color, ignore_label and label_type.
     The batch size comes from image_data_param.batch_size, else data_param.batch_size,
     else 1 (yjxiong's layer reads one pair per batch).
     """
@@ -79,12 +79,22 @@ class SegDataLayer(ImageDataLayer):
     def setup(self, bottom, top):
         super().setup(bottom, top)
         self.check_tops(top, minimum=2, maximum=3)
-        if self.type == 'SegData':
-            p = self.param.seg_data_param
-            source, prefix, self.shuffle, self.balance = p.source, p.root_dir, p.shuffle, p.balance
+        self.deeplab = self.type == 'ImageSegData'
+        p = self.param.image_data_param
+        if not self.deeplab:
+            q = self.param.seg_data_param
+            source, prefix, self.shuffle, self.balance = q.source, q.root_dir, q.shuffle, q.balance
+            self.pairs = read_pair_list(source, prefix, self.error)
         else:
-            p = self.param.image_data_param
-            source, prefix, self.shuffle, self.balance = p.source, p.root_folder, p.shuffle, False
+            source, self.shuffle, self.balance = p.source, p.shuffle, False
+            if (p.new_height > 0) != (p.new_width > 0):
+                raise self.error('image_data_param: give both new_height and new_width, or '
+                                 'neither')
+            self.pairs = read_seg_lines(source, p.root_folder, p.label_type,
+                                        p.HasField('label_type'), self.error)
+        self.color = p.is_color if self.deeplab else True
+        self.size = (p.new_height, p.new_width) if self.deeplab else (0, 0)
+        self.ignore_label = p.ignore_label
         for field, param in (('image_data_param', self.param.image_data_param),
                              ('data_param', self.param.data_param)):
             if self.param.HasField(field) and param.HasField('batch_size'):
@@ -93,15 +103,28 @@ class SegDataLayer(ImageDataLayer):
         else:
             self.batch_size = 1
         self.source = source
-        self.pairs = read_pair_list(source, prefix, self.error)
-        image, _ = read_pair(*self.pairs[0], error=self.error, source=source)
-        transformer = SegTransformer(self.param.transform_param, self.phase, None, error=self.error)
+        image, _ = self.read_pair(*self.pairs[0])
+        transformer = self.transformer(None)
         self.channels = image.shape[2] if image.ndim == 3 else 1
         self.window = transformer.output_size(*image.shape[:2])
         top[0].reshape((self.batch_size, self.channels) + self.window)
         top[1].reshape((self.batch_size, 1) + self.window)
         if len(top) > 2:
             top[2].reshape((self.batch_size, 1, 1, 2))
+
+    def error(self, message):
+        # the ImageSegData read here is DeepLab's: say so, as other forks have their own
+        if self.type == 'ImageSegData':
+            message = "as DeepLab's ImageSegData (deeplab-public-ver2): " + message
+        return super().error(message)
+
+    def transformer(self, rng):
+        return SegTransformer(self.param.transform_param, self.phase, rng, self.ignore_label,
+                              self.error, self.deeplab)
+
+    def read_pair(self, image_path, label):
+        return read_pair(image_path, label, self.color, self.error, self.source, self.size,
+                         self.ignore_label)
 
     def make_reader(self, rng=None):
         return SegReader(self, rng)

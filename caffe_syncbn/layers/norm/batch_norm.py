@@ -64,7 +64,7 @@ from .array import STAT, RunningAverage, RunningSums, channel_view, inverse_std,
 from .chain import Chain
 
 
-class _ChannelNorm(Layer):
+class ChannelNorm(Layer):
     """What the three layers share: shapes, the engine, the per-channel statistics as
     float64, the x_hat the backward reads, and the Scale and ReLU they may absorb
     (chain.py)."""
@@ -74,9 +74,12 @@ class _ChannelNorm(Layer):
     #: whether the chain may find x_hat from the output this pass, read before it (decided)
     _recovery_decided = None
 
-    def setup_channels(self, bottom, top):
+    def setup_channels(self, bottom, top, most_tops=1):
         self.check_bottoms(bottom, exact=1)
-        self.check_tops(top, exact=1)
+        if most_tops == 1:
+            self.check_tops(top, exact=1)
+        else:
+            self.check_tops(top, minimum=1, maximum=most_tops)
         self.channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
         if self.cuda_kernels:
             self.engine = gpu
@@ -222,7 +225,7 @@ class _ChannelNorm(Layer):
 
 
 @register('BatchNorm')
-class BatchNorm(_ChannelNorm):
+class BatchNorm(ChannelNorm):
     """BVLC BatchNorm: y = (x - mean) / sqrt(var + eps)."""
 
     def setup(self, bottom, top):
@@ -276,7 +279,7 @@ class BatchNorm(_ChannelNorm):
 
 
 @register('BN')
-class BN(_ChannelNorm):
+class BN(ChannelNorm):
     """BN of the PSPNet/yjxiong forks: y = slope * x_hat + bias (see the module docstring)."""
 
     SLOPE, BIAS, STATISTICS = range(3)     # STATISTICS: the first blob of the running ones
