@@ -26,7 +26,6 @@ FORK_PARAM_FIELDS = {
     'reorg_param': YOLO,
     'region_param': YOLO,
     'region_loss_param': YOLO,
-    'psroi_pooling_param': RFCN,
     'dense_image_data_param': SEGNET,
 }
 

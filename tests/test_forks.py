@@ -44,7 +44,7 @@ def test_fork_layer_type_names_its_fork():
 
 @pytest.mark.parametrize('type_name, hint', [
     ('Convolutoin', "; did you mean 'Convolution', 'Deconvolution'?"),
-    ('Relu', "; did you mean 'ReLU', 'PReLU', 'ELU'?"),   # case is ignored
+    ('Relu', "; did you mean 'ReLU', 'ReLU6', 'PReLU'?"),   # case is ignored
     ('Permut', "; did you mean 'Permute'?"),
     ('Conv', ''),              # too far from 'Convolution' to guess
     ('Mish', ''),
@@ -54,6 +54,11 @@ def test_unknown_type_suggests_only_close_names(type_name, hint):
         layer_class(type_name)
     assert str(info.value) == ("unknown layer type '%s'%s (known types: see layer_type_list())"
                                % (type_name, hint))
+
+
+def test_relu6_is_a_layer_type_not_a_misspelling_of_relu():
+    """MobileNetV2-SSDLite's ReLU6 once got "did you mean 'ReLU', 'PReLU'?"."""
+    assert layer_class('ReLU6').__name__ == 'ReLU6Layer'
 
 
 def test_fork_param_field_names_its_fork():

@@ -1,3 +1,3 @@
 """Neuron layers: element-wise activations (ReLU, PReLU, ELU, Sigmoid, TanH, AbsVal,
-BNLL, Power, Exp, Log, Threshold, Clip, Swish) and Dropout; relu and relu_gradient, which the
-batch norms and Eltwise use in their fused chains."""
+BNLL, Power, Exp, Log, Threshold, Clip, the forks' ReLU6, Swish) and Dropout; relu and
+relu_gradient, which the batch norms and Eltwise use in their fused chains."""
