@@ -189,3 +189,29 @@ def test_opencv_agrees_on_relu6_and_floor_pooling(tmp_path):
         assert values.shape == ours[name].shape, name
         np.testing.assert_allclose(values, ours[name], rtol=1e-5, atol=1e-6, err_msg=name)
     assert ours['max'].shape == (1, 3, 3, 5)
+
+
+PSROI_NET = '''name: "psroi"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 18 dim: 6 dim: 7 } } }
+layer { name: "rois" type: "Input" top: "rois" input_param { shape { dim: 6 dim: 5 } } }
+layer { name: "psroi" type: "PSROIPooling" bottom: "data" bottom: "rois" top: "pooled"
+        psroi_pooling_param { spatial_scale: 0.0625 output_dim: 2 group_size: 3 } }
+'''
+
+
+def test_opencv_psroi_pooling_agrees(tmp_path):
+    """OpenCV's PSROIPooling (its R-FCN support) on ROIs that round at .5, cross the edges,
+    end before they start and lie wholly outside (empty bins)."""
+    cv2 = pytest.importorskip('cv2', reason='pip install "opencv-python-headless<5"')
+    prototxt = tmp_path / 'psroi.prototxt'
+    prototxt.write_text(PSROI_NET)
+    x = np.random.default_rng(2).standard_normal((2, 18, 6, 7)).astype(np.float32)
+    rois = np.array([[1, 2.5, 3.5, 40.5, 60.5], [0, -30, -30, 200, 200], [1, 50, 40, 20, 10],
+                     [0, 95, 100, 95, 100], [1, 200, 200, 300, 300],
+                     [1, -5.5, 7.49, 33.51, 80]], np.float32)
+    ours = np.array(caffe.Net(str(prototxt), caffe.TEST).forward(data=x, rois=rois)['pooled'])
+    reference = cv2.dnn.readNetFromCaffe(str(prototxt))
+    reference.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+    reference.setInput(x, 'data')
+    reference.setInput(rois, 'rois')
+    np.testing.assert_allclose(reference.forward('psroi'), ours, rtol=1e-6, atol=1e-6)
