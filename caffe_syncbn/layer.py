@@ -20,6 +20,8 @@ from .fillers import fill
 from .forks import close_names, fork_of_layer_type
 
 _REGISTRY = {}
+#: type name -> [(test of a LayerParameter, class)]: forks' layers that share a type name
+_VARIANTS = {}
 
 
 def register(*type_names):
@@ -29,6 +31,16 @@ def register(*type_names):
             if name in _REGISTRY:
                 raise ValueError('layer type %r registered twice' % name)
             _REGISTRY[name] = cls
+        return cls
+    return add
+
+
+def register_variant(type_name, applies):
+    """Class decorator: build this class instead of the one registered under ``type_name``
+    for a LayerParameter that ``applies(param)`` holds for. Two forks gave one type name
+    to different layers (SegNet's BN and PSPNet's), told apart by their settings."""
+    def add(cls):
+        _VARIANTS.setdefault(type_name, []).append((applies, cls))
         return cls
     return add
 
@@ -57,7 +69,12 @@ def layer_class(type_name, param=None):
 
 def create_layer(param, ctx):
     """Build the layer that ``param`` (a LayerParameter) describes, in context ``ctx``."""
-    return layer_class(param.type, param)(param, ctx)
+    cls = layer_class(param.type, param)
+    for applies, variant in _VARIANTS.get(param.type, ()):
+        if applies(param):
+            cls = variant
+            break
+    return cls(param, ctx)
 
 
 class LayerContext:

@@ -1,10 +1,11 @@
 """Folding TEST-mode batch norms into the layer before them, for deployment.
 
-In TEST a norm unit (BatchNorm(+Scale), BN or SyncBN, see norm.py) is a per-channel affine
-y = a * x + c, with a = slope / sqrt(var + eps) and c = bias - mean * a. When x comes
-straight from a Convolution, Deconvolution or InnerProduct whose output nothing else reads,
-the affine folds into that layer's weights (W * a per output channel, b * a + c, a bias
-added where there was none) and the unit disappears. Otherwise (after a ReLU, an Eltwise,
+In TEST a norm unit (BatchNorm(+Scale), NVCaffe's BatchNorm, BN or SyncBN, see
+weights/norm_forms.py) is a per-channel affine y = a * x + c, with a = slope / sqrt(var +
+eps) and c = bias - mean * a. When x comes straight from a Convolution, Deconvolution or
+InnerProduct whose output nothing else reads, the affine folds into that layer's weights
+(W * a per output channel, b * a + c, a bias added where there was none) and the unit
+disappears. Otherwise (after a ReLU, an Eltwise,
 an Input, or on a blob that other layers also read) it becomes one Scale layer with bias,
 named as the unit, which is one pass instead of two.
 
@@ -24,7 +25,8 @@ from ..net import Net
 from ..netparam.graph import filter_net, net_state
 from ..netparam.upgrade import load_net_param
 from ..weights.copy import arrays_of, with_shared_params
-from ..weights.norm_forms import norm_units, stored_stats
+from ..syncbn_policy import norm_eps, nvcaffe_form
+from ..weights.norm_forms import norm_units, stored_layout, stored_stats
 from .inputs import copy_checked, with_inputs
 
 log = logging.getLogger('caffe_syncbn')
@@ -33,16 +35,16 @@ _FOLDS_INTO = ('Convolution', 'Deconvolution', 'InnerProduct')
 
 
 def _affine(layer, stats):
-    eps = layer.batch_norm_param.eps if layer.type == 'BatchNorm' else layer.bn_param.eps
-    a = stats.slope / np.sqrt(stats.var + eps)
+    a = stats.slope / np.sqrt(stats.var + norm_eps(layer))
     return a, stats.bias - stats.mean * a
 
 
 def _uses_batch_statistics(layer):
     """A BatchNorm that says use_global_stats: false normalizes with each batch even in
-    TEST: it is no affine and cannot fold."""
+    TEST: it is no affine and cannot fold (NVCaffe's reads no use_global_stats)."""
     p = layer.batch_norm_param
-    return layer.type == 'BatchNorm' and p.HasField('use_global_stats') and not p.use_global_stats
+    return layer.type == 'BatchNorm' and p.HasField('use_global_stats') and \
+        not p.use_global_stats and not nvcaffe_form(layer)
 
 
 def _producer(layers, index, blob):
@@ -156,7 +158,8 @@ def fold_bn(net_param, weights, input_shape=None):
         scale = layers[unit.scale_index] if unit.scale_name is not None else None
         try:
             stats = stored_stats(weights[unit.name],
-                                 weights.get(unit.scale_name) if scale is not None else None)
+                                 weights.get(unit.scale_name) if scale is not None else None,
+                                 stored_layout(weights[unit.name], unit))
         except ValueError as exc:
             raise CaffeError("fold_bn: %s: batch norm '%s': %s"
                              % (source, unit.name, exc)) from None

@@ -59,11 +59,12 @@ from ... import caffe_pb2
 from ...layer import TEST, Layer, register
 from ...syncbn_policy import keeps_sums
 from . import array, gpu, host
-from .array import STAT, RunningAverage, RunningSums, channel_view, inverse_std, moments
+from .array import (STAT, FirstCopyAverage, RunningAverage, RunningSums, channel_view,
+                    inverse_std, moments)
 from .chain import Chain
 
 
-class _ChannelNorm(Layer):
+class ChannelNorm(Layer):
     """What the three layers share: shapes, the engine, the per-channel statistics as
     float64, the x_hat the backward reads, and the Scale and ReLU they may absorb
     (chain.py)."""
@@ -215,7 +216,7 @@ class _ChannelNorm(Layer):
 
 
 @register('BatchNorm')
-class BatchNorm(_ChannelNorm):
+class BatchNorm(ChannelNorm):
     """BVLC BatchNorm: y = (x - mean) / sqrt(var + eps)."""
 
     def setup(self, bottom, top):
@@ -266,7 +267,7 @@ class BatchNorm(_ChannelNorm):
 
 
 @register('BN')
-class BN(_ChannelNorm):
+class BN(ChannelNorm):
     """BN of the PSPNet/yjxiong forks: y = slope * x_hat + bias (see the module docstring)."""
 
     SLOPE, BIAS, STATISTICS = range(3)     # STATISTICS: the first blob of the running ones
@@ -365,6 +366,8 @@ class SyncBN(BN):
     def make_statistics(self, p):
         if keeps_sums(self.param):
             return RunningSums(self, self.STATISTICS, p.momentum)
+        if p.statistics == caffe_pb2.BNParameter.NVCAFFE:
+            return FirstCopyAverage.of_engine(self, self.STATISTICS, p.momentum, p.engine)
         return RunningAverage(self, self.STATISTICS, p.momentum, unbiased_variance=True)
 
     def batch_moments(self, x3):
