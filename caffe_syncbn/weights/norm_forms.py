@@ -109,12 +109,12 @@ def norm_units(layers):
     """The norm units of a list of LayerParameters, in net order."""
     units = []
     for i, layer in enumerate(layers):
-        if layer.type == 'BatchNorm' and not nvcaffe_form(layer):
+        if nvcaffe_form(layer):
+            units.append(NormUnit(NVCAFFE_BATCHNORM, layer.name, i, None, None, False))
+        elif layer.type == 'BatchNorm':
             j = _fusable_scale(layers, i)
             units.append(NormUnit('BatchNorm', layer.name, i,
                                   layers[j].name if j is not None else None, j, True))
-        elif nvcaffe_form(layer):
-            units.append(NormUnit(NVCAFFE_BATCHNORM, layer.name, i, None, None, False))
         elif layer.type in ('BN', 'SyncBN'):
             units.append(NormUnit(layer.type, layer.name, i, None, None, keeps_sums(layer)))
     return units
