@@ -4,8 +4,10 @@ being offered the nearest name of another layer.
 
 ``FORK_LAYER_TYPES`` maps a layer type to the fork it comes from, ``FORK_PARAM_FIELDS``
 a LayerParameter field (``*_param``, as a prototxt spells it), or a fork's field of another
-message, to its fork. A type or field that gets implemented is removed here (the tests
-check both ways).
+message, to its fork, and ``FORK_SETTINGS`` a field or enum value inside any message of the
+schema ('Message.field', 'Message.Enum.VALUE') to its fork and what this package accepts
+instead. A type, field or value that gets implemented is removed here (the tests check
+both ways).
 """
 import difflib
 
@@ -17,13 +19,18 @@ DEEPLAB = "DeepLab's Caffe (deeplab-public-ver2)"
 DEEPLAB_CRF = ("DeepLab's Caffe (deeplab-public-ver2; write the scores with MatWrite and run "
                "DeepLab's densecrf tool on them)")
 DEEPLAB_V1 = "DeepLab v1's Caffe (deeplab-public)"
+NVCAFFE = 'NVCaffe (NVIDIA/caffe)'
+CHUANQI305 = "chuanqi305's SSD fork (MobileNetV2-SSDLite)"
 
 FORK_LAYER_TYPES = {
     'Reorg': YOLO,
     'Region': YOLO,
     'RegionLoss': YOLO,
-    'PSROIPooling': RFCN,
     'VideoData': SSD,
+    'BoxAnnotatorOHEM': RFCN,
+    'DetectNetTransformation': NVCAFFE,
+    'L1Loss': NVCAFFE,
+    'TRT': NVCAFFE,
     # DeepLab: ImageSegData, Interp, SegAccuracy, MatWrite and MatRead are implemented
     'DenseCRF': DEEPLAB_CRF,
     'DomainTransform': DEEPLAB,
@@ -47,7 +54,10 @@ FORK_PARAM_FIELDS = {
     'reorg_param': YOLO,
     'region_param': YOLO,
     'region_loss_param': YOLO,
-    'psroi_pooling_param': RFCN,
+    'box_annotator_ohem_param': RFCN,
+    'detectnet_groundtruth_param': NVCAFFE,
+    'detectnet_augmentation_param': NVCAFFE,
+    'trt_param': NVCAFFE,
     'dense_crf_param': DEEPLAB_CRF,
     'domain_transform_param': DEEPLAB,
     'bias_channel_param': DEEPLAB,
@@ -64,6 +74,65 @@ FORK_PARAM_FIELDS = {
     'onehot_param': DEEPLAB_V1,
     'softmaxloss_param': DEEPLAB_V1,
 }
+
+# ---- settings inside other messages: NVCaffe, R-FCN, chuanqi305's SSD fork ----------------
+_FLOAT_TYPE = 'a net runs in one float type here (float32): remove it'
+_TUNING = 'a setting of its GPU code with nothing to tune here: remove it'
+_AUGMENTATION = 'its data augmentation is not implemented: remove it'
+_SOLVER = 'its solver setting is not implemented: remove it'
+_NVCAFFE_SETTINGS = {
+    'NetParameter': {name: _FLOAT_TYPE for name in (
+        'default_forward_type', 'default_backward_type', 'default_forward_math',
+        'default_backward_math', 'global_grad_scale', 'global_grad_scale_adaptive')},
+    'LayerParameter': {name: _FLOAT_TYPE for name in (
+        'forward_type', 'backward_type', 'forward_math', 'backward_math')},
+    'ConvolutionParameter': {name: _TUNING for name in (
+        'cudnn_convolution_algo_seeker', 'conv_algos_override')},
+    'DataParameter': {name: _TUNING for name in ('threads', 'parser_threads', 'cache',
+                                                 'precache')},
+    'ImageDataParameter': {name: _TUNING for name in (
+        'threads', 'cache', 'precache', 'dataset_share_per_node')},
+    'TransformationParameter': {name: _AUGMENTATION for name in (
+        'use_gpu_transform', 'img_rand_resize_lower', 'img_rand_resize_upper',
+        'rand_resize_ratio_lower', 'rand_resize_ratio_upper', 'vertical_stretch_lower',
+        'vertical_stretch_upper', 'horizontal_stretch_lower', 'horizontal_stretch_upper',
+        'interpolation_algo_down', 'interpolation_algo_up', 'allow_upscale',
+        'forward_packing', 'display', 'num_labels')},
+    'SolverParameter': {name: _SOLVER for name in (
+        'rampup_interval', 'rampup_lr', 'min_lr', 'solver_data_type',
+        'store_blobs_in_old_format', 'momentum_policy', 'max_momentum', 'momentum_power',
+        'larc', 'larc_policy', 'larc_eta', 'weight_decay_policy', 'weight_decay_power',
+        'test_and_snapshot_last_epochs', 'larc_turbo', 'max_weight_decay', 'eval_type',
+        'ap_version', 'plateau_winsize', 'show_per_class_result')},
+}
+_NVCAFFE_SETTINGS['NetParameter'].update(
+    {name: _TUNING for name in ('default_conv_algos_override', 'reduce_buckets',
+                                'default_cudnn_math_override', 'eltwise_mem_sharing')})
+_NVCAFFE_SETTINGS['LayerParameter'].update(cudnn_math_override=_TUNING, debug=_TUNING)
+_NVCAFFE_SETTINGS['DataParameter']['shuffle'] = \
+    'reading LMDB records in a new order each epoch is not implemented: remove it'
+_NVCAFFE_SETTINGS['ImageDataParameter']['short_side'] = \
+    'not implemented: resize with new_height and new_width'
+_NVCAFFE_SETTINGS['TransformationParameter']['random_seed'] = _AUGMENTATION
+_NVCAFFE_SETTINGS['DropoutParameter'] = {'engine': _TUNING,
+                                         'random_seed': 'not implemented: remove it'}
+_NVCAFFE_SETTINGS['ELUParameter'] = {
+    'lambda': 'not implemented: scale the ELU by a Power layer (power_param { scale })'}
+_NVCAFFE_SETTINGS['LossParameter'] = {'label_smoothing': 'not implemented: remove it'}
+
+FORK_SETTINGS = {'%s.%s' % (message, name): (NVCAFFE, instead)
+                 for message, names in _NVCAFFE_SETTINGS.items()
+                 for name, instead in names.items()}
+FORK_SETTINGS.update({
+    'LossParameter.pre_fixed_normalizer': (
+        RFCN, 'not implemented: normalization FULL, VALID, BATCH_SIZE or NONE'),
+    'LossParameter.NormalizationMode.PRE_FIXED': (
+        RFCN, 'not implemented: normalization FULL, VALID, BATCH_SIZE or NONE'),
+    'ConvolutionParameter.tf_pad': (
+        CHUANQI305, "TensorFlow's SAME padding is not implemented: give pad, or pad_h and "
+        'pad_w (Caffe pads both sides alike)'),
+    'PriorBoxParameter.reduce_boxes': (CHUANQI305, 'not implemented: remove it'),
+})
 
 #: how close (difflib ratio) a known name must be to be offered as a correction
 SUGGESTION_CUTOFF = 0.8
@@ -88,3 +157,9 @@ def fork_of_layer_type(type_name):
 def fork_of_param_field(field_name):
     """The fork that a LayerParameter field this package lacks comes from, or None."""
     return FORK_PARAM_FIELDS.get(field_name)
+
+
+def fork_of_setting(message_name, name):
+    """(fork, what this package accepts instead) for the field or enum value ``name`` that
+    message (or enum) ``message_name`` of the schema lacks, or None."""
+    return FORK_SETTINGS.get('%s.%s' % (message_name, name))

@@ -7,16 +7,20 @@ norm.py), which a data-parallel solver applies to each of its nets under -sync_b
 the start log (training/start_log.py). docs/syncbn.md says it for users.
 
 What converts: every batch normalization of a net (weights/norm_forms.norm_units):
-BVLC's BatchNorm, with the Scale after it that only applies a per-channel affine, and
-the forks' BN. A SyncBN stays as it is, and so does every other layer.
+BVLC's BatchNorm, with the Scale after it that only applies a per-channel affine,
+NVCaffe's BatchNorm, which holds its own scale and bias (``nvcaffe_form``), and the forks'
+BN. A SyncBN stays as it is, and so does every other layer.
 
 Which statistics: a SyncBN keeps the convention of the layer it was written as, since
 that is what the layer's files and users expect. One made of a BatchNorm keeps BVLC's
 sums (``statistics: BATCHNORM``): its blobs, snapshots and TEST scores are those of
 BatchNorm on one device with the global batch. One made of a BN keeps the forks'
-momentum average (MOMENTUM). Both take the global batch's mean and unbiased variance,
-by the rules of layers/norm/array.py (RunningSums, RunningAverage). A frozen layer
-(use_global_stats: true, frozen: true) makes a frozen SyncBN. SegNet's and ENet's BN,
+momentum average (MOMENTUM). One made of NVCaffe's BatchNorm keeps NVCaffe's average,
+whose first update copies the batch's statistics (NVCAFFE), with its engine's variance
+and its least eps. All take the global batch's mean and variance, by the rules of
+layers/norm/array.py (RunningSums, RunningAverage, FirstCopyAverage). A frozen layer
+(use_global_stats: true, frozen: true) makes a frozen SyncBN; NVCaffe's BatchNorm reads
+no use_global_stats (its phase decides), so it makes none. SegNet's and ENet's BN,
 which shares its type name with PSPNet's and is told apart by its settings
 (``is_segnet_bn``), keeps none: in LEARN mode it normalizes with the statistics of the
 batch in every phase, the global batch's under -sync_bn, and its users fold the
@@ -69,12 +73,35 @@ def is_segnet_bn(layer):
                                  'keep the settings of one'
                                  % (', '.join(segnet), ', '.join(pspnet)))
     return bool(segnet) or len(layer.top) > 1
+#: the kind of norm unit (weights/norm_forms.norm_units) of NVCaffe's BatchNorm
+NVCAFFE_BATCHNORM = "NVCaffe's BatchNorm"
+#: the least eps NVCaffe's BatchNorm takes, a float as it clamps it
+NVCAFFE_MIN_EPS = float(np.float32(1e-5))
+
+
+def nvcaffe_form(layer):
+    """Whether the LayerParameter ``layer`` is NVCaffe's BatchNorm with its own scale and
+    bias: scale_bias, or a scale or bias filler, as NVCaffe decides it."""
+    if layer.type != 'BatchNorm':
+        return False
+    p = layer.batch_norm_param
+    return p.scale_bias or p.HasField('scale_filler') or p.HasField('bias_filler')
+
+
+def norm_eps(layer):
+    """The eps the batch norm LayerParameter ``layer`` normalizes with."""
+    if layer.type != 'BatchNorm':
+        return layer.bn_param.eps
+    eps = layer.batch_norm_param.eps
+    return max(eps, NVCAFFE_MIN_EPS) if nvcaffe_form(layer) else eps
 
 
 def syncbn_statistics(layer):
     """The convention (BNParameter.Statistics) of the SyncBN made of the batch norm
-    LayerParameter ``layer``: a BatchNorm's sums, or what a BN or SyncBN says (MOMENTUM
-    unless it says otherwise)."""
+    LayerParameter ``layer``: a BatchNorm's sums, NVCaffe's average, or what a BN or SyncBN
+    says (MOMENTUM unless it says otherwise)."""
+    if nvcaffe_form(layer):
+        return caffe_pb2.BNParameter.NVCAFFE
     if layer.type == 'BatchNorm':
         return caffe_pb2.BNParameter.BATCHNORM
     return layer.bn_param.statistics
@@ -90,7 +117,10 @@ def keeps_sums(layer):
 
 def is_frozen(layer):
     """Whether the batch norm LayerParameter ``layer`` keeps its running statistics
-    (BatchNorm's use_global_stats: true, BN's or SyncBN's frozen: true)."""
+    (BatchNorm's use_global_stats: true, BN's or SyncBN's frozen: true; NVCaffe's BatchNorm
+    never does)."""
+    if nvcaffe_form(layer):
+        return False
     if layer.type == 'BatchNorm':
         p = layer.batch_norm_param
         return p.HasField('use_global_stats') and p.use_global_stats
@@ -153,6 +183,7 @@ def start_lines(net_param, units, grouped=False):
     forms = [('BatchNorm+Scale', sum(u.kind == 'BatchNorm' and u.scale_name is not None
                                       for u in units)),
              ('BatchNorm', sum(u.kind == 'BatchNorm' and u.scale_name is None for u in units)),
+             (NVCAFFE_BATCHNORM, sum(u.kind == NVCAFFE_BATCHNORM for u in units)),
              ('BN', sum(u.kind == 'BN' for u in units)),
              ("SegNet's BN", sum(u.kind == 'SegNetBN' for u in units)),
              ('SyncBN', sum(u.kind == 'SyncBN' for u in units))]
@@ -160,10 +191,13 @@ def start_lines(net_param, units, grouped=False):
         len(units), ', '.join('%d %s' % (n, form) for form, n in forms if n)))]
     sums = sum(u.keeps_sums for u in units)
     segnet = sum(u.kind == 'SegNetBN' for u in units)
-    averages = len(units) - sums - segnet
+    nvcaffe = sum(syncbn_statistics(net_param.layer[u.index]) == caffe_pb2.BNParameter.NVCAFFE
+                  for u in units)
+    momentum = len(units) - sums - nvcaffe - segnet
     conventions = [("%d as BatchNorm's sums (moving_average_fraction)" % sums, sums),
-                   ('%d as a momentum average' % averages, averages)]
-    if sums or averages:
+                   ('%d as a momentum average' % momentum, momentum),
+                   ("%d as NVCaffe's average (its first update copies)" % nvcaffe, nvcaffe)]
+    if sums or momentum or nvcaffe:
         lines.append((logging.INFO, '--sync-bn: running statistics of the %s, kept %s'
                       % ("batch of each replica's group" if grouped else 'global batch',
                          ' and '.join(text for text, n in conventions if n))))

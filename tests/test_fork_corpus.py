@@ -1,5 +1,5 @@
-"""Real public prototxts of Caffe's forks (tests/fork_corpus, sources in its SOURCES.tsv):
-each parses, builds in TRAIN and TEST with its data layers swapped for Input layers, and
+"""Real public prototxts of the segmentation forks (tests/fork_corpus, sources in its
+SOURCES.tsv): each parses, builds in TRAIN and TEST with its data layers swapped for Input layers, and
 runs forward with random weights (fan-in scaled, batch norms given statistics from their
 input) to finite outputs that are not constant. Inputs are small where the net allows;
 nets that fix their sizes (SegNet's Upsample with upsample_h/upsample_w) run at them."""
@@ -47,7 +47,9 @@ DEEPLAB_VALUES = {'NUM_LABELS': '21', 'EXP': 'voc12', 'NET_ID': 'vgg16', 'DATA_R
 
 
 def fork_nets():
-    return sorted(p.name for p in FORK_CORPUS.glob('*.prototxt') if 'solver' not in p.name)
+    """The segmentation forks' nets (the other forks' have test_fork_corpus_*.py)."""
+    return sorted(p.name for p in FORK_CORPUS.glob('*.prototxt')
+                  if any(part in p.name for part in SHAPES))
 
 
 def shapes_of(name):

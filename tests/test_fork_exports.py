@@ -48,6 +48,12 @@ EXPORTED = {
     'Axpy (N, C)': NET + input_layer('a', 2, 6) + input_layer('b', 2, 6, 5, 7) +
     layer('Axpy', bottoms=('a', 'data', 'b')),
     'Upsample nearest': NET + layer('Upsample', 'upsample_param { scale: 3 }'),
+    'ReLU6': NET + layer('Power', 'power_param { scale: 4 }', top='big') +
+    layer('ReLU6', bottoms=('big',)),
+    'ReLU6 with a negative slope': NET + layer('Power', 'power_param { scale: 4 }', top='big') +
+    layer('ReLU6', 'relu_param { negative_slope: 0.25 }', bottoms=('big',)),
+    'Pooling ceil_mode: false': NET + layer(
+        'Pooling', 'pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 ceil_mode: false }'),
 }
 
 
@@ -156,3 +162,56 @@ def test_opencv_roi_pooling_agrees(tmp_path):
     reference.setInput(x, 'data')
     reference.setInput(rois, 'rois')
     np.testing.assert_array_equal(reference.forward('roi_pool'), ours)
+
+
+FLOOR_NET = '''name: "floor"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 11 } } }
+layer { name: "relu6" type: "ReLU6" bottom: "data" top: "relu6" }
+layer { name: "max" type: "Pooling" bottom: "relu6" top: "max"
+        pooling_param { pool: MAX kernel_size: 3 stride: 2 ceil_mode: false } }
+layer { name: "ave" type: "Pooling" bottom: "relu6" top: "ave"
+        pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 ceil_mode: false } }
+'''
+
+
+def test_opencv_agrees_on_relu6_and_floor_pooling(tmp_path):
+    """OpenCV's reader knows ReLU6 and ceil_mode (pull request 3057's field) natively."""
+    cv2 = pytest.importorskip('cv2', reason='pip install "opencv-python-headless<5"')
+    prototxt = tmp_path / 'floor.prototxt'
+    prototxt.write_text(FLOOR_NET)
+    x = (np.random.default_rng(4).standard_normal((1, 3, 8, 11)) * 5).astype(np.float32)
+    ours = caffe.Net(str(prototxt), caffe.TEST).forward(data=x, blobs=['relu6', 'max', 'ave'])
+    reference = cv2.dnn.readNetFromCaffe(str(prototxt))
+    reference.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+    reference.setInput(x)
+    theirs = reference.forward(['relu6', 'max', 'ave'])
+    for name, values in zip(('relu6', 'max', 'ave'), theirs):
+        assert values.shape == ours[name].shape, name
+        np.testing.assert_allclose(values, ours[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert ours['max'].shape == (1, 3, 3, 5)
+
+
+PSROI_NET = '''name: "psroi"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 18 dim: 6 dim: 7 } } }
+layer { name: "rois" type: "Input" top: "rois" input_param { shape { dim: 6 dim: 5 } } }
+layer { name: "psroi" type: "PSROIPooling" bottom: "data" bottom: "rois" top: "pooled"
+        psroi_pooling_param { spatial_scale: 0.0625 output_dim: 2 group_size: 3 } }
+'''
+
+
+def test_opencv_psroi_pooling_agrees(tmp_path):
+    """OpenCV's PSROIPooling (its R-FCN support) on ROIs that round at .5, cross the edges,
+    end before they start and lie wholly outside (empty bins)."""
+    cv2 = pytest.importorskip('cv2', reason='pip install "opencv-python-headless<5"')
+    prototxt = tmp_path / 'psroi.prototxt'
+    prototxt.write_text(PSROI_NET)
+    x = np.random.default_rng(2).standard_normal((2, 18, 6, 7)).astype(np.float32)
+    rois = np.array([[1, 2.5, 3.5, 40.5, 60.5], [0, -30, -30, 200, 200], [1, 50, 40, 20, 10],
+                     [0, 95, 100, 95, 100], [1, 200, 200, 300, 300],
+                     [1, -5.5, 7.49, 33.51, 80]], np.float32)
+    ours = np.array(caffe.Net(str(prototxt), caffe.TEST).forward(data=x, rois=rois)['pooled'])
+    reference = cv2.dnn.readNetFromCaffe(str(prototxt))
+    reference.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+    reference.setInput(x, 'data')
+    reference.setInput(rois, 'rois')
+    np.testing.assert_allclose(reference.forward('psroi'), ours, rtol=1e-6, atol=1e-6)

@@ -7,7 +7,7 @@ import pytest
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.forks import FORK_LAYER_TYPES, FORK_PARAM_FIELDS
+from caffe_syncbn.forks import FORK_LAYER_TYPES, FORK_PARAM_FIELDS, FORK_SETTINGS
 from caffe_syncbn.layer import layer_class, layer_type_list
 from caffe_syncbn.netparam.prototxt import parse_text
 from test_cli import one_error_line, run_cli
@@ -19,6 +19,49 @@ def test_the_table_lists_only_what_is_missing():
     assert not set(FORK_LAYER_TYPES) & set(layer_type_list())
     fields = caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
     assert not set(FORK_PARAM_FIELDS) & set(fields)
+
+
+def test_the_settings_table_names_only_what_the_schema_lacks():
+    for key in FORK_SETTINGS:
+        path, name = key.rsplit('.', 1)
+        owner = caffe_pb2
+        for part in path.split('.'):
+            owner = getattr(owner, part)
+        if hasattr(owner, 'DESCRIPTOR') and hasattr(owner.DESCRIPTOR, 'fields_by_name'):
+            assert name not in owner.DESCRIPTOR.fields_by_name, key
+        else:                                       # an enum: its value names
+            assert name not in owner.keys(), key
+
+
+@pytest.mark.parametrize('text, hint', [
+    ('default_forward_type: FLOAT16\n',
+     '(a setting of NVCaffe (NVIDIA/caffe); a net runs in one float type here (float32): '
+     'remove it)'),
+    ('layer { name: "c" convolution_param { cudnn_convolution_algo_seeker: FINDEX } }\n',
+     '(a setting of NVCaffe (NVIDIA/caffe); a setting of its GPU code with nothing to tune '
+     'here: remove it)'),
+    ('layer { name: "l" loss_param { normalization: PRE_FIXED pre_fixed_normalizer: 256 } }\n',
+     "(a setting of R-FCN's Caffe; not implemented: normalization FULL, VALID, BATCH_SIZE or "
+     'NONE)'),
+    ('layer { name: "c" convolution_param { tf_pad: SAME } }\n',
+     "(a setting of chuanqi305's SSD fork (MobileNetV2-SSDLite); TensorFlow's SAME padding is "
+     'not implemented: give pad, or pad_h and pad_w (Caffe pads both sides alike))'),
+])
+def test_a_forks_setting_names_its_fork_and_what_is_accepted(text, hint):
+    with pytest.raises(CaffeError) as info:
+        parse_text(text, caffe_pb2.NetParameter(), 'fork.prototxt')
+    assert '\n' not in str(info.value)
+    assert str(info.value).startswith('fork.prototxt:1:')
+    assert str(info.value).endswith(hint)
+
+
+def test_a_forks_solver_setting_names_its_fork():
+    with pytest.raises(CaffeError) as info:
+        parse_text('base_lr: 0.1\nlarc: true\n', caffe_pb2.SolverParameter(), 'solver.prototxt')
+    assert str(info.value) == (
+        'solver.prototxt:2:1: cannot parse SolverParameter: Message type '
+        '"caffe.SolverParameter" has no field named "larc". (a setting of NVCaffe '
+        '(NVIDIA/caffe); its solver setting is not implemented: remove it)')
 
 
 def test_ssd_fork_fields_have_the_fork_numbers():
@@ -44,7 +87,7 @@ def test_fork_layer_type_names_its_fork():
 
 @pytest.mark.parametrize('type_name, hint', [
     ('Convolutoin', "; did you mean 'Convolution', 'Deconvolution'?"),
-    ('Relu', "; did you mean 'ReLU', 'PReLU', 'ELU'?"),   # case is ignored
+    ('Relu', "; did you mean 'ReLU', 'ReLU6', 'PReLU'?"),   # case is ignored
     ('Permut', "; did you mean 'Permute'?"),
     ('Conv', ''),              # too far from 'Convolution' to guess
     ('Mish', ''),
@@ -54,6 +97,11 @@ def test_unknown_type_suggests_only_close_names(type_name, hint):
         layer_class(type_name)
     assert str(info.value) == ("unknown layer type '%s'%s (known types: see layer_type_list())"
                                % (type_name, hint))
+
+
+def test_relu6_is_a_layer_type_not_a_misspelling_of_relu():
+    """MobileNetV2-SSDLite's ReLU6 once got "did you mean 'ReLU', 'PReLU'?"."""
+    assert layer_class('ReLU6').__name__ == 'ReLU6Layer'
 
 
 def test_fork_param_field_names_its_fork():

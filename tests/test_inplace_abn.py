@@ -41,6 +41,9 @@ layer { name: "sc1" type: "Scale" bottom: "%(bn)s" top: "%(sc)s" scale_param { b
 layer { name: "bn1" type: "BN" bottom: "c1" top: "%(sc)s" bn_param { momentum: 0.9 } }''',
     'SyncBN': '''
 layer { name: "bn1" type: "SyncBN" bottom: "c1" top: "%(sc)s" bn_param { momentum: 0.9 } }''',
+    "NVCaffe's BatchNorm": '''
+layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "%(sc)s"
+        batch_norm_param { scale_bias: true moving_average_fraction: 0.9 } }''',
 }
 
 NET = '''name: "chain"

@@ -84,6 +84,21 @@ def _number(message, field):
     ('InterpParameter', 'pad_end', 6),
     ('TransformationParameter', 'scale_ratios', 12),
     ('TransformationParameter', 'stride', 16),
+    # issue 32 part B: NVCaffe, R-FCN, caffe-fast-rcnn, chuanqi305/ssd, at their numbers
+    ('BatchNormParameter', 'scale_filler', 5),
+    ('BatchNormParameter', 'bias_filler', 6),
+    ('BatchNormParameter', 'scale_bias', 7),
+    ('BatchNormParameter', 'engine', 15),
+    ('BlobProto', 'raw_data_type', 10),
+    ('BlobProto', 'raw_diff_type', 11),
+    ('BlobProto', 'raw_data', 12),
+    ('BlobProto', 'raw_diff', 13),
+    ('PoolingParameter', 'torch_pooling', 40),
+    ('PoolingParameter', 'ceil_mode', 1013),     # 13 in its forks: BVLC's round_mode here
+    ('DropoutParameter', 'scale_train', 2),
+    ('LayerParameter', 'relu6_param', 208),
+    ('LayerParameter', 'psroi_pooling_param', 10001),
+    ('PSROIPoolingParameter', 'group_size', 3),
 ])
 def test_field_number(message, field, number):
     assert _number(message, field) == number

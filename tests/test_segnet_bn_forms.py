@@ -78,8 +78,8 @@ def test_the_start_log_says_segnet_bn_keeps_no_statistics():
         (logging.INFO, '--sync-bn: running statistics of the global batch, kept 1 as a '
                        'momentum average'),
         (logging.INFO, "--sync-bn: 1 of them (SegNet's BN) keep no running statistics: bn_mode "
-                       "LEARN normalizes with the global batch's in every phase, INFERENCE "
-                       'applies scale and shift')]
+                       "LEARN normalizes with the global batch's statistics in every phase, "
+                       'INFERENCE applies scale and shift')]
 
 
 def test_weights_of_pspnets_bn_are_refused_in_one_line():

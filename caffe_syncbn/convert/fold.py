@@ -1,11 +1,12 @@
 """Folding TEST-mode batch norms into the layer before them, for deployment.
 
-In TEST a norm unit (BatchNorm(+Scale), BN or SyncBN, see norm.py) is a per-channel affine
-y = a * x + c, with a = slope / sqrt(var + eps) and c = bias - mean * a (SegNet's BN in
-INFERENCE mode holds a and c as they are; in LEARN mode it is no affine). When x comes
-straight from a Convolution, Deconvolution or InnerProduct whose output nothing else reads,
-the affine folds into that layer's weights (W * a per output channel, b * a + c, a bias
-added where there was none) and the unit disappears. Otherwise (after a ReLU, an Eltwise,
+In TEST a norm unit (BatchNorm(+Scale), NVCaffe's BatchNorm, BN or SyncBN, see
+weights/norm_forms.py) is a per-channel affine y = a * x + c, with a = slope / sqrt(var +
+eps) and c = bias - mean * a (SegNet's BN in INFERENCE mode holds a and c as they are; in
+LEARN mode it is no affine). When x comes straight from a Convolution, Deconvolution or
+InnerProduct whose output nothing else reads, the affine folds into that layer's weights
+(W * a per output channel, b * a + c, a bias added where there was none) and the unit
+disappears. Otherwise (after a ReLU, an Eltwise,
 an Input, or on a blob that other layers also read) it becomes one Scale layer with bias,
 named as the unit, which is one pass instead of two.
 
@@ -24,9 +25,9 @@ from ..layer import TEST, LayerContext
 from ..net import Net
 from ..netparam.graph import filter_net, net_state
 from ..netparam.upgrade import load_net_param
-from ..syncbn_policy import is_segnet_bn
+from ..syncbn_policy import is_segnet_bn, norm_eps, nvcaffe_form
 from ..weights.copy import arrays_of, with_shared_params
-from ..weights.norm_forms import norm_units, stored_stats
+from ..weights.norm_forms import norm_units, stored_layout, stored_stats
 from .inputs import copy_checked, with_inputs
 
 log = logging.getLogger('caffe_syncbn')
@@ -34,26 +35,27 @@ log = logging.getLogger('caffe_syncbn')
 _FOLDS_INTO = ('Convolution', 'Deconvolution', 'InnerProduct')
 
 
-def _affine(layer, arrays, scale_arrays):
-    """(a, c, dtype) of a unit's stored arrays. SegNet's BN in INFERENCE mode is the
-    affine itself: [scale, shift]."""
+def _affine(layer, arrays, scale_arrays, layout):
+    """(a, c, dtype) of a unit's stored arrays in ``layout`` (norm_forms.stored_layout).
+    SegNet's BN in INFERENCE mode is the affine itself: [scale, shift]."""
     if is_segnet_bn(layer):
         scale, shift = (np.asarray(v) for v in arrays)
         return scale.astype(np.float64).reshape(-1), shift.astype(np.float64).reshape(-1), \
             scale.dtype
-    stats = stored_stats(arrays, scale_arrays)
-    eps = layer.batch_norm_param.eps if layer.type == 'BatchNorm' else layer.bn_param.eps
-    a = stats.slope / np.sqrt(stats.var + eps)
+    stats = stored_stats(arrays, scale_arrays, layout)
+    a = stats.slope / np.sqrt(stats.var + norm_eps(layer))
     return a, stats.bias - stats.mean * a, stats.dtype
 
 
 def _uses_batch_statistics(layer):
     """A BatchNorm that says use_global_stats: false, or SegNet's BN in LEARN mode,
-    normalizes with each batch even in TEST: it is no affine and cannot fold."""
+    normalizes with each batch even in TEST: it is no affine and cannot fold (NVCaffe's
+    BatchNorm reads no use_global_stats)."""
     if is_segnet_bn(layer):
         return layer.bn_param.bn_mode == caffe_pb2.BNParameter.LEARN
     p = layer.batch_norm_param
-    return layer.type == 'BatchNorm' and p.HasField('use_global_stats') and not p.use_global_stats
+    return layer.type == 'BatchNorm' and p.HasField('use_global_stats') and \
+        not p.use_global_stats and not nvcaffe_form(layer)
 
 
 def _producer(layers, index, blob):
@@ -167,7 +169,8 @@ def fold_bn(net_param, weights, input_shape=None):
         scale = layers[unit.scale_index] if unit.scale_name is not None else None
         try:
             a, c, dtype = _affine(bn, weights[unit.name],
-                                  weights.get(unit.scale_name) if scale is not None else None)
+                                  weights.get(unit.scale_name) if scale is not None else None,
+                                  stored_layout(weights[unit.name], unit))
         except ValueError as exc:
             raise CaffeError("fold_bn: %s: batch norm '%s': %s"
                              % (source, unit.name, exc)) from None

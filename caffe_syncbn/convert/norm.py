@@ -1,12 +1,13 @@
-"""Rewrites of nets between the three forms of batch normalization (see
-weights/norm_forms.py): to_syncbn and to_batchnorm."""
+"""Rewrites of nets between the forms of batch normalization (see weights/norm_forms.py):
+to_syncbn and to_batchnorm."""
 import collections
 
 from .. import caffe_pb2
 from ..errors import CaffeError
 from ..formats.caffemodel import read_weights
 from ..netparam.upgrade import load_net_param
-from ..syncbn_policy import CONVERTED, is_frozen, is_segnet_bn, syncbn_statistics
+from ..syncbn_policy import (CONVERTED, is_frozen, is_segnet_bn, norm_eps, nvcaffe_form,
+                              syncbn_statistics)
 from ..weights.copy import arrays_of, with_shared_params
 from ..weights.norm_forms import fit_norm_weights, norm_units
 
@@ -37,6 +38,8 @@ def _syncbn_layer(bn, scale):
     layer.exclude.extend(bn.exclude)
     p = layer.bn_param
     fixed = caffe_pb2.ParamSpec(lr_mult=0, decay_mult=0)
+    if nvcaffe_form(bn):
+        return _nvcaffe_syncbn(bn, layer)
     if bn.type != 'BatchNorm':
         layer.top.extend(bn.top[1:])          # SegNet's BN: the batch mean and variance
         p.CopyFrom(bn.bn_param)
@@ -64,6 +67,23 @@ def _syncbn_layer(bn, scale):
         learned.append(fixed)
     if any(spec.ListFields() for spec in learned):   # else SyncBN's defaults say the same
         layer.param.extend(learned)
+    return layer
+
+
+def _nvcaffe_syncbn(bn, layer):
+    """``layer`` (a SyncBN) as NVCaffe's BatchNorm ``bn`` runs: its statistics, engine and
+    least eps, its fillers, and its scale and bias learned at lr_mult and decay_mult 1, as
+    NVCaffe sets them whatever its prototxt says."""
+    bp, p = bn.batch_norm_param, layer.bn_param
+    p.eps, p.momentum, p.engine = norm_eps(bn), bp.moving_average_fraction, bp.engine
+    p.statistics = syncbn_statistics(bn)
+    if bp.HasField('scale_filler'):
+        p.slope_filler.CopyFrom(bp.scale_filler)
+    else:
+        p.slope_filler.type, p.slope_filler.value = 'constant', 1.0
+    if bp.HasField('bias_filler'):
+        p.bias_filler.CopyFrom(bp.bias_filler)
+    layer.param.extend([caffe_pb2.ParamSpec(lr_mult=1, decay_mult=1)] * 2)
     return layer
 
 
@@ -142,11 +162,33 @@ def _segnet_scale_layer(norm):
     return scale
 
 
+def _nvcaffe_batchnorm_layers(norm, scale_name):
+    """BVLC BatchNorm + Scale (in place on its top) for NVCaffe's BatchNorm ``norm``."""
+    bn = caffe_pb2.LayerParameter()
+    bn.CopyFrom(norm)
+    bn.ClearField('param')
+    bp = bn.batch_norm_param
+    bp.eps = norm_eps(norm)
+    for name in ('scale_filler', 'bias_filler', 'scale_bias', 'engine', 'use_global_stats'):
+        bp.ClearField(name)
+    scale = caffe_pb2.LayerParameter(name=scale_name, type='Scale', bottom=norm.top,
+                                     top=norm.top, include=norm.include, exclude=norm.exclude)
+    scale.scale_param.bias_term = True
+    scale.scale_param.filler.type, scale.scale_param.filler.value = 'constant', 1.0
+    p = norm.batch_norm_param
+    if p.HasField('scale_filler'):
+        scale.scale_param.filler.CopyFrom(p.scale_filler)
+    if p.HasField('bias_filler'):
+        scale.scale_param.bias_filler.CopyFrom(p.bias_filler)
+    scale.param.extend([caffe_pb2.ParamSpec(lr_mult=1, decay_mult=1)] * 2)
+    return bn, scale
+
+
 def to_batchnorm(net_param, weights=None):
-    """``(net_param, weights)`` with every BN and SyncBN turned into BVLC BatchNorm followed by
-    an in-place Scale named '<name>_scale' (frozen ones get use_global_stats: true), which
-    stock Caffe and OpenCV run; SegNet's BN in INFERENCE mode becomes the Scale alone.
-    Arguments and result as for ``to_syncbn``."""
+    """``(net_param, weights)`` with every BN, SyncBN and NVCaffe BatchNorm turned into BVLC
+    BatchNorm followed by an in-place Scale named '<name>_scale' (frozen ones get
+    use_global_stats: true), which stock Caffe and OpenCV run; SegNet's BN in INFERENCE
+    mode becomes the Scale alone. Arguments and result as for ``to_syncbn``."""
     param = load_net_param(net_param)
     layers = list(param.layer)
     taken = {layer.name for layer in layers}
@@ -160,6 +202,9 @@ def to_batchnorm(net_param, weights=None):
             scales.add(layer.name)
         elif layer.type in ('BN', 'SyncBN'):
             out.layer.extend(_batchnorm_layers(layer, _unique_name(layer.name + '_scale', taken)))
+        elif nvcaffe_form(layer):
+            out.layer.extend(_nvcaffe_batchnorm_layers(
+                layer, _unique_name(layer.name + '_scale', taken)))
         else:
             out.layer.add().CopyFrom(layer)
     kept = _kept(out.layer, _fitted(out, weights, layers))

@@ -84,6 +84,16 @@ def clip(n):
     return [n.op('Clip', n.inputs[0], n.const(p.min, 'min'), n.const(p.max, 'max'))]
 
 
+@rule('ReLU6')
+def relu6(n):
+    x = n.inputs[0]
+    y = n.op('Clip', x, n.const(0.0, 'min'), n.const(6.0, 'max'))
+    if n.layer.slope == 0:
+        return [y]
+    negative = n.op('Min', x, n.const(0.0, 'zero'))
+    return [n.op('Add', y, _affine(n, negative, n.layer.slope, 0))]
+
+
 @rule('Threshold')
 def threshold(n):
     above = n.op('Greater', n.inputs[0], n.const(n.param.threshold_param.threshold, 'threshold'))

@@ -6,6 +6,8 @@ BatchNormalization (which runtimes fold into the convolution before it):
                                         scale 1, bias 0
   BN, SyncBN [slope, bias, mean, var]   as they are; a SyncBN that keeps BatchNorm's sums
                                         (statistics: BATCHNORM) divides them by its s
+  NVCaffe's BatchNorm [mean, var, 1,    as they are
+    scale, bias]
 The layer's own ``statistics.running()`` reads its running statistics in either convention.
 Only a BatchNorm with ``use_global_stats: false`` normalizes with the batch's statistics, and
 SegNet's BN (a BN that names SegNet's settings) in LEARN mode, with eps 1e-9 and its scale
@@ -14,7 +16,7 @@ and shift after; in INFERENCE mode it is y = scale * x + shift, a Mul and an Add
 import numpy as np
 
 from ..backend import to_numpy
-from ..syncbn_policy import is_segnet_bn
+from ..syncbn_policy import is_segnet_bn, nvcaffe_form
 from .graph import Unsupported, rule
 
 
@@ -29,6 +31,8 @@ def _batch_normalization(n, scale, bias, mean, var, eps):
 @rule('BatchNorm')
 def batch_norm(n):
     layer = n.layer
+    if nvcaffe_form(n.param):            # its own scale and bias; TEST reads its statistics
+        return bn(n)
     if not layer.use_global_stats:
         return [_batch_statistics_norm(n, layer.eps)]
     mean, var = (to_numpy(v) for v in layer.statistics.running())
@@ -40,7 +44,7 @@ def batch_norm(n):
 def bn(n):
     if is_segnet_bn(n.param):
         return _segnet_bn(n)
-    slope, bias = (to_numpy(b.data) for b in n.layer.blobs[:2])
+    slope, bias = (to_numpy(v) for v in n.layer.affine())
     mean, var = (to_numpy(v) for v in n.layer.statistics.running())
     return _batch_normalization(n, slope, bias, mean, var, n.layer.eps)
 

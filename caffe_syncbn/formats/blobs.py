@@ -36,14 +36,44 @@ def blob_shape(proto):
     return tuple(int(d) for d in proto.shape.dim)
 
 
+#: the numpy type of each float type of NVCaffe's raw blobs (BlobProto.RawType)
+RAW_DTYPES = {caffe_pb2.BlobProto.DOUBLE: '<f8', caffe_pb2.BlobProto.FLOAT: '<f4',
+              caffe_pb2.BlobProto.FLOAT16: '<f2'}
+
+
+def _raw_values(proto, diff):
+    """The values of NVCaffe's raw bytes of a BlobProto's data (or diff): float64 from
+    DOUBLE, float32 from FLOAT and FLOAT16 (which float32 holds exactly)."""
+    field = 'raw_diff' if diff else 'raw_data'
+    kind = field + '_type'
+    if not proto.HasField(kind):
+        raise CaffeError('blob holds NVCaffe %s without its %s' % (field, kind))
+    dtype = RAW_DTYPES.get(getattr(proto, kind))
+    if dtype is None:
+        raise CaffeError('blob holds NVCaffe %s of type %s; weights are DOUBLE, FLOAT or '
+                         'FLOAT16' % (field, proto.RawType.Name(getattr(proto, kind))))
+    raw = getattr(proto, field)
+    if len(raw) % np.dtype(dtype).itemsize:
+        raise CaffeError('blob holds %d bytes of NVCaffe %s, not a whole number of %s '
+                         'values' % (len(raw), field, proto.RawType.Name(getattr(proto, kind))))
+    values = np.frombuffer(raw, dtype)
+    return values.astype(np.float64 if values.dtype.itemsize == 8 else np.float32)
+
+
 def blob_to_array(proto, diff=False):
-    """A numpy array (float32, or float64 for ``double_data``) holding a BlobProto's data.
+    """A numpy array (float32, or float64 for ``double_data``) holding a BlobProto's data:
+    Caffe's packed floats or doubles, or else NVCaffe's raw bytes (``raw_data``).
 
     Legacy blobs keep their 4-D num/channels/height/width shape, as in pycaffe.
     """
     shape = blob_shape(proto)
     singles, doubles = (proto.diff, proto.double_diff) if diff else (proto.data, proto.double_data)
-    values = np.array(doubles, np.float64) if len(doubles) else np.array(singles, np.float32)
+    if len(doubles):
+        values = np.array(doubles, np.float64)
+    elif len(singles) or not proto.HasField('raw_diff' if diff else 'raw_data'):
+        values = np.array(singles, np.float32)
+    else:
+        values = _raw_values(proto, diff)
     count = int(np.prod(shape, dtype=np.int64))
     if values.size != count:
         raise CaffeError('blob of shape %s holds %d values, expected %d'

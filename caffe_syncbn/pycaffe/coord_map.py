@@ -12,8 +12,8 @@ from ..errors import CaffeError
 from .net_spec import layers as L
 
 PASS_THROUGH_LAYERS = ['AbsVal', 'BatchNorm', 'Bias', 'BN', 'BNLL', 'Clip', 'Dropout', 'Eltwise',
-                       'ELU', 'Exp', 'Log', 'LRN', 'MVN', 'Power', 'PReLU', 'ReLU', 'Scale',
-                       'Sigmoid', 'Split', 'Swish', 'SyncBN', 'TanH', 'Threshold']
+                       'ELU', 'Exp', 'Log', 'LRN', 'MVN', 'Power', 'PReLU', 'ReLU', 'ReLU6',
+                       'Scale', 'Sigmoid', 'Split', 'Swish', 'SyncBN', 'TanH', 'Threshold']
 
 
 class CoordMapError(CaffeError, AssertionError, RuntimeError):

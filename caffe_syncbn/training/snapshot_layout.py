@@ -24,9 +24,13 @@ from ..formats.caffemodel import Record, write_records, write_records_hdf5
 from ..formats.solverstate import SolverState, read_solver_state, write_solver_state
 from ..netparam.graph import filter_net, insert_splits
 from ..weights.copy import copy_weights
+from ..syncbn_policy import NVCAFFE_BATCHNORM
 from ..weights.norm_forms import fit_norm_weights, norm_units
 
 log = logging.getLogger('caffe_syncbn')
+
+#: the index of NVCaffe BatchNorm's scale, after its three statistics blobs
+_NVCAFFE_SCALE = 3
 
 
 def snapshot_names(prefix, iteration, hdf5):
@@ -151,17 +155,22 @@ class UserLayout(NetLayout):
         super().__init__(net)
         self.source_layers = list(user_param.layer)
         self.layers = list(insert_splits(filter_net(user_param, net.net_param.state)).layer)
-        units = [u for u in norm_units(self.layers) if u.kind == 'BatchNorm']
-        self._batchnorms = {u.name for u in units}
-        self._scale_of = {u.scale_name: u.name for u in units if u.scale_name is not None}
+        units = norm_units(self.layers)
+        self._batchnorms = {u.name for u in units if u.kind == 'BatchNorm'}
+        self._scale_of = {u.scale_name: u.name for u in units
+                          if u.kind == 'BatchNorm' and u.scale_name is not None}
+        # NVCaffe's BatchNorm: [mean, var, 1, scale, bias], made a SyncBN's [slope, bias, ...]
+        self._nvcaffe = {u.name for u in units if u.kind == NVCAFFE_BATCHNORM}
         self.net_slots = net_slots(net)
         self.user_slots = self._owned_slots()
-        # the net slot each user slot takes its values from; None: BatchNorm's statistics,
+        # the net slot each user slot takes its values from; None: a BatchNorm's statistics,
         # which are never learned, so their history is zero
         self.source_of = {}
         for name, j in self.user_slots:
-            if name in self._batchnorms:
+            if name in self._batchnorms or (name in self._nvcaffe and j < _NVCAFFE_SCALE):
                 self.source_of[(name, j)] = None
+            elif name in self._nvcaffe:
+                self.source_of[(name, j)] = (name, j - _NVCAFFE_SCALE)
             else:
                 self.source_of[(name, j)] = (self._scale_of.get(name, name), j)
         # what earlier versions wrote: the converted net's params, when a SyncBN made of a
@@ -175,7 +184,7 @@ class UserLayout(NetLayout):
 
     def _blob_count(self, layer):
         if layer.type == 'BatchNorm':
-            return 3
+            return _NVCAFFE_SCALE + 2 if layer.name in self._nvcaffe else 3
         if layer.name in self._scale_of:
             return 1 + int(layer.scale_param.bias_term)
         net_layer = self.net.layer_by_name.get(layer.name)
@@ -200,13 +209,15 @@ class UserLayout(NetLayout):
         return self.net.layer_by_name[name].blobs[j].shape
 
     def _user_shape(self, slot):
-        """BatchNorm's blobs are (C,), (C,), (1,); an absorbed Scale's are (C,)."""
+        """BatchNorm's blobs are (C,), (C,), (1,) (NVCaffe's then (C,), (C,)); an absorbed
+        Scale's are (C,)."""
         name, j = slot
-        unit = self._scale_of.get(name, name if name in self._batchnorms else None)
+        unit = self._scale_of.get(name, name if name in self._batchnorms | self._nvcaffe
+                                  else None)
         if unit is None:
             return self._net_shape(slot)
         channels = self.net.layer_by_name[unit].blobs[0].count
-        return (1,) if name in self._batchnorms and j == 2 else (channels,)
+        return (1,) if name in self._batchnorms | self._nvcaffe and j == 2 else (channels,)
 
     def load_weights(self, net, path, complete=False):
         copy_weights(net, path, source_layers=self.source_layers, complete=complete)

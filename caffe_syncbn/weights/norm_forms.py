@@ -1,16 +1,19 @@
-"""The three forms of batch normalization, and rewrites of nets and weights between them.
+"""The four forms of batch normalization, and rewrites of nets and weights between them.
 
-A *norm unit* is one normalization of a net, in one of three forms:
+A *norm unit* is one normalization of a net, in one of four forms:
   BatchNorm (BVLC), with the Scale that follows it if there is one: BatchNorm holds
       [mean_sum, var_sum, factor s], each (C,) and s (1,), and mean = mean_sum / s
       (0 when s == 0, as Caffe reads it); the Scale holds [gamma (C,), beta (C,)].
+  NVCaffe's BatchNorm with scale_bias: [mean, var, 1, slope, bias], each (C,) but the 1
+      (1,), which NVCaffe never reads (written as 1).
   BN (the PSPNet and yjxiong forks) and SyncBN: [slope, bias, mean, var], each 1xCx1x1;
       a SyncBN with ``statistics: BATCHNORM`` holds BatchNorm's sums in their place:
-      [slope, bias, mean_sum, var_sum, s], s of shape (1,).
+      [slope, bias, mean_sum, var_sum, s], s of shape (1,). Five stored blobs are NVCaffe's
+      when the file's layer says so, or else when blob 2 holds one value and blob 4 more.
 SegNet's and ENet's BN (kind ``SegNetBN``), which shares the type name BN, holds [scale,
 shift] and no statistics: it is a unit of the net (-sync_bn converts it) but has no form to
 move between, and the others' blobs do not load into it, nor its into them.
-In TEST all three compute y = slope * (x - mean) / sqrt(var + eps) + bias, so weights move
+In TEST all four compute y = slope * (x - mean) / sqrt(var + eps) + bias, so weights move
 between them through one per-channel record, ``NormStats``, and TEST outputs stay the same:
   - Between two forms that keep sums (BatchNorm, SyncBN with BATCHNORM statistics) the
     sums and s move as stored, bitwise: a SyncBN trained so writes Caffe's own blobs.
@@ -31,9 +34,12 @@ import math
 
 import numpy as np
 
+from .. import caffe_pb2
 from ..errors import CaffeError
+from ..formats.blobs import blob_shape
 from ..formats.caffemodel import as_array
-from ..syncbn_policy import is_segnet_bn, keeps_sums
+from ..formats.mapped import MappedBlob
+from ..syncbn_policy import NVCAFFE_BATCHNORM, is_segnet_bn, keeps_sums, nvcaffe_form
 
 NormUnit = collections.namedtuple('NormUnit',
                                   'kind name index scale_name scale_index keeps_sums')
@@ -41,13 +47,37 @@ NormUnit = collections.namedtuple('NormUnit',
 NormStats = collections.namedtuple('NormStats', 'mean var slope bias dtype sums')
 
 
-def _form_blobs(unit):
-    """How many blobs a unit stores under the normalization's own name."""
-    if unit.kind == 'BatchNorm':
-        return 3
-    if unit.kind == 'SegNetBN':
-        return 2
-    return 5 if unit.keeps_sums else 4
+#: how each layout of a normalization's own blobs reads: (blob count, [slope, bias] or
+#: None, [mean, var] or [mean_sum, var_sum], the index of the factor s or None)
+_LAYOUTS = {'BatchNorm': (3, None, (0, 1), 2), 'BN': (4, (0, 1), (2, 3), None),
+            'sums': (5, (0, 1), (2, 3), 4), NVCAFFE_BATCHNORM: (5, (3, 4), (0, 1), None)}
+
+
+def unit_layout(unit):
+    """The layout (_LAYOUTS, or SegNet's BN's, which holds no statistics) of the blobs a
+    unit stores under the normalization's name."""
+    if unit.kind in ('BatchNorm', NVCAFFE_BATCHNORM, 'SegNetBN'):
+        return unit.kind
+    return 'sums' if unit.keeps_sums else 'BN'
+
+
+def _count(item):
+    if isinstance(item, MappedBlob):
+        return item.count
+    if isinstance(item, caffe_pb2.BlobProto):
+        return int(np.prod(blob_shape(item), dtype=np.int64))
+    return int(np.size(item))
+
+
+def stored_layout(stored, origin=None):
+    """The layout of a normalization's stored blobs: by their count, and for five by the
+    unit ``origin`` they were written for, or else by which blob holds one value."""
+    count = len(stored)
+    if count != 5:
+        return {2: 'SegNetBN', 3: 'BatchNorm', 4: 'BN'}.get(count)
+    if origin is not None and unit_layout(origin) in ('sums', NVCAFFE_BATCHNORM):
+        return unit_layout(origin)
+    return NVCAFFE_BATCHNORM if _count(stored[2]) == 1 and _count(stored[4]) != 1 else 'sums'
 
 
 # ---- finding the units ------------------------------------------------------------------
@@ -83,7 +113,9 @@ def norm_units(layers):
     """The norm units of a list of LayerParameters, in net order."""
     units = []
     for i, layer in enumerate(layers):
-        if layer.type == 'BatchNorm':
+        if nvcaffe_form(layer):
+            units.append(NormUnit(NVCAFFE_BATCHNORM, layer.name, i, None, None, False))
+        elif layer.type == 'BatchNorm':
             j = _fusable_scale(layers, i)
             units.append(NormUnit('BatchNorm', layer.name, i,
                                   layers[j].name if j is not None else None, j, True))
@@ -94,29 +126,36 @@ def norm_units(layers):
 
 
 # ---- one unit's weights -----------------------------------------------------------------
-def stored_stats(arrays, scale_arrays=None):
-    """The NormStats of a unit's stored arrays: 3 (BatchNorm, with ``scale_arrays`` the
-    [gamma(, beta)] of its Scale), 4 (BN, SyncBN) or 5 (SyncBN with BATCHNORM statistics).
-    Raises ValueError when they do not fit."""
+def stored_stats(arrays, scale_arrays=None, layout=None):
+    """The NormStats of a unit's stored arrays in ``layout`` (by default as stored_layout
+    finds it): 3 (BatchNorm, with ``scale_arrays`` the [gamma(, beta)] of its Scale), 4 (BN,
+    SyncBN) or 5 (SyncBN with BATCHNORM statistics, NVCaffe's BatchNorm). Raises ValueError
+    when they do not fit."""
     arrays = [np.asarray(a) for a in arrays]
+    layout = layout or stored_layout(arrays)
+    if layout in (None, 'SegNetBN'):
+        raise ValueError("it has %d blobs; a batch norm has 3 (BatchNorm), 4 (BN, SyncBN) or 5 "
+                         "(SyncBN with statistics: BATCHNORM, NVCaffe's BatchNorm with "
+                         'scale_bias)%s' % (len(arrays), _SEGNET_HINT if len(arrays) == 2 else ''))
     flat = [a.astype(np.float64).reshape(-1) for a in arrays]
-    sums = None
-    if len(arrays) == 4:
-        slope, bias, mean, var = flat
-    elif len(arrays) in (3, 5):
-        sums = mean_sum, var_sum, factor = flat[-3:]
+    _, affine, (first, second), factor_at = _LAYOUTS[layout]
+    mean, var, sums = flat[first], flat[second], None
+    if factor_at is not None:
+        factor = flat[factor_at]
         if factor.size != 1:
             raise ValueError('its scale factor blob has %d values, expected 1' % factor.size)
+        sums = mean, var, factor
         inverse = 0.0 if factor[0] == 0 else 1.0 / factor[0]
-        mean, var = mean_sum * inverse, var_sum * inverse
-        scale = flat[:2] if len(arrays) == 5 else \
-            [np.asarray(a, np.float64).reshape(-1) for a in (scale_arrays or [])]
+        mean, var = mean * inverse, var * inverse
+    elif layout == NVCAFFE_BATCHNORM and flat[2].size != 1:
+        raise ValueError('its variance correction blob has %d values, expected 1'
+                         % flat[2].size)
+    if affine is not None:
+        slope, bias = flat[affine[0]], flat[affine[1]]
+    else:
+        scale = [np.asarray(a, np.float64).reshape(-1) for a in (scale_arrays or [])]
         slope = scale[0] if scale else np.ones_like(mean)
         bias = scale[1] if len(scale) > 1 else np.zeros_like(mean)
-    else:
-        raise ValueError('it has %d blobs; a batch norm has 3 (BatchNorm), 4 (BN, SyncBN) or 5 '
-                         '(SyncBN with statistics: BATCHNORM)%s' % (len(arrays), _SEGNET_HINT
-                                                                    if len(arrays) == 2 else ''))
     sizes = {v.size for v in (mean, var, slope, bias)}
     if len(sizes) != 1:
         raise ValueError('its blobs disagree on the channel count: %s'
@@ -151,6 +190,9 @@ def unit_arrays(unit, stats, layers):
     cast = lambda v, shape: np.asarray(v, stats.dtype).reshape(shape)  # noqa: E731
     channels = stats.mean.size
     per_channel = (1, channels, 1, 1)
+    if unit.kind == NVCAFFE_BATCHNORM:
+        return {unit.name: [cast(stats.mean, channels), cast(stats.var, channels), cast(1, 1),
+                            cast(stats.slope, channels), cast(stats.bias, channels)]}
     if unit.kind != 'BatchNorm':
         running = [(stats.mean, per_channel), (stats.var, per_channel)]
         if unit.keeps_sums:
@@ -186,9 +228,9 @@ def fit_norm_weights(target_layers, blobs, source_layers=None, source='weights')
     written_for = {u.name: u for u in norm_units(source_layers or [])}
     for unit in norm_units(target_layers):
         stored = blobs.get(unit.name)
-        if not stored or len(stored) == _form_blobs(unit):
-            continue
         origin = written_for.get(unit.name)
+        if not stored or stored_layout(stored, origin) == unit_layout(unit):
+            continue
         scale_arrays = None
         if unit.kind == 'SegNetBN':
             raise CaffeError(
@@ -205,14 +247,16 @@ def fit_norm_weights(target_layers, blobs, source_layers=None, source='weights')
         if len(stored) == 3:
             if origin is None or origin.kind != 'BatchNorm':
                 raise CaffeError(
-                    "%s: layer '%s' holds BatchNorm statistics (3 blobs) but is a %s here (4 "
+                    "%s: layer '%s' holds BatchNorm statistics (3 blobs) but is a %s here (%d "
                     'blobs), and the file does not say which Scale layer goes with it: load it '
-                    'with the prototxt it was written for' % (source, unit.name, unit.kind))
+                    'with the prototxt it was written for'
+                    % (source, unit.name, unit.kind, _LAYOUTS[unit_layout(unit)][0]))
             if origin.scale_name is not None:
                 scale_arrays = [as_array(b) for b in blobs.get(origin.scale_name, [])
                                 if b is not None]
         try:
-            stats = stored_stats([as_array(b) for b in stored], scale_arrays)
+            stats = stored_stats([as_array(b) for b in stored], scale_arrays,
+                                 stored_layout(stored, origin))
             out.update(unit_arrays(unit, stats, target_layers))
         except ValueError as exc:
             raise CaffeError("%s: cannot load batch norm '%s' into the net's %s: %s"

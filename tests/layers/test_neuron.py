@@ -1,6 +1,7 @@
 """Neuron layers (ReLU, PReLU, ELU, Sigmoid, TanH, AbsVal, BNLL, Power, Exp, Log, Threshold,
 Clip, Swish, Dropout): Caffe's golden outputs on every engine (the engine fixture),
-finite-difference gradients, in-place runs and Caffe's corner cases."""
+finite-difference gradients, in-place runs and Caffe's corner cases. The forks' ReLU6 and
+Dropout's scale_train against loops written from the forks' sources."""
 import numpy as np
 import pytest
 
@@ -44,6 +45,9 @@ GRADIENTS = [
                      RS.uniform(-.4, .6, (2, 4))])),
     ("type: 'Swish' swish_param { beta: 1.5 }", RS.randn(2, 3, 3)),
     ("type: 'Dropout' dropout_param { dropout_ratio: 0.3 }", RS.randn(4, 5)),
+    ("type: 'Dropout' dropout_param { dropout_ratio: 0.3 scale_train: false }", RS.randn(4, 5)),
+    ("type: 'ReLU6'", np.concatenate([away_from_zero(2, 4) * 3, positive(2, 4, low=6.5, high=9)])),
+    ("type: 'ReLU6' relu_param { negative_slope: 0.2 }", away_from_zero(3, 4) * 4),
 ]
 
 
@@ -52,8 +56,10 @@ def test_neuron_gradient(text, x):
     check_gradient("name: 'n' bottom: 'x' top: 'y' " + text, [x])
 
 
-def test_dropout_gradient_test_phase():
-    check_gradient("name: 'd' type: 'Dropout' bottom: 'x' top: 'y'", [RS.randn(3, 4)], phase=TEST)
+@pytest.mark.parametrize('settings', ['', 'dropout_param { scale_train: false }'])
+def test_dropout_gradient_test_phase(settings):
+    check_gradient("name: 'd' type: 'Dropout' bottom: 'x' top: 'y' " + settings, [RS.randn(3, 4)],
+                   phase=TEST)
 
 
 @pytest.mark.parametrize('shared', ['true', 'false'])
@@ -79,6 +85,8 @@ IN_PLACE = [
     ("type: 'Clip' clip_param { min: -0.5 max: 0.5 }", [RS.randn(3, 4)]),
     ("type: 'Swish'", [RS.randn(2, 3)]),
     ("type: 'Dropout'", [RS.randn(3, 4)]),
+    ("type: 'ReLU6'", [RS.randn(3, 4) * 5]),
+    ("type: 'ReLU6' relu_param { negative_slope: 0.1 }", [RS.randn(3, 4) * 5]),
 ]
 
 
@@ -122,3 +130,62 @@ def test_threshold_refuses_backward():
                                  [RS.randn(2, 3)])
     with pytest.raises(CaffeError, match='no gradient'):
         layer.backward(top, [True], bottom)
+
+
+# ---------------------------------------------------------------- the forks' settings
+
+def test_dropout_scale_train_false_scales_at_test_instead():
+    """caffe-fast-rcnn's and R-FCN's Dropout (scale_train: false): TRAIN keeps values as they
+    are, TEST multiplies by 1 - ratio, and each backward is its forward's."""
+    x = RS.randn(300, 40)
+    text = ("name: 'd' type: 'Dropout' bottom: 'x' top: 'y' "
+            "dropout_param { dropout_ratio: 0.25 scale_train: false }")
+    layer, bottom, top = forward(text, [x])
+    kept = top[0].data != 0
+    assert abs(kept.mean() - 0.75) < 0.02
+    np.testing.assert_array_equal(top[0].data[kept], x[kept])
+    top[0].diff[...] = 1
+    layer.backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, kept)
+    layer, bottom, top = forward(text, [x], phase=TEST)
+    np.testing.assert_allclose(top[0].data, 0.75 * x, rtol=1e-15)
+    top[0].diff[...] = 2
+    layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(bottom[0].diff, 1.5, rtol=1e-15)
+
+
+def relu6_reference(x):
+    """chuanqi305/ssd's ReLU6, element by element: min(max(x, 0), 6), gradient 1 where
+    0 < x < 6."""
+    y, passes = np.empty_like(x), np.empty_like(x)
+    for i, value in np.ndenumerate(x):
+        y[i] = min(max(value, 0.0), 6.0)
+        passes[i] = 1.0 if 0 < value < 6 else 0.0
+    return y, passes
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+@pytest.mark.parametrize('in_place', [False, True])
+def test_relu6_is_the_forks_at_its_kinks(dtype, in_place):
+    x = np.concatenate([RS.randn(3, 8) * 5, [[0, -0.0, 6, 6.0001, 5.9999, -1e-7, 1e-7, 80]]])
+    x = x.astype(dtype)
+    expected, passes = relu6_reference(x.astype(np.float64))
+    layer, bottom, top = build_layer("name: 'r' type: 'ReLU6' bottom: 'x' top: 'y'", [x],
+                                     dtype=dtype)
+    if in_place:
+        top = bottom
+    layer.forward(bottom, top)
+    np.testing.assert_array_equal(top[0].data, expected.astype(dtype))
+    dy = RS.randn(*x.shape).astype(dtype)
+    top[0].diff[...] = dy
+    layer.backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, (dy * passes).astype(dtype))
+
+
+def test_relu6_with_a_negative_slope():
+    x = np.array([[-3.0, -0.5, 0.0, 2.0, 6.0, 9.0]])
+    _, _, top = forward("name: 'r' type: 'ReLU6' bottom: 'x' top: 'y' "
+                        "relu_param { negative_slope: 0.1 }", [x])
+    slope = float(np.float32(0.1))          # a float field, as Caffe reads it
+    np.testing.assert_allclose(top[0].data, [[-3 * slope, -0.5 * slope, 0, 2, 6, 6]],
+                               rtol=1e-15)

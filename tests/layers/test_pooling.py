@@ -1,7 +1,8 @@
 """Pooling (MAX, AVE, STOCHASTIC) and SPP: Caffe's golden outputs and every engine against the
 float64 array engine (the engine fixture), finite-difference gradients, Caffe's rules for ties,
-masks and sizes, and the host engine's MAX against the array engine's on 1 to 3 threads. The
-forks' ROIPooling and Upsample: test_fork_layers.py."""
+masks and sizes, the forks' spellings of floor rounding against Caffe's loop, and the host
+engine's MAX against the array engine's on 1 to 3 threads. The forks' ROIPooling and Upsample:
+test_fork_layers.py."""
 import numpy as np
 import pytest
 
@@ -54,6 +55,8 @@ def _pool(body, tops=('y',)):
     ('pool: AVE kernel_size: 3 stride: 2 pad: 1', (2, 2, 6, 6)),
     ('pool: AVE global_pooling: true', (2, 3, 3, 4)),
     ('pool: STOCHASTIC kernel_size: 2 stride: 2', (1, 2, 4, 4)),
+    ('pool: MAX kernel_size: 3 stride: 2 pad: 1 ceil_mode: false', (2, 2, 8, 7)),
+    ('pool: AVE kernel_size: 3 stride: 2 pad: 1 torch_pooling: true', (2, 2, 8, 7)),
 ])
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
 def test_every_engine_gives_the_float64_array_engine(engine, body, shape, dtype):
@@ -103,6 +106,63 @@ def test_cuda_pool2d_passes_equal_the_array_engines(method, in_hw, kernel, strid
 ])
 def test_pooling_gradient(host_engine, body, shape):
     host_engine.check_gradient(_pool(body), [_distinct(shape)])
+
+
+def pooling_reference(x, method, kernel, stride, pad, round_up):
+    """Caffe's pooling loop (BVLC, and the forks' floor rounding of pull request 3057 and
+    Facebook's torch_pooling): the pooled size rounded up or down, less a last window that
+    would start in the padding; AVE divides by the window clipped to the padded input."""
+    n, c, h, w = x.shape
+    sizes = []
+    for size in (h, w):
+        span = size + 2 * pad - kernel
+        out = (int(np.ceil(span / stride)) if round_up else span // stride) + 1
+        if pad and (out - 1) * stride >= size + pad:
+            out -= 1
+        sizes.append(out)
+    y = np.zeros((n, c) + tuple(sizes))
+    for i, j, ph, pw in np.ndindex(*y.shape):
+        hstart, wstart = ph * stride - pad, pw * stride - pad
+        hend, wend = min(hstart + kernel, h + pad), min(wstart + kernel, w + pad)
+        area = (hend - hstart) * (wend - wstart)
+        hstart, wstart, hend, wend = max(hstart, 0), max(wstart, 0), min(hend, h), min(wend, w)
+        window = x[i, j, hstart:hend, wstart:wend]
+        y[i, j, ph, pw] = window.max() if method == 'MAX' else window.sum() / area
+    return y
+
+
+FLOOR_SPELLINGS = ['round_mode: FLOOR', 'ceil_mode: false', 'torch_pooling: true']
+
+
+@pytest.mark.parametrize('method', ['MAX', 'AVE'])
+@pytest.mark.parametrize('spelling', FLOOR_SPELLINGS + ['ceil_mode: true', 'round_mode: CEIL'])
+@pytest.mark.parametrize('kernel, stride, pad, in_hw', [
+    (3, 2, 0, (8, 7)), (3, 2, 1, (8, 7)), (2, 2, 1, (5, 6)), (3, 3, 1, (10, 11))])
+def test_each_forks_rounding_gives_its_loop(method, spelling, kernel, stride, pad, in_hw):
+    x = _randn(2, 2, *in_hw)
+    body = 'pool: %s kernel_size: %d stride: %d pad: %d %s' % (method, kernel, stride, pad,
+                                                               spelling)
+    _, _, top = _forward(_pool(body), [x])
+    expected = pooling_reference(x, method, kernel, stride, pad, spelling not in FLOOR_SPELLINGS)
+    assert top[0].shape == expected.shape
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-13, atol=1e-15)
+
+
+def test_floor_rounding_drops_the_last_partial_window():
+    """A 8-wide input, kernel 3, stride 2: Caffe's ceil gives 4 windows (the last overhangs),
+    every floor spelling gives 3, as PyTorch's MaxPool2d does."""
+    for spelling, width in [('', 4)] + [(s, 3) for s in FLOOR_SPELLINGS]:
+        _, _, top = _forward(_pool('pool: MAX kernel_size: 3 stride: 2 ' + spelling),
+                             [_randn(1, 1, 8, 8)])
+        assert top[0].shape == (1, 1, width, width), spelling
+
+
+def test_contradicting_roundings_are_one_error_line():
+    with pytest.raises(CaffeError) as info:
+        _forward(_pool('pool: MAX kernel_size: 3 stride: 2 ceil_mode: false round_mode: CEIL'),
+                 [_randn(1, 1, 8, 8)])
+    assert "'p' (type Pooling)" in str(info.value) and '\n' not in str(info.value)
+    assert 'pooling_param rounds both ways: ceil_mode: false, round_mode: CEIL' in str(info.value)
 
 
 def test_max_pooling_ties_and_mask():

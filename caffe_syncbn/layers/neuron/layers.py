@@ -311,6 +311,38 @@ class ClipLayer(NeuronLayer):
         return dy * ((x >= self.low) & (x <= self.high))
 
 
+@register('ReLU6')
+class ReLU6Layer(NeuronLayer):
+    """min(max(x, 0), 6), the ReLU6 of the MobileNet forks (chuanqi305/ssd, MobileNet-YOLO):
+    no gradient at 0, nor at 6 and above. A relu_param negative_slope s adds s * min(x, 0), as
+    the ReLU6 of an NVCaffe-based fork reads it. The gradient comes from the output, whose
+    sign and range tell the input's, so it runs in place without a copy."""
+
+    def setup(self, bottom, top):
+        self.slope = self.param.relu_param.negative_slope
+        if self.slope < 0:
+            raise self.error('negative_slope must be >= 0 for ReLU6, got %g' % self.slope)
+
+    def backward_reads(self, bottom, top):
+        return list(top)
+
+    def activate(self, x):
+        y = self.xp.clip(x, 0, 6)
+        if self.slope:
+            y += x.dtype.type(self.slope) * self.xp.minimum(x, 0)
+        return y
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        y, dy = top[0].data, top[0].diff
+        passes = (y > 0) & (y < 6)
+        if self.slope:
+            bottom[0].diff[...] = dy * self.xp.where(y < 0, dy.dtype.type(self.slope), passes)
+        else:
+            bottom[0].diff[...] = dy * passes
+
+
 @register('Swish')
 class SwishLayer(NeuronLayer):
     """x * sigmoid(beta * x)."""
@@ -330,8 +362,9 @@ class SwishLayer(NeuronLayer):
 @register('Dropout')
 class DropoutLayer(NeuronLayer):
     """Inverted dropout: TRAIN keeps each value with probability 1 - ratio and scales it
-    by 1/(1 - ratio); TEST is the identity. With ``scale_train: false`` (a field of some
-    Caffe forks) TRAIN does not scale and TEST multiplies by 1 - ratio instead."""
+    by 1/(1 - ratio); TEST is the identity. With ``scale_train: false`` (caffe-fast-rcnn's
+    and R-FCN's Caffe) TRAIN does not scale and TEST multiplies by 1 - ratio instead, in
+    both passes."""
 
     def setup(self, bottom, top):
         p = self.param.dropout_param
@@ -339,7 +372,7 @@ class DropoutLayer(NeuronLayer):
         if not 0 <= self.ratio < 1:
             raise self.error('dropout_ratio must be in [0, 1), got %g' % self.ratio)
         self.scale = 1.0 / (1.0 - self.ratio)
-        self.scale_train = getattr(p, 'scale_train', True)
+        self.scale_train = p.scale_train
 
     def backward_reads(self, bottom, top):
         return []                   # the mask is kept

@@ -32,8 +32,9 @@ and two for the chains of chain.py, whose output y = relu(gamma * x_hat + beta):
     output_from_x_hat(x_hat, y3, slope, bias, activation): y into y3 again from a kept
         x_hat (normalize's ``keep`` into ``x_hat_out``), as normalize computed it
 
-The layers keep their running statistics in one of two conventions, ``RunningSums``
-(BVLC BatchNorm's) and ``RunningAverage`` (the forks' momentum), defined here once.
+The layers keep their running statistics in one of three conventions, ``RunningSums``
+(BVLC BatchNorm's), ``RunningAverage`` (the forks' momentum) and ``FirstCopyAverage``
+(NVCaffe BatchNorm's momentum), defined here once.
 
 This module is the engine for any array module (numpy in float16, CuPy without the
 kernels); host.py is the host engine and gpu.py the CUDA one.
@@ -41,6 +42,7 @@ kernels); host.py is the host engine and gpu.py the CUDA one.
 import math
 import numpy as np
 
+from ... import caffe_pb2
 from ...backend import get_array_module
 from ...weights.norm_forms import statistics_factor
 from ..neuron.layers import relu, relu_gradient
@@ -184,6 +186,49 @@ class RunningAverage:
         variance as ``update`` takes a batch's."""
         _store(self.layer, self.first, mean)
         _store(self.layer, self.first + 1, unbiased(var, count) if self.unbiased_variance else var)
+
+
+class FirstCopyAverage(RunningAverage):
+    """NVCaffe BatchNorm's running statistics: RunningAverage, whose update copies the
+    batch's statistics at first. NVCaffe's cuDNN engine (its default) copies at the solver's
+    iteration 0, when a new layer's statistics are still zero: here, while they are all zero
+    (``copies`` None), with the unbiased variance. Its CAFFE engine copies on the first
+    ``copies`` (2) TRAIN forwards of the layer, with the biased variance."""
+
+    #: NVCaffe's CAFFE engine copies the batch's statistics on its first two TRAIN forwards
+    CAFFE_ENGINE_COPIES = 2
+
+    def __init__(self, layer, first, momentum, unbiased_variance, copies=None):
+        super().__init__(layer, first, momentum, unbiased_variance)
+        self.copies, self.updates = copies, 0
+
+    @classmethod
+    def of_engine(cls, layer, first, momentum, engine):
+        """The statistics of NVCaffe's BatchNorm (or a SyncBN made of one) in blobs [first,
+        first + 2) of ``layer``, as ``engine`` keeps them (a BatchNormParameter or
+        BNParameter Engine value: the two enums agree)."""
+        if engine == caffe_pb2.BatchNormParameter.CAFFE:
+            return cls(layer, first, momentum, unbiased_variance=False,
+                       copies=cls.CAFFE_ENGINE_COPIES)
+        return cls(layer, first, momentum, unbiased_variance=True)
+
+    def start_frozen(self):
+        """NVCaffe's BatchNorm is never frozen: its phase decides."""
+
+    def update(self, count, mean, var, kept=None):
+        """One TRAIN step's update; where ``kept`` holds, none (see _store)."""
+        layer, j, keep = self.layer, self.first, self.momentum
+        if self.unbiased_variance:
+            var = unbiased(var, count)
+        old_mean, old_var = _values(layer, j), _values(layer, j + 1)
+        xp = get_array_module(old_mean)
+        if self.copies is None:         # on the device: no read of it
+            copy = xp.logical_and((old_mean == 0).all(), (old_var == 0).all())
+        else:
+            copy = self.updates < self.copies
+            self.updates += 1
+        _store(layer, j, xp.where(copy, mean, keep * old_mean + (1 - keep) * mean), kept)
+        _store(layer, j + 1, xp.where(copy, var, keep * old_var + (1 - keep) * var), kept)
 
 
 # ---- the array engine ------------------------------------------------------------------------

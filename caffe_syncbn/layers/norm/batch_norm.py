@@ -57,10 +57,12 @@ an engine's (array.py says what one does), chosen once at setup: the CUDA kernel
 """
 import numpy as np
 
+from ... import caffe_pb2
 from ...layer import TEST, Layer, register
 from ...syncbn_policy import keeps_sums
 from . import array, gpu, host
-from .array import STAT, RunningAverage, RunningSums, channel_view, inverse_std, moments
+from .array import (STAT, FirstCopyAverage, RunningAverage, RunningSums, channel_view,
+                    inverse_std, moments)
 from .chain import Chain
 
 
@@ -386,6 +388,8 @@ class SyncBN(BN):
     def make_statistics(self, p):
         if keeps_sums(self.param):
             return RunningSums(self, self.STATISTICS, p.momentum)
+        if p.statistics == caffe_pb2.BNParameter.NVCAFFE:
+            return FirstCopyAverage.of_engine(self, self.STATISTICS, p.momentum, p.engine)
         return RunningAverage(self, self.STATISTICS, p.momentum, unbiased_variance=True)
 
     def batch_moments(self, x3):

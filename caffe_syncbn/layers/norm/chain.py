@@ -22,12 +22,13 @@ RECOVERY_RATIO = 64.0
 
 
 class Chain:
-    """What a batch norm absorbed: the Scale (``affine_owner``, whose blobs are gamma and
-    beta) unless the norm has its own, the ReLU's negative slope (None: no ReLU), and the
-    top the chain writes."""
+    """What a batch norm absorbed: the Scale (``affine_owner``, whose blobs ``gamma_index``
+    and ``beta_index`` are gamma and beta) unless the norm has its own, the ReLU's negative
+    slope (None: no ReLU), and the top the chain writes."""
 
-    def __init__(self, affine_owner=None, beta_index=None):
+    def __init__(self, affine_owner=None, beta_index=None, gamma_index=0):
         self.affine_owner, self.beta_index = affine_owner, beta_index
+        self.gamma_index = gamma_index
         self.negative_slope = None
         self.top = None
         self.warned = False
@@ -38,7 +39,7 @@ class Chain:
         if layer.type == 'Scale' and self.affine_owner is None \
                 and self.negative_slope is None and len(layer.blobs) >= 1 \
                 and layer.blobs[0].shape == (channels,) and layer.param.scale_param.axis == 1:
-            self.affine_owner = layer
+            self.affine_owner, self.gamma_index = layer, 0
             self.beta_index = 1 if len(layer.blobs) > 1 else None
             return True
         if layer.type == 'ReLU' and self.negative_slope is None \
@@ -49,7 +50,8 @@ class Chain:
 
     def gamma(self):
         owner = self.affine_owner
-        return None if owner is None else owner.blobs[0].data.reshape(-1).astype(STAT)
+        return None if owner is None else \
+            owner.blobs[self.gamma_index].data.reshape(-1).astype(STAT)
 
     def beta(self):
         owner = self.affine_owner
@@ -60,14 +62,15 @@ class Chain:
         return owner.blobs[self.beta_index].data.reshape(-1).astype(STAT)
 
     def wants_gamma_gradient(self):
-        return self.affine_owner is not None and self.affine_owner.wants_param_gradient(0)
+        return self.affine_owner is not None and \
+            self.affine_owner.wants_param_gradient(self.gamma_index)
 
     def add_param_gradients(self, sum_g, sum_g_x_hat):
         """d gamma += sum(g * x_hat), d beta += sum(g), as the affine part's owner wants."""
         owner = self.affine_owner
         if owner is None:
             return
-        for index, values in ((0, sum_g_x_hat), (self.beta_index, sum_g)):
+        for index, values in ((self.gamma_index, sum_g_x_hat), (self.beta_index, sum_g)):
             if index is not None and values is not None and owner.wants_param_gradient(index):
                 blob = owner.blobs[index]
                 blob.diff += values.reshape(blob.shape).astype(blob.dtype)

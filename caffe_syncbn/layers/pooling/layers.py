@@ -35,6 +35,23 @@ def _pool_geometry(layer, pp, in_hw):
     return kernel, stride, pad
 
 
+def _rounds_up(layer, pp):
+    """Whether the pooled size rounds up, Caffe's way, or down, as each fork spells it:
+    BVLC's round_mode, BVLC pull request 3057's ceil_mode (OpenCV's reader and the PyTorch
+    converters' Caffe), and torch_pooling (Facebook's Caffe; NVCaffe's schema has it too).
+    Settings that disagree are an error."""
+    says = {}
+    if pp.HasField('round_mode'):
+        says['round_mode: %s' % pp.RoundMode.Name(pp.round_mode)] = pp.round_mode == pp.CEIL
+    if pp.HasField('ceil_mode'):
+        says['ceil_mode: %s' % str(pp.ceil_mode).lower()] = pp.ceil_mode
+    if pp.HasField('torch_pooling'):
+        says['torch_pooling: %s' % str(pp.torch_pooling).lower()] = not pp.torch_pooling
+    if len(set(says.values())) > 1:
+        raise layer.error('pooling_param rounds both ways: %s' % ', '.join(sorted(says)))
+    return all(says.values())
+
+
 def _require_4d(layer, blob):
     if blob.num_axes != 4:
         raise layer.error('expects a 4-axis (N, C, H, W) bottom, got shape %s' % (blob.shape,))
@@ -49,6 +66,7 @@ class PoolingLayer(Layer):
         self.method = caffe_pb2.PoolingParameter.PoolMethod.Name(pp.pool)
         self.check_tops(top, minimum=1, maximum=2 if self.method == 'MAX' else 1)
         self.pool = None
+        self.rounds_up = _rounds_up(self, pp)
         # the engine, chosen once: the CUDA kernels (MAX and AVE), the host's MAX (small
         # kernels), else array code; each hands what it does not run to the array engine
         if self.cuda_kernels:
@@ -64,8 +82,8 @@ class PoolingLayer(Layer):
         in_hw = bottom[0].shape[2:]
         if self.pool is None or self.pool.in_hw != in_hw:
             kernel, stride, pad = _pool_geometry(self, pp, in_hw)
-            self.pool = Pool2d(self.method, in_hw, kernel, stride, pad,
-                               pp.round_mode == pp.CEIL, self.error)
+            self.pool = Pool2d(self.method, in_hw, kernel, stride, pad, self.rounds_up,
+                               self.error)
         for t in top:
             t.reshape(bottom[0].shape[:2] + self.pool.out_hw)
 
