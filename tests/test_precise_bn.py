@@ -36,7 +36,11 @@ FORMS = {
                True, False),
     'SyncBN-sums': ('layer { name: "NAME" type: "SyncBN" bottom: "BOTTOM" top: "TOP" '
                     'bn_param { statistics: BATCHNORM momentum: 0.99 } }', True, True),
+    'NVCaffe': ('layer { name: "NAME" type: "BatchNorm" bottom: "BOTTOM" top: "TOP" '
+                'batch_norm_param { scale_bias: true } }', True, False),
 }
+#: where a form's own blobs hold (mean, var) and (slope, bias), if not in BN's order
+NVCAFFE_LAYOUT = {'NVCaffe': ((0, 1), (3, 4))}
 
 
 def conv(name, bottom, top=None):
@@ -108,7 +112,7 @@ def conv_numpy(x, weight, bias):
     return out + bias.reshape(1, -1, 1, 1)
 
 
-def reference(weights_net, data, unbiased):
+def reference(weights_net, data, unbiased, form=None):
     """{batch norm: (mean, variance as the layer keeps it)} of the exact population over
     all rows, each batch norm's input made with the earlier ones' new statistics; and the
     output of the net in TEST with them."""
@@ -121,7 +125,8 @@ def reference(weights_net, data, unbiased):
         var = x.var(axis=(0, 2, 3), ddof=1 if unbiased else 0)
         found[name] = mean, var
         x_hat = (x - mean.reshape(1, -1, 1, 1)) / np.sqrt(var + EPS).reshape(1, -1, 1, 1)
-        affine = params.get(name + '_scale') or params[name][:2]
+        slope_at, bias_at = NVCAFFE_LAYOUT[form][1] if form in NVCAFFE_LAYOUT else (0, 1)
+        affine = params.get(name + '_scale') or (params[name][slope_at], params[name][bias_at])
         return x_hat * affine[0].reshape(1, -1, 1, 1) + affine[1].reshape(1, -1, 1, 1)
 
     convolve = lambda name, x: conv_numpy(x, *params[name])  # noqa: E731
@@ -131,13 +136,14 @@ def reference(weights_net, data, unbiased):
     return found, normalize('bn3', convolve('conv3', y2)) + short
 
 
-def stored_statistics(layer, sums):
+def stored_statistics(layer, sums, form=None):
     """(mean, variance) as TEST reads them from a layer's blobs, and the factor s."""
     blobs = [np.asarray(b.data, np.float64).ravel() for b in layer.blobs]
     if sums:
         factor = blobs[-1][0]
         return blobs[-3] / factor, blobs[-2] / factor, factor
-    return blobs[2], blobs[3], None
+    mean_at, var_at = NVCAFFE_LAYOUT[form][0] if form in NVCAFFE_LAYOUT else (2, 3)
+    return blobs[mean_at], blobs[var_at], None
 
 
 @pytest.mark.parametrize('form', sorted(FORMS))
@@ -150,9 +156,9 @@ def test_statistics_are_the_exact_population_of_each_layers_input(tmp_path, rows
         assert [[job.net.layers[i].name for i in group] for group in job.passes] == \
             [['bn1'], ['bn2', 'bn_short'], ['bn3']]
         job.estimate(BATCHES)
-        expected, _ = reference(job.net, data, unbiased)
+        expected, _ = reference(job.net, data, unbiased, form)
         for name, (mean, var) in expected.items():
-            stored = [stored_statistics(net.layer_dict[name], sums) for net in job.nets]
+            stored = [stored_statistics(net.layer_dict[name], sums, form) for net in job.nets]
             np.testing.assert_allclose(stored[0][0], mean, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(stored[0][1], var, rtol=1e-12)
             if sums:      # Caffe's s once trained to its fraction's end, a power of two
@@ -257,8 +263,15 @@ def test_bad_input_is_one_line(tmp_path, rows):
     frozen = tmp_path / 'frozen.prototxt'
     frozen.write_text(net_text('BatchNorm', source, 1).replace(
         'type: "BatchNorm"', 'type: "BatchNorm" batch_norm_param { use_global_stats: true }'))
-    assert '(all 4 are frozen)' in run_command('-model', str(frozen), '-weights', weights,
-                                                '-output', output)
+    assert '(4 frozen)' in run_command('-model', str(frozen), '-weights', weights,
+                                        '-output', output)
+
+    segnet = tmp_path / 'segnet.prototxt'      # SegNet's BN: scale and shift, no statistics
+    segnet.write_text(net_text('BN', source, 1).replace('momentum: 0.9', 'bn_mode: LEARN'))
+    Net(str(segnet), TRAIN).save(str(tmp_path / 'segnet.caffemodel'))
+    message = run_command('-model', str(segnet), '-weights', str(tmp_path / 'segnet.caffemodel'),
+                          '-output', output)
+    assert "(4 SegNet's BN, which keep no running statistics)" in message, message
 
     overflowing = Net(model, TRAIN, weights=weights)
     overflowing.params['conv2'][0].data[...] = 3e38

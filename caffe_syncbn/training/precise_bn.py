@@ -49,7 +49,7 @@ from ..errors import CaffeError
 from ..layer import TRAIN
 from ..layers.norm.array import STAT, channel_view, moments
 from ..netparam.upgrade import load_net_param
-from ..syncbn_policy import is_frozen
+from ..syncbn_policy import is_frozen, is_segnet_bn
 from .device_names import describe_devices, parse_devices
 from .replicas import Replicas
 from .start_log import log_batches, log_built
@@ -137,16 +137,22 @@ class PreciseBN:
                              % (model, net.name, ', '.join(map(repr, net.inputs))))
         frozen = [layer.name for layer in net.layers
                   if layer.type in NORM_TYPES and is_frozen(layer.param)]
+        segnet = [layer.name for layer in net.layers if is_segnet_bn(layer.param)]
         targets = [i for i, layer in enumerate(net.layers)
-                   if layer.type in NORM_TYPES and layer.name not in frozen]
+                   if layer.type in NORM_TYPES and layer.name not in frozen + segnet]
         if not targets:
+            why = ['%d frozen' % len(frozen)] * bool(frozen) + \
+                ["%d SegNet's BN, which keep no running statistics" % len(segnet)] * bool(segnet)
             raise CaffeError("%s: net '%s' has no batch norm (BatchNorm, BN, SyncBN) whose "
                              'statistics PreciseBN could estimate%s' % (
-                                 model, net.name, ' (all %d are frozen)' % len(frozen)
-                                 if frozen else ''))
+                                 model, net.name, ' (%s)' % ', '.join(why) if why else ''))
         if frozen:
             log.info('PreciseBN: %d batch norm(s) keep their frozen statistics '
                      '(use_global_stats: true or frozen: true): %s', len(frozen), ', '.join(frozen))
+        if segnet:
+            log.info("PreciseBN: %d of SegNet's BN keep no running statistics (bn_mode LEARN "
+                     'normalizes with each batch, INFERENCE is an affine): %s',
+                     len(segnet), ', '.join(segnet))
         return targets
 
     def __enter__(self):
@@ -169,7 +175,7 @@ class PreciseBN:
 
     def _use_running_statistics(self, rank):
         for layer in self.nets[rank].layers:
-            if layer.type in NORM_TYPES:
+            if layer.type in NORM_TYPES and not is_segnet_bn(layer.param):
                 layer.use_running_statistics()
 
     # ---- estimating ----------------------------------------------------------------------
