@@ -188,9 +188,8 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "conv_classifier" bottom: "
 '''
 
 
-def test_a_segnet_net_trains_under_sync_bn_on_two_devices_as_on_one(tmp_path):
-    """SegNet's BN as SyncBN, DenseImageData's flips and crops drawn per image, the
-    class-weighted loss: 2 devices x 2 images train as 1 device x 4 images."""
+def segnet_images(folder):
+    """Six small images and label images, and their DenseImageData list."""
     cv2 = pytest.importorskip('cv2')
     rs = np.random.RandomState(0)
     lines = []
@@ -198,28 +197,53 @@ def test_a_segnet_net_trains_under_sync_bn_on_two_devices_as_on_one(tmp_path):
         labels = rs.randint(0, 3, (10, 12)).astype(np.uint8)
         labels[rs.rand(10, 12) < 0.1] = 11
         image = (np.minimum(labels, 2)[..., None] * 70 + rs.randint(0, 40, (10, 12, 3)))
-        cv2.imwrite(str(tmp_path / ('%d.png' % i)), image.astype(np.uint8))
-        cv2.imwrite(str(tmp_path / ('%d_label.png' % i)), labels)
+        cv2.imwrite(str(folder / ('%d.png' % i)), image.astype(np.uint8))
+        cv2.imwrite(str(folder / ('%d_label.png' % i)), labels)
         lines.append('%d.png %d_label.png\n' % (i, i))
-    (tmp_path / 'train.txt').write_text(''.join(lines))
-    trained = {}
-    for devices, batch in (('cpu:2', 2), ('cpu:1', 4)):
-        net = tmp_path / ('%s.prototxt' % devices.replace(':', ''))
-        net.write_text(SEGNET_TRAIN % {'root': tmp_path, 'batch': batch})
-        solver_file = tmp_path / ('%s_solver.prototxt' % devices.replace(':', ''))
-        solver_file.write_text('net: "%s" base_lr: 0.05 momentum: 0.9 lr_policy: "fixed" '
-                               'max_iter: 10 display: 0 random_seed: 3 snapshot_prefix: "%s"'
-                               % (net, tmp_path / 'snap'))
-        solver = caffe.get_solver(str(solver_file), devices=devices, sync_bn=True)
-        try:
-            assert type(solver.net.layer_by_name['conv1_bn']).__name__ == 'SyncSegNetBN'
-            solver.step(3)
-            trained[devices] = {name: [b.data.copy() for b in blobs]
-                                for name, blobs in solver.net.params.items()}
-        finally:
-            solver.close()
-    for name, blobs in trained['cpu:1'].items():
+    (folder / 'train.txt').write_text(''.join(lines))
+
+
+def train_segnet(folder, devices, batch, **kwargs):
+    """The params after 3 steps of SEGNET_TRAIN on ``devices`` of ``batch`` images each."""
+    name = '%s%s' % (devices.replace(':', ''), ''.join('_%s%s' % kv for kv in kwargs.items()))
+    net = folder / ('%s.prototxt' % name)
+    net.write_text(SEGNET_TRAIN % {'root': folder, 'batch': batch})
+    solver_file = folder / ('%s_solver.prototxt' % name)
+    solver_file.write_text('net: "%s" base_lr: 0.05 momentum: 0.9 lr_policy: "fixed" '
+                           'max_iter: 10 display: 0 random_seed: 3 snapshot_prefix: "%s"'
+                           % (net, folder / 'snap'))
+    solver = caffe.get_solver(str(solver_file), devices=devices, **kwargs)
+    try:
+        expected = 'SyncSegNetBN' if kwargs.get('sync_bn') else 'SegNetBN'
+        assert type(solver.net.layer_by_name['conv1_bn']).__name__ == expected
+        solver.step(3)
+        return {name: [b.data.copy() for b in blobs] for name, blobs in solver.net.params.items()}
+    finally:
+        solver.close()
+
+
+def assert_same_params(found, expected, **tolerance):
+    for name, blobs in expected.items():
         for j, blob in enumerate(blobs):
-            np.testing.assert_allclose(trained['cpu:2'][name][j], blob, rtol=2e-4, atol=2e-5,
-                                       err_msg='%s[%d]' % (name, j))
-    assert np.any(trained['cpu:1']['conv1_bn'][0] != 1)          # the scale learned
+            np.testing.assert_allclose(found[name][j], blob, err_msg='%s[%d]' % (name, j),
+                                       **tolerance)
+
+
+def test_a_segnet_net_trains_under_sync_bn_on_two_devices_as_on_one(tmp_path):
+    """SegNet's BN as SyncBN, DenseImageData's flips and crops drawn per image, the
+    class-weighted loss: 2 devices x 2 images train as 1 device x 4 images."""
+    segnet_images(tmp_path)
+    two = train_segnet(tmp_path, 'cpu:2', 2, sync_bn=True)
+    one = train_segnet(tmp_path, 'cpu:1', 4, sync_bn=True)
+    assert_same_params(two, one, rtol=2e-4, atol=2e-5)
+    assert np.any(one['conv1_bn'][0] != 1)          # the scale learned
+
+
+def test_segnet_bn_in_groups_of_one_is_segnet_bn_on_each_device(tmp_path):
+    """-sync_bn_group_size 1 on 2 devices: each replica normalizes with its own batch, as
+    SegNet's BN does without -sync_bn; groups of 2 are the global batch, another thing."""
+    segnet_images(tmp_path)
+    alone = train_segnet(tmp_path, 'cpu:2', 2, sync_bn=True, sync_bn_group_size=1)
+    assert_same_params(alone, train_segnet(tmp_path, 'cpu:2', 2), rtol=1e-5, atol=1e-6)
+    synced = train_segnet(tmp_path, 'cpu:2', 2, sync_bn=True, sync_bn_group_size=2)
+    assert not np.allclose(alone['conv1_bn'][0], synced['conv1_bn'][0], rtol=1e-4, atol=1e-5)

@@ -103,15 +103,16 @@ class SegNetBN(ChannelNorm):
 
 @register_variant('SyncBN', is_segnet_bn)
 class SyncSegNetBN(SegNetBN):
-    """SegNet's BN over the global batch of the replicas ``ctx.comm`` joins (-sync_bn)."""
+    """SegNet's BN over the batch of the replicas ``ctx.group_comm`` joins (-sync_bn: every
+    replica, or the layer's group of them under sync_bn_group_size)."""
 
     def batch_reference(self):
         # every replica's sums about the same point, so that they add up
         return self.xp.zeros(self.channels, STAT)
 
     def share(self, packed):
-        if self.ctx.comm is not None:
-            self.ctx.comm.allreduce(packed, tag=self.name)
+        if self.ctx.group_comm is not None:
+            self.ctx.group_comm.allreduce(packed, tag=self.name)
 
     def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
         if self.inference:
