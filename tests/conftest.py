@@ -1,4 +1,5 @@
 """The suite's fixtures; what the tests share is in the helpers package."""
+import logging
 import sys
 
 import pytest
@@ -32,3 +33,15 @@ def engine(request, monkeypatch):
 def host_engine(request, monkeypatch):
     """The engines that run on the host (array, host): for finite differences in float64."""
     return engines.Engine(request.param, monkeypatch)
+
+
+@pytest.fixture
+def records():
+    """The log records of the package's logger while the test runs."""
+    caught = []
+    handler = logging.Handler()
+    handler.emit = caught.append
+    logger = logging.getLogger('caffe_syncbn')
+    logger.addHandler(handler)
+    yield caught
+    logger.removeHandler(handler)

@@ -60,17 +60,6 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "loss" }
 '''
 
 
-@pytest.fixture
-def records():
-    caught = []
-    handler = logging.Handler()
-    handler.emit = caught.append
-    logger = logging.getLogger('caffe_syncbn')
-    logger.addHandler(handler)
-    yield caught
-    logger.removeHandler(handler)
-
-
 @pytest.mark.filterwarnings('ignore::RuntimeWarning')
 @pytest.mark.parametrize('effect', ['stop', 'snapshot'])
 def test_weights_that_an_update_overflows_are_named_and_never_snapshotted(tmp_path, records,

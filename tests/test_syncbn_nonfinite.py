@@ -22,17 +22,6 @@ from caffe_syncbn.training.solvers import get_solver
 POISONED_STEP = 2
 
 
-@pytest.fixture
-def records():
-    caught = []
-    handler = logging.Handler()
-    handler.emit = caught.append
-    logger = logging.getLogger('caffe_syncbn')
-    logger.addHandler(handler)
-    yield caught
-    logger.removeHandler(handler)
-
-
 def warnings_of(records):
     return [r.getMessage() for r in records if r.levelno == logging.WARNING]
 
