@@ -37,9 +37,24 @@ def test_ssd_fork_fields_have_the_fork_numbers():
 
 def test_fork_layer_type_names_its_fork():
     with pytest.raises(CaffeError) as info:
-        layer_class('Reorg')
+        layer_class('VideoData')
     assert str(info.value) == \
-        "layer type 'Reorg' is from the YOLO ports of Caffe and is not implemented"
+        "layer type 'VideoData' is from Wei Liu's SSD fork of Caffe and is not implemented"
+
+
+@pytest.mark.parametrize('type_name, line', [
+    ('RegionLoss', "layer type 'RegionLoss' is from the YOLO ports of Caffe and is not "
+                   "implemented; a training loss: train the net in its fork; its deploy net, "
+                   "which ends in YoloDetectionOutput or Yolov3DetectionOutput, runs here"),
+    ('DenseBlock', "layer type 'DenseBlock' is from senlinuc's caffe_ocr and is not "
+                   "implemented; write its transitions out as BatchNorm, Scale, ReLU, "
+                   "Convolution and Concat layers (caffe_ocr's ResNet and Inception-BN nets "
+                   "run here)"),
+])
+def test_fork_layer_type_says_what_runs_instead(type_name, line):
+    with pytest.raises(CaffeError) as info:
+        layer_class(type_name)
+    assert str(info.value) == line
 
 
 @pytest.mark.parametrize('type_name, hint', [
@@ -57,14 +72,14 @@ def test_unknown_type_suggests_only_close_names(type_name, hint):
 
 
 def test_fork_param_field_names_its_fork():
-    text = 'layer {\n  name: "reorg"\n  type: "Reorg"\n  reorg_param { stride: 2 }\n}\n'
+    text = 'layer {\n  name: "yolo"\n  type: "Yolov3"\n  yolov3_param { side: 13 }\n}\n'
     with pytest.raises(CaffeError) as info:
         parse_text(text, caffe_pb2.NetParameter(), 'yolo.prototxt')
     assert str(info.value).startswith('yolo.prototxt:4:3: cannot parse NetParameter:')
     assert str(info.value).endswith(
-        '"reorg_param". (a layer setting of the YOLO ports of Caffe, not implemented)')
+        '"yolov3_param". (a layer setting of eric612\'s MobileNet-YOLO, not implemented)')
     with pytest.raises(CaffeError) as info:
-        parse_text(text.replace('reorg_param', 'made_up_param'), caffe_pb2.NetParameter())
+        parse_text(text.replace('yolov3_param', 'made_up_param'), caffe_pb2.NetParameter())
     assert str(info.value).endswith('has no field named "made_up_param".')
 
 
@@ -80,10 +95,10 @@ def test_fork_layer_in_a_net_is_one_error_line(tmp_path):
     net = tmp_path / 'yolo.prototxt'
     net.write_text('layer { name: "data" type: "Input" top: "data" input_param { shape { '
                    'dim: 1 dim: 4 dim: 4 dim: 4 } } }\n'
-                   'layer { name: "region" type: "Region" bottom: "data" top: "out" }\n')
+                   'layer { name: "loss" type: "RegionLoss" bottom: "data" top: "out" }\n')
     line = one_error_line(run_cli('time', '-model', net, '-iterations', 1))
-    assert "layer 'region': layer type 'Region' is from the YOLO ports of Caffe and is not " \
-           "implemented" in line
+    assert "layer 'loss': layer type 'RegionLoss' is from the YOLO ports of Caffe and is not " \
+           "implemented; a training loss" in line
 
 
 SSD_TRAIN_DATA = '''
