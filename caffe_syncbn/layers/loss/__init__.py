@@ -1,4 +1,5 @@
 """Loss layers: SoftmaxWithLoss and the other *Loss layers of Caffe (layers.py, with the
 CUDA softmax loss in gpu.py, cuda/loss.cu), Fast R-CNN's SmoothL1Loss (smooth_l1.py), and
 Accuracy (accuracy.py), which reads labels as the losses do and which Caffe's catalogue lists
-with them. SSD's MultiBoxLoss is in the detection family."""
+with them, and caffe_ocr's WarpCTCLoss with its CTCGreedyDecoder, the decoder whose second
+form is the CTC nets' accuracy (ctc.py). SSD's MultiBoxLoss is in the detection family."""
