@@ -188,6 +188,26 @@ def test_objectness_keeps_low_priors_out_of_the_mined_negatives():
     assert np.array_equal(conf_of['filtered'] & positives, conf_of['all'] & positives)
 
 
+def test_two_class_loss_reads_every_object_label_as_the_object():
+    """RefineDet's ARM loss (num_classes 2) trains on the dataset's labels: a box of class 5
+    is an object, as one of class 1 (the SSD fork stops on label 5)."""
+    rs = np.random.RandomState(11)
+    p = problem(rs)
+    p['conf'] = rs.standard_normal((2, 24 * 2))
+    labels = ground_truth(rs, 2)
+    objects = labels.copy()
+    objects[..., 1] = 1
+    dataset = labels.copy()
+    dataset[..., 1] = [5, 1, 80, 2]
+    text = LOSS % ('', 'VALID', 2, '')
+    propagate = [True, True, False, False]
+    expected = run_loss(text, [p['loc'], p['conf'], p['priors'], objects], propagate)
+    got = run_loss(text, [p['loc'], p['conf'], p['priors'], dataset], propagate)
+    assert got[0] == expected[0] > 0
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[2], expected[2])
+
+
 def _positives(p, labels):
     """The priors matched (normalization NONE, no mining: only the matched learn loc)."""
     text = LOSS % ('bottom: "arm_conf"', 'NONE', CLASSES, 'mining_type: NONE')

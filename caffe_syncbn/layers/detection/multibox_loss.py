@@ -24,7 +24,9 @@ bottom 4 its objectness (N, priors * 2), softmax probabilities (background, obje
 the priors whose objectness reaches ``objectness_score`` are mined as negatives; bottom 5
 its offsets (N, priors * 4): the priors moved by them are the ones matched (with
 ``use_prior_for_matching``) and the ones the targets are encoded against. As in the fork,
-HARD_EXAMPLE ranks the localization loss against the unmoved priors.
+HARD_EXAMPLE ranks the localization loss against the unmoved priors. Its ARM loss, of
+two classes, reads every ground-truth label from 2 up as class 1 (object), so that it
+trains on the dataset's labels; the SSD fork has no such rule and fails on those labels.
 
 Data parallelism: matching and mining stay within each image, and the normalizer is
 the count over all replicas (syncbn_policy.loss_normalizer), so N replicas of b images
@@ -138,6 +140,8 @@ class MultiBoxLossLayer(Layer):
             if item == -1:
                 continue
             label = int(row[1])
+            if self.num_classes == 2 and label >= 2:
+                label = 1             # RefineDet's ARM: every object is the object class
             if not 0 <= item < self.num:
                 raise self.error('ground truth item_id %d outside the batch of %d images'
                                  % (item, self.num))
