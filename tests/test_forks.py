@@ -7,7 +7,9 @@ import pytest
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.forks import FORK_LAYER_TYPES, FORK_PARAM_FIELDS
+from caffe_syncbn.forks import (CAFFE_OCR, FORK_LAYER_INSTEAD, FORK_LAYER_TYPES,
+                                FORK_PARAM_FIELDS, FORK_REPEATED_SETTINGS, FORK_SETTINGS,
+                                MOBILENET_YOLO, YOLO)
 from caffe_syncbn.layer import layer_class, layer_type_list
 from caffe_syncbn.netparam.prototxt import parse_text
 from test_cli import one_error_line, run_cli
@@ -19,6 +21,71 @@ def test_the_table_lists_only_what_is_missing():
     assert not set(FORK_LAYER_TYPES) & set(layer_type_list())
     fields = caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
     assert not set(FORK_PARAM_FIELDS) & set(fields)
+
+
+def test_the_settings_tables_name_only_what_the_schema_lacks():
+    for key in FORK_SETTINGS:
+        message, name = key.split('.')
+        assert name not in getattr(caffe_pb2, message).DESCRIPTOR.fields_by_name, key
+    for key in FORK_REPEATED_SETTINGS:
+        message, name = key.split('.')
+        assert not getattr(caffe_pb2, message).DESCRIPTOR.fields_by_name[name].is_repeated, key
+
+
+@pytest.mark.parametrize('type_name', sorted(
+    name for name, fork in FORK_LAYER_TYPES.items() if fork in (YOLO, MOBILENET_YOLO, CAFFE_OCR)))
+def test_detection_and_ocr_forks_layer_types_say_what_runs_instead(type_name):
+    with pytest.raises(CaffeError) as info:
+        layer_class(type_name)
+    assert str(info.value) == "layer type '%s' is from %s and is not implemented; %s" % (
+        type_name, FORK_LAYER_TYPES[type_name], FORK_LAYER_INSTEAD[type_name])
+
+
+#: lines of the forks' released nets (MobileNet-YOLO's training and test nets, caffe_ocr's
+#: DenseNet and its data settings) and the hint each error line ends with
+TRAIN_IN_FORK = 'train the net in its fork; its test and deploy nets run here)'
+YOLO_DATA = ("(a setting of eric612's MobileNet-YOLO; its YOLO data and segmentation labels are "
+             'not implemented: remove it (AnnotatedData samples and distorts as the SSD fork))')
+
+
+@pytest.mark.parametrize('text, hint', [
+    ('layer { name: "data" transform_param {\n resize_param { height: 416 }\n'
+     ' resize_param { height: 320 } } }\n',
+     "(a setting of eric612's MobileNet-YOLO; its resizing to one of several sizes is not "
+     'implemented: keep one resize_param; ' + TRAIN_IN_FORK),
+    ('layer { name: "data" annotated_data_param { yolo_data_type: 1 } }\n', YOLO_DATA),
+    ('layer { name: "data" annotated_data_param { single_class: true } }\n', YOLO_DATA),
+    ('layer { name: "data" transform_param { max_rotation_angle: 5 } }\n',
+     "(a setting of eric612's MobileNet-YOLO; its data augmentation is not implemented: "
+     'remove it)'),
+    ('layer { name: "loss" type: "Yolov3" yolov3_param { side: 13 } }\n',
+     "(a setting of eric612's MobileNet-YOLO; a training loss: train the net in its fork; its "
+     'deploy net, which ends in YoloDetectionOutput or Yolov3DetectionOutput, runs here)'),
+    ('layer { name: "loss" type: "YoloSeg" yolo_seg_param { } }\n',
+     "(a setting of eric612's MobileNet-YOLO; the loss of its segmentation head: "
+     + TRAIN_IN_FORK),
+    ('layer { name: "loss" type: "RegionLoss" region_loss_param { side: 13 } }\n',
+     '(a setting of the YOLO ports of Caffe; a training loss: train the net in its fork; its '
+     'deploy net, which ends in YoloDetectionOutput or Yolov3DetectionOutput, runs here)'),
+    ('layer { name: "db" type: "DenseBlock" denseblock_param { numTransition: 8 } }\n',
+     "(a setting of senlinuc's caffe_ocr; write its transitions out as BatchNorm, Scale, "
+     "ReLU, Convolution and Concat layers (caffe_ocr's ResNet and Inception-BN nets run "
+     'here))'),
+    ('layer { name: "r" type: "ReverseTime" reverse_time_param { } }\n',
+     "(a setting of senlinuc's caffe_ocr; Reverse with axis 0 reverses the whole time axis, "
+     'the same where every sequence fills it)'),
+    ('layer { name: "data" transform_param { add_noise: true } }\n',
+     "(a setting of senlinuc's caffe_ocr; its data augmentation is not implemented: remove "
+     'it)'),
+    ('layer { name: "data" image_data_param { task_class_num: 10 } }\n',
+     "(a setting of senlinuc's caffe_ocr; not implemented: remove it)"),
+])
+def test_detection_and_ocr_forks_settings_name_the_fork_and_what_is_accepted(text, hint):
+    with pytest.raises(CaffeError) as info:
+        parse_text(text, caffe_pb2.NetParameter(), 'fork.prototxt')
+    assert '\n' not in str(info.value)
+    assert str(info.value).startswith('fork.prototxt:')
+    assert str(info.value).endswith(hint)
 
 
 def test_ssd_fork_fields_have_the_fork_numbers():
@@ -72,14 +139,16 @@ def test_unknown_type_suggests_only_close_names(type_name, hint):
 
 
 def test_fork_param_field_names_its_fork():
-    text = 'layer {\n  name: "yolo"\n  type: "Yolov3"\n  yolov3_param { side: 13 }\n}\n'
+    text = ('layer {\n  name: "psroi"\n  type: "PSROIPooling"\n'
+            '  psroi_pooling_param { output_dim: 21 }\n}\n')
     with pytest.raises(CaffeError) as info:
-        parse_text(text, caffe_pb2.NetParameter(), 'yolo.prototxt')
-    assert str(info.value).startswith('yolo.prototxt:4:3: cannot parse NetParameter:')
+        parse_text(text, caffe_pb2.NetParameter(), 'rfcn.prototxt')
+    assert str(info.value).startswith('rfcn.prototxt:4:3: cannot parse NetParameter:')
     assert str(info.value).endswith(
-        '"yolov3_param". (a layer setting of eric612\'s MobileNet-YOLO, not implemented)')
+        '"psroi_pooling_param". (a layer setting of R-FCN\'s Caffe, not implemented)')
     with pytest.raises(CaffeError) as info:
-        parse_text(text.replace('yolov3_param', 'made_up_param'), caffe_pb2.NetParameter())
+        parse_text(text.replace('psroi_pooling_param', 'made_up_param'),
+                   caffe_pb2.NetParameter())
     assert str(info.value).endswith('has no field named "made_up_param".')
 
 
