@@ -4,10 +4,12 @@ being offered the nearest name of another layer.
 
 ``FORK_LAYER_TYPES`` maps a layer type to the fork it comes from, ``FORK_PARAM_FIELDS``
 a LayerParameter field (``*_param``, as a prototxt spells it), or a fork's field of another
-message, to its fork, and ``FORK_SETTINGS`` a field or enum value inside any message of the
-schema ('Message.field', 'Message.Enum.VALUE') to its fork and what this package accepts
-instead. A type, field or value that gets implemented is removed here (the tests check
-both ways).
+message, to its fork, and ``FORK_LAYER_INSTEAD`` a layer type to what this package runs in
+its place, where there is something. ``FORK_SETTINGS`` maps a field or enum value inside
+any message of the schema ('Message.field', 'Message.Enum.VALUE') to its fork and what
+this package accepts instead, and ``FORK_REPEATED_SETTINGS`` a field that a fork repeats
+where the schema has one. A type, field or value that gets implemented is removed here
+(the tests check both ways).
 """
 import difflib
 
@@ -23,8 +25,6 @@ NVCAFFE = 'NVCaffe (NVIDIA/caffe)'
 CHUANQI305 = "chuanqi305's SSD fork (MobileNetV2-SSDLite)"
 
 FORK_LAYER_TYPES = {
-    'Reorg': YOLO,
-    'Region': YOLO,
     'RegionLoss': YOLO,
     'VideoData': SSD,
     'BoxAnnotatorOHEM': RFCN,
@@ -51,9 +51,6 @@ FORK_LAYER_TYPES = {
 }
 
 FORK_PARAM_FIELDS = {
-    'reorg_param': YOLO,
-    'region_param': YOLO,
-    'region_loss_param': YOLO,
     'box_annotator_ohem_param': RFCN,
     'detectnet_groundtruth_param': NVCAFFE,
     'detectnet_augmentation_param': NVCAFFE,
@@ -134,6 +131,81 @@ FORK_SETTINGS.update({
     'PriorBoxParameter.reduce_boxes': (CHUANQI305, 'not implemented: remove it'),
 })
 
+# ---- eric612/MobileNet-YOLO's training and segmentation layers, caffe_ocr's DenseBlock ------
+MOBILENET_YOLO = "eric612's MobileNet-YOLO"
+CAFFE_OCR = "senlinuc's caffe_ocr"
+_YOLO_LOSS = ('a training loss: train the net in its fork; its deploy net, which ends in '
+              'YoloDetectionOutput or Yolov3DetectionOutput, runs here')
+FORK_LAYER_TYPES.update({
+    'Yolov3': MOBILENET_YOLO,
+    'GaussianYolov3': MOBILENET_YOLO,
+    'YoloSeg': MOBILENET_YOLO,
+    'SegmentationEvaluate': MOBILENET_YOLO,
+    'AssistedExcitation': MOBILENET_YOLO,
+    'LaneData': MOBILENET_YOLO,
+    'DenseBlock': CAFFE_OCR,
+    'ReverseTime': CAFFE_OCR,
+    'SoftmaxWithLossMultiLabel': CAFFE_OCR,
+})
+_TRAIN_IN_THE_FORK = 'train the net in its fork; its test and deploy nets run here'
+FORK_LAYER_INSTEAD = {
+    'RegionLoss': _YOLO_LOSS,
+    'Yolov3': _YOLO_LOSS,
+    'GaussianYolov3': _YOLO_LOSS,
+    'YoloSeg': 'the loss of its segmentation head: ' + _TRAIN_IN_THE_FORK,
+    'SegmentationEvaluate': 'an evaluation of its segmentation head: remove it',
+    'AssistedExcitation': 'a training aid that reads the ground truth: ' + _TRAIN_IN_THE_FORK,
+    'LaneData': 'a data layer of lane annotations: ' + _TRAIN_IN_THE_FORK,
+    'DenseBlock': 'write its transitions out as BatchNorm, Scale, ReLU, Convolution and '
+                  'Concat layers (caffe_ocr\'s ResNet and Inception-BN nets run here)',
+    'ReverseTime': 'Reverse with axis 0 reverses the whole time axis, the same where '
+                   'every sequence fills it',
+    'SoftmaxWithLossMultiLabel': 'WarpCTCLoss trains the label sequences, as in caffe_ocr\'s '
+                                 'ResNet and Inception-BN nets',
+}
+
+# ---- settings inside messages: MobileNet-YOLO's and caffe_ocr's --------------------------
+_DETECTION_OCR_SETTINGS = {
+    YOLO: {'LayerParameter': {'region_loss_param': _YOLO_LOSS}},
+    MOBILENET_YOLO: {
+        'LayerParameter': {'yolov3_param': _YOLO_LOSS,
+                           'yolo_seg_param': FORK_LAYER_INSTEAD['YoloSeg'],
+                           'segmentation_evaluate_param':
+                               FORK_LAYER_INSTEAD['SegmentationEvaluate']},
+        'TransformationParameter': {name: _AUGMENTATION for name in (
+            'enable_classf_aug', 'min_scaling_factor', 'max_scaling_factor',
+            'max_rotation_angle', 'contrast_brightness_adjustment', 'smooth_filtering',
+            'min_contrast', 'max_contrast', 'max_brightness_shift', 'max_smooth',
+            'max_color_shift', 'min_side_min', 'min_side_max', 'min_side',
+            'apply_probability', 'debug_params', 'cvt_bgr2rgb')},
+        'AnnotatedDataParameter': {name: 'its YOLO data and segmentation labels are not '
+                                         'implemented: remove it (AnnotatedData samples and '
+                                         "distorts as the SSD fork)" for name in (
+            'yolo_data_type', 'yolo_data_jitter', 'train_diffcult', 'single_class',
+            'seg_scales', 'seg_resize_width', 'seg_resize_height', 'difficult_label_warmup')},
+    },
+    CAFFE_OCR: {
+        'LayerParameter': {'denseblock_param': FORK_LAYER_INSTEAD['DenseBlock'],
+                           'reverse_time_param': FORK_LAYER_INSTEAD['ReverseTime']},
+        'TransformationParameter': {name: _AUGMENTATION for name in (
+            'add_noise', 'noise_ratio')},
+        'DataParameter': {'task_class_num': 'not implemented: remove it'},
+        'ImageDataParameter': {'task_class_num': 'not implemented: remove it',
+                               'regression': 'not implemented: remove it'},
+        'MemoryDataParameter': {'label_size': 'not implemented: feed the labels through an '
+                                              'Input layer'},
+    },
+}
+FORK_SETTINGS.update({'%s.%s' % (message, name): (fork, instead)
+                      for fork, messages in _DETECTION_OCR_SETTINGS.items()
+                      for message, names in messages.items()
+                      for name, instead in names.items()})
+FORK_REPEATED_SETTINGS = {
+    'TransformationParameter.resize_param': (
+        MOBILENET_YOLO, 'its resizing to one of several sizes is not implemented: keep one '
+        'resize_param; ' + _TRAIN_IN_THE_FORK),
+}
+
 #: how close (difflib ratio) a known name must be to be offered as a correction
 SUGGESTION_CUTOFF = 0.8
 
@@ -154,6 +226,11 @@ def fork_of_layer_type(type_name):
     return FORK_LAYER_TYPES.get(type_name)
 
 
+def instead_of_layer_type(type_name):
+    """What this package runs in place of a fork's layer type it lacks, or None."""
+    return FORK_LAYER_INSTEAD.get(type_name)
+
+
 def fork_of_param_field(field_name):
     """The fork that a LayerParameter field this package lacks comes from, or None."""
     return FORK_PARAM_FIELDS.get(field_name)
@@ -163,3 +240,9 @@ def fork_of_setting(message_name, name):
     """(fork, what this package accepts instead) for the field or enum value ``name`` that
     message (or enum) ``message_name`` of the schema lacks, or None."""
     return FORK_SETTINGS.get('%s.%s' % (message_name, name))
+
+
+def fork_of_repeated_setting(message_name, name):
+    """(fork, what this package accepts instead) for a field ``name`` of ``message_name``
+    that a fork repeats and the schema has once, or None."""
+    return FORK_REPEATED_SETTINGS.get('%s.%s' % (message_name, name))

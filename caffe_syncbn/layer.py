@@ -17,7 +17,7 @@ from .blob import Blob
 from .caffe_pb2 import TEST, TRAIN  # noqa: F401  (the phases, as pycaffe names them here)
 from .errors import CaffeError, layer_error, quote
 from .fillers import fill
-from .forks import close_names, fork_of_layer_type
+from .forks import close_names, fork_of_layer_type, instead_of_layer_type
 
 _REGISTRY = {}
 #: type name -> [(test of a LayerParameter, class)]: forks' layers that share a type name
@@ -56,8 +56,10 @@ def layer_class(type_name, param=None):
         where = ('layer %s: ' % quote(param.name)) if param is not None else ''
         fork = fork_of_layer_type(type_name)
         if fork is not None:
-            error = CaffeError('%slayer type %s is from %s and is not implemented'
-                               % (where, quote(type_name), fork))
+            instead = instead_of_layer_type(type_name)
+            error = CaffeError('%slayer type %s is from %s and is not implemented%s'
+                               % (where, quote(type_name), fork,
+                                  '; %s' % instead if instead else ''))
         else:
             close = close_names(type_name, _REGISTRY)
             hint = ('; did you mean %s?' % ', '.join(repr(c) for c in close)) if close else ''

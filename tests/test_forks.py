@@ -7,7 +7,9 @@ import pytest
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.forks import FORK_LAYER_TYPES, FORK_PARAM_FIELDS, FORK_SETTINGS
+from caffe_syncbn.forks import (CAFFE_OCR, FORK_LAYER_INSTEAD, FORK_LAYER_TYPES,
+                                FORK_PARAM_FIELDS, FORK_REPEATED_SETTINGS, FORK_SETTINGS,
+                                MOBILENET_YOLO, YOLO)
 from caffe_syncbn.layer import layer_class, layer_type_list
 from caffe_syncbn.netparam.prototxt import parse_text
 from test_cli import one_error_line, run_cli
@@ -21,7 +23,7 @@ def test_the_table_lists_only_what_is_missing():
     assert not set(FORK_PARAM_FIELDS) & set(fields)
 
 
-def test_the_settings_table_names_only_what_the_schema_lacks():
+def test_the_settings_tables_name_only_what_the_schema_lacks():
     for key in FORK_SETTINGS:
         path, name = key.rsplit('.', 1)
         owner = caffe_pb2
@@ -31,6 +33,9 @@ def test_the_settings_table_names_only_what_the_schema_lacks():
             assert name not in owner.DESCRIPTOR.fields_by_name, key
         else:                                       # an enum: its value names
             assert name not in owner.keys(), key
+    for key in FORK_REPEATED_SETTINGS:
+        message, name = key.split('.')
+        assert not getattr(caffe_pb2, message).DESCRIPTOR.fields_by_name[name].is_repeated, key
 
 
 @pytest.mark.parametrize('text, hint', [
@@ -64,6 +69,62 @@ def test_a_forks_solver_setting_names_its_fork():
         '(NVIDIA/caffe); its solver setting is not implemented: remove it)')
 
 
+@pytest.mark.parametrize('type_name', sorted(
+    name for name, fork in FORK_LAYER_TYPES.items() if fork in (YOLO, MOBILENET_YOLO, CAFFE_OCR)))
+def test_detection_and_ocr_forks_layer_types_say_what_runs_instead(type_name):
+    with pytest.raises(CaffeError) as info:
+        layer_class(type_name)
+    assert str(info.value) == "layer type '%s' is from %s and is not implemented; %s" % (
+        type_name, FORK_LAYER_TYPES[type_name], FORK_LAYER_INSTEAD[type_name])
+
+
+#: lines of the forks' released nets (MobileNet-YOLO's training and test nets, caffe_ocr's
+#: DenseNet and its data settings) and the hint each error line ends with
+TRAIN_IN_FORK = 'train the net in its fork; its test and deploy nets run here)'
+YOLO_DATA = ("(a setting of eric612's MobileNet-YOLO; its YOLO data and segmentation labels are "
+             'not implemented: remove it (AnnotatedData samples and distorts as the SSD fork))')
+
+
+@pytest.mark.parametrize('text, hint', [
+    ('layer { name: "data" transform_param {\n resize_param { height: 416 }\n'
+     ' resize_param { height: 320 } } }\n',
+     "(a setting of eric612's MobileNet-YOLO; its resizing to one of several sizes is not "
+     'implemented: keep one resize_param; ' + TRAIN_IN_FORK),
+    ('layer { name: "data" annotated_data_param { yolo_data_type: 1 } }\n', YOLO_DATA),
+    ('layer { name: "data" annotated_data_param { single_class: true } }\n', YOLO_DATA),
+    ('layer { name: "data" transform_param { max_rotation_angle: 5 } }\n',
+     "(a setting of eric612's MobileNet-YOLO; its data augmentation is not implemented: "
+     'remove it)'),
+    ('layer { name: "loss" type: "Yolov3" yolov3_param { side: 13 } }\n',
+     "(a setting of eric612's MobileNet-YOLO; a training loss: train the net in its fork; its "
+     'deploy net, which ends in YoloDetectionOutput or Yolov3DetectionOutput, runs here)'),
+    ('layer { name: "loss" type: "YoloSeg" yolo_seg_param { } }\n',
+     "(a setting of eric612's MobileNet-YOLO; the loss of its segmentation head: "
+     + TRAIN_IN_FORK),
+    ('layer { name: "loss" type: "RegionLoss" region_loss_param { side: 13 } }\n',
+     '(a setting of the YOLO ports of Caffe; a training loss: train the net in its fork; its '
+     'deploy net, which ends in YoloDetectionOutput or Yolov3DetectionOutput, runs here)'),
+    ('layer { name: "db" type: "DenseBlock" denseblock_param { numTransition: 8 } }\n',
+     "(a setting of senlinuc's caffe_ocr; write its transitions out as BatchNorm, Scale, "
+     "ReLU, Convolution and Concat layers (caffe_ocr's ResNet and Inception-BN nets run "
+     'here))'),
+    ('layer { name: "r" type: "ReverseTime" reverse_time_param { } }\n',
+     "(a setting of senlinuc's caffe_ocr; Reverse with axis 0 reverses the whole time axis, "
+     'the same where every sequence fills it)'),
+    ('layer { name: "data" transform_param { add_noise: true } }\n',
+     "(a setting of senlinuc's caffe_ocr; its data augmentation is not implemented: remove "
+     'it)'),
+    ('layer { name: "data" image_data_param { task_class_num: 10 } }\n',
+     "(a setting of senlinuc's caffe_ocr; not implemented: remove it)"),
+])
+def test_detection_and_ocr_forks_settings_name_the_fork_and_what_is_accepted(text, hint):
+    with pytest.raises(CaffeError) as info:
+        parse_text(text, caffe_pb2.NetParameter(), 'fork.prototxt')
+    assert '\n' not in str(info.value)
+    assert str(info.value).startswith('fork.prototxt:')
+    assert str(info.value).endswith(hint)
+
+
 def test_ssd_fork_fields_have_the_fork_numbers():
     fields = caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
     numbers = {name: fields[name].number for name in (
@@ -80,9 +141,24 @@ def test_ssd_fork_fields_have_the_fork_numbers():
 
 def test_fork_layer_type_names_its_fork():
     with pytest.raises(CaffeError) as info:
-        layer_class('Reorg')
+        layer_class('VideoData')
     assert str(info.value) == \
-        "layer type 'Reorg' is from the YOLO ports of Caffe and is not implemented"
+        "layer type 'VideoData' is from Wei Liu's SSD fork of Caffe and is not implemented"
+
+
+@pytest.mark.parametrize('type_name, line', [
+    ('RegionLoss', "layer type 'RegionLoss' is from the YOLO ports of Caffe and is not "
+                   "implemented; a training loss: train the net in its fork; its deploy net, "
+                   "which ends in YoloDetectionOutput or Yolov3DetectionOutput, runs here"),
+    ('DenseBlock', "layer type 'DenseBlock' is from senlinuc's caffe_ocr and is not "
+                   "implemented; write its transitions out as BatchNorm, Scale, ReLU, "
+                   "Convolution and Concat layers (caffe_ocr's ResNet and Inception-BN nets "
+                   "run here)"),
+])
+def test_fork_layer_type_says_what_runs_instead(type_name, line):
+    with pytest.raises(CaffeError) as info:
+        layer_class(type_name)
+    assert str(info.value) == line
 
 
 @pytest.mark.parametrize('type_name, hint', [
@@ -105,14 +181,16 @@ def test_relu6_is_a_layer_type_not_a_misspelling_of_relu():
 
 
 def test_fork_param_field_names_its_fork():
-    text = 'layer {\n  name: "reorg"\n  type: "Reorg"\n  reorg_param { stride: 2 }\n}\n'
+    text = ('layer {\n  name: "ohem"\n  type: "BoxAnnotatorOHEM"\n'
+            '  box_annotator_ohem_param { roi_per_img: 128 }\n}\n')
     with pytest.raises(CaffeError) as info:
-        parse_text(text, caffe_pb2.NetParameter(), 'yolo.prototxt')
-    assert str(info.value).startswith('yolo.prototxt:4:3: cannot parse NetParameter:')
+        parse_text(text, caffe_pb2.NetParameter(), 'rfcn.prototxt')
+    assert str(info.value).startswith('rfcn.prototxt:4:3: cannot parse NetParameter:')
     assert str(info.value).endswith(
-        '"reorg_param". (a layer setting of the YOLO ports of Caffe, not implemented)')
+        '"box_annotator_ohem_param". (a layer setting of R-FCN\'s Caffe, not implemented)')
     with pytest.raises(CaffeError) as info:
-        parse_text(text.replace('reorg_param', 'made_up_param'), caffe_pb2.NetParameter())
+        parse_text(text.replace('box_annotator_ohem_param', 'made_up_param'),
+                   caffe_pb2.NetParameter())
     assert str(info.value).endswith('has no field named "made_up_param".')
 
 
@@ -128,10 +206,10 @@ def test_fork_layer_in_a_net_is_one_error_line(tmp_path):
     net = tmp_path / 'yolo.prototxt'
     net.write_text('layer { name: "data" type: "Input" top: "data" input_param { shape { '
                    'dim: 1 dim: 4 dim: 4 dim: 4 } } }\n'
-                   'layer { name: "region" type: "Region" bottom: "data" top: "out" }\n')
+                   'layer { name: "loss" type: "RegionLoss" bottom: "data" top: "out" }\n')
     line = one_error_line(run_cli('time', '-model', net, '-iterations', 1))
-    assert "layer 'region': layer type 'Region' is from the YOLO ports of Caffe and is not " \
-           "implemented" in line
+    assert "layer 'loss': layer type 'RegionLoss' is from the YOLO ports of Caffe and is not " \
+           "implemented; a training loss" in line
 
 
 SSD_TRAIN_DATA = '''

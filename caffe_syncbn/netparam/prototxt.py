@@ -9,7 +9,7 @@ import re
 from google.protobuf import text_format
 
 from ..errors import MAX_QUOTE, CaffeError, quote
-from ..forks import fork_of_param_field, fork_of_setting
+from ..forks import fork_of_param_field, fork_of_repeated_setting, fork_of_setting
 from ..formats.regular import require_regular
 
 _UTF8_BOM = b'\xef\xbb\xbf'
@@ -17,6 +17,8 @@ _LONG_TOKEN = re.compile(r'[^\s\'"]{%d,}' % (MAX_QUOTE + 1))
 _UNKNOWN_FIELD = re.compile(r'has no field named "(\w+)"')
 _UNKNOWN_SETTING = re.compile(r'(?:Message|Enum) type "caffe\.([\w.]+)" has no '
                               r'(?:field|value) named "?(\w+)"?')
+_REPEATED_SETTING = re.compile(r'Message type "caffe\.([\w.]+)" should not have multiple '
+                               r'"(\w+)" fields')
 
 
 def parse_text(text, message, filename='<string>'):
@@ -32,10 +34,12 @@ def parse_text(text, message, filename='<string>'):
 
 def _fork_hint(exc):
     """Where an unknown field comes from, when it is a known fork's setting."""
-    setting = _UNKNOWN_SETTING.search(str(exc))
-    fork = fork_of_setting(*setting.groups()) if setting else None
-    if fork:
-        return ' (a setting of %s; %s)' % fork
+    for pattern, fork_of in ((_UNKNOWN_SETTING, fork_of_setting),
+                             (_REPEATED_SETTING, fork_of_repeated_setting)):
+        setting = pattern.search(str(exc))
+        fork = fork_of(*setting.groups()) if setting else None
+        if fork:
+            return ' (a setting of %s; %s)' % fork
     unknown = _UNKNOWN_FIELD.search(str(exc))
     fork = fork_of_param_field(unknown.group(1)) if unknown else None
     return ' (a layer setting of %s, not implemented)' % fork if fork else ''

@@ -141,10 +141,17 @@ class DetectionOutputLayer(Layer):
     the boxes are not clipped to the image. Top (1, 1, detections, 7), rows
     [image, label, score, xmin, ymin, xmax, ymax] by image, then label, then score;
     when no image has a detection, one row [image, -1, -1, -1, -1, -1, -1] per image.
+
+    RefineDet's two-step form adds the anchor refinement module's outputs: bottom 3 its
+    objectness (N, priors * 2), softmax probabilities (background, object), and bottom 4
+    its offsets (N, priors * 4). The priors are first moved by the ARM's offsets, and the
+    location bottom's boxes decoded from them; a prior whose objectness is below
+    ``objectness_score`` scores 1 for class 0 and 0 for every other class. A fourth
+    bottom of another size is the SSD fork's image (read there only to visualize).
     """
 
     def setup(self, bottom, top):
-        self.check_bottoms(bottom, minimum=3, maximum=4)   # a 4th (the image) is not read
+        self.check_bottoms(bottom, minimum=3, maximum=5)
         self.check_tops(top, exact=1)
         p = self.param.detection_output_param
         if not p.HasField('num_classes'):
@@ -188,7 +195,26 @@ class DetectionOutputLayer(Layer):
             raise self.error('%d confidence values per item for %d priors x %d classes '
                              '(expected %d)' % (conf.count_range(1), self.num_priors,
                                                 self.num_classes, want))
+        self.refine = self.refinement_bottoms(bottom)
         top[0].reshape((1, 1, 1, 7))        # the real size is known after the forward
+
+    def refinement_bottoms(self, bottom):
+        """How many of RefineDet's ARM bottoms (objectness, offsets) there are: 0 to 2."""
+        p = self.param.detection_output_param
+        arm = len(bottom) - 3
+        if arm == 1 and not p.HasField('objectness_score') and \
+                bottom[3].count_range(1) != 2 * self.num_priors:
+            return 0                      # the SSD fork's image, which it reads to visualize
+        if arm == 2 and not p.share_location:
+            raise self.error("RefineDet's ARM offsets (bottom 4) need share_location: true")
+        for index, per_prior, what in ((3, 2, 'ARM objectness'), (4, 4, 'ARM offsets'))[:arm]:
+            if bottom[index].num != bottom[0].num or \
+                    bottom[index].count_range(1) != per_prior * self.num_priors:
+                raise self.error('%s (bottom %d) must hold %d values per item for %d priors '
+                                 'x %d, got shape %s' % (what, index, per_prior * self.num_priors,
+                                                         self.num_priors, per_prior,
+                                                         bottom[index].shape))
+        return arm
 
     def forward(self, bottom, top):
         p = self.param.detection_output_param
@@ -196,10 +222,18 @@ class DetectionOutputLayer(Layer):
         loc = bottom[0].data.astype(np.float64).reshape(num, self.num_priors,
                                                         self.loc_classes, 4)
         priors = bottom[2].data.astype(np.float64).reshape(2, self.num_priors, 4)
-        boxes = to_numpy(self.engine.decode_all(loc, priors, p.code_type,
-                                                p.variance_encoded_in_target))
+        if self.refine == 2:
+            boxes = to_numpy(self.refined_boxes(loc, priors, bottom[4].data))
+        else:
+            boxes = to_numpy(self.engine.decode_all(loc, priors, p.code_type,
+                                                    p.variance_encoded_in_target))
         conf = to_numpy(bottom[1].data).astype(np.float64).reshape(
             num, self.num_priors, self.num_classes)
+        if self.refine:
+            objectness = to_numpy(bottom[3].data).reshape(num, self.num_priors, 2)[..., 1]
+            background = objectness < p.objectness_score
+            conf[background] = 0.0
+            conf[background, 0] = 1.0       # class 0, whatever background_label_id says
         rows = []
         for item in range(num):
             rows += self._detections(item, [boxes[item, :, c] for c in range(self.loc_classes)],
@@ -211,6 +245,20 @@ class DetectionOutputLayer(Layer):
             result[:, 0] = np.arange(num)
         top[0].reshape((1, 1) + result.shape)
         top[0].data[...] = self.xp.asarray(in_type(result, self.dtype))
+
+    def refined_boxes(self, loc, priors, arm_offsets):
+        """The boxes ``loc`` predicts from the priors that the ARM's offsets moved, per
+        image (the moved priors keep their variances)."""
+        p = self.param.detection_output_param
+        xp = self.xp
+        num = loc.shape[0]
+        moved = self.engine.decode_all(arm_offsets.astype(np.float64).reshape(
+            num, self.num_priors, 1, 4), priors, p.code_type, p.variance_encoded_in_target)
+        return xp.concatenate([
+            self.engine.decode_all(loc[item:item + 1], xp.stack([moved[item, :, 0],
+                                                                 priors[1]]),
+                                   p.code_type, p.variance_encoded_in_target)
+            for item in range(num)])
 
     def _detections(self, item, boxes, scores):
         """The rows of one image: NMS per class, then the keep_top_k best."""

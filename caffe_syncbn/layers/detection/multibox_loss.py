@@ -19,6 +19,15 @@ Rules kept from the fork (docs/detection.md lists them):
 * with ``encode_variance_in_target`` the fork also divides predictions and targets by
   the variances; its gradient then leaves out that factor, this layer's does not.
 
+RefineDet's two-step form (its ODM loss) adds the anchor refinement module's outputs:
+bottom 4 its objectness (N, priors * 2), softmax probabilities (background, object): only
+the priors whose objectness reaches ``objectness_score`` are mined as negatives; bottom 5
+its offsets (N, priors * 4): the priors moved by them are the ones matched (with
+``use_prior_for_matching``) and the ones the targets are encoded against. As in the fork,
+HARD_EXAMPLE ranks the localization loss against the unmoved priors. Its ARM loss, of
+two classes, reads every ground-truth label from 2 up as class 1 (object), so that it
+trains on the dataset's labels; the SSD fork has no such rule and fails on those labels.
+
 Data parallelism: matching and mining stay within each image, and the normalizer is
 the count over all replicas (syncbn_policy.loss_normalizer), so N replicas of b images
 with averaged gradients equal one device on N * b images.
@@ -47,7 +56,7 @@ class MultiBoxLossLayer(Layer):
     is_loss = True
 
     def setup(self, bottom, top):
-        self.check_bottoms(bottom, exact=4)
+        self.check_bottoms(bottom, minimum=4, maximum=6)
         self.check_tops(top, exact=1)
         p = self.param.multibox_loss_param
         if not p.HasField('num_classes') or p.num_classes < 1:
@@ -76,6 +85,8 @@ class MultiBoxLossLayer(Layer):
                              % self.num_classes)
         if p.code_type not in (CORNER, CENTER_SIZE, CORNER_SIZE):
             raise self.error('unknown code_type %d' % p.code_type)
+        if len(bottom) == 6 and not p.share_location:
+            raise self.error("RefineDet's ARM offsets (bottom 5) need share_location: true")
         loss_param = self.param.loss_param
         if not loss_param.HasField('normalization') and loss_param.HasField('normalize'):
             self.normalization = LOSS.VALID if loss_param.normalize else LOSS.BATCH_SIZE
@@ -103,6 +114,13 @@ class MultiBoxLossLayer(Layer):
                                  ', got shape %s' % (what, 0 if what == 'loc' else 1,
                                                      self.num_priors * per_prior,
                                                      self.num_priors, per_prior, blob.shape))
+        for index, per_prior, what in ((4, 2, 'ARM objectness'), (5, 4, 'ARM offsets')):
+            if len(bottom) > index and \
+                    bottom[index].count != self.num * self.num_priors * per_prior:
+                raise self.error('%s (bottom %d) must hold %d values per image (%d priors x %d)'
+                                 ', got shape %s' % (what, index, self.num_priors * per_prior,
+                                                     self.num_priors, per_prior,
+                                                     bottom[index].shape))
         if bottom[3].count % GT_WIDTH:
             raise self.error('ground truth (bottom 3) must hold rows of %d values, got shape %s'
                              % (GT_WIDTH, bottom[3].shape))
@@ -122,6 +140,8 @@ class MultiBoxLossLayer(Layer):
             if item == -1:
                 continue
             label = int(row[1])
+            if self.num_classes == 2 and label >= 2:
+                label = 1             # RefineDet's ARM: every object is the object class
             if not 0 <= item < self.num:
                 raise self.error('ground truth item_id %d outside the batch of %d images'
                                  % (item, self.num))
@@ -144,7 +164,7 @@ class MultiBoxLossLayer(Layer):
         if len(gt_boxes) == 0:
             return {}
         if p.use_prior_for_matching:
-            match, overlap = self.match(self.prior_boxes, gt_boxes)
+            match, overlap = self.match(self.prior_boxes[image], gt_boxes)
             if p.share_location:
                 return {-1: (match, overlap)}
             return {c: (np.where((match >= 0) & (gt_labels[np.maximum(match, 0)] == c),
@@ -169,10 +189,12 @@ class MultiBoxLossLayer(Layer):
         return match_boxes(to_numpy(self.engine.overlap_matrix(boxes, gt_boxes)), ignored,
                            p.match_type == MBL.PER_PREDICTION, p.overlap_threshold)
 
-    def loc_terms(self, loc, priors_index, gt):
-        """(prediction rows, target rows, gradient factor) of matched priors' offsets."""
+    def loc_terms(self, loc, priors, priors_index, gt):
+        """(prediction rows, target rows, gradient factor) of matched priors' offsets,
+        ``priors`` the boxes of the priors ``priors_index`` (their variances are the
+        PriorBox's)."""
         p = self.p
-        priors, variances = self.priors[priors_index], self.variances[priors_index]
+        variances = self.variances[priors_index]
         if p.code_type == CENTER_SIZE and (np.any(gt[:, 2] <= gt[:, 0])
                                            or np.any(gt[:, 3] <= gt[:, 1])):
             raise self.error('a matched ground-truth box has no width or height: %s'
@@ -215,7 +237,7 @@ class MultiBoxLossLayer(Layer):
                     matched = np.flatnonzero(match >= 0)
                     if len(matched):
                         prediction, target, _ = self.loc_terms(
-                            loc[image, matched, max(label, 0)], matched,
+                            loc[image, matched, max(label, 0)], self.priors[matched], matched,
                             gts[image][0][match[matched]])
                         loss[matched] += loc_losses(prediction - target,
                                                     p.loc_loss_type == MBL.SMOOTH_L1)
@@ -229,6 +251,8 @@ class MultiBoxLossLayer(Layer):
                 else:
                     eligible = np.ones(self.num_priors, bool)
                     wanted = p.sample_size
+                if self.objectness is not None:
+                    eligible &= self.objectness[image] >= np.float32(p.objectness_score)
                 selected = np.zeros(self.num_priors, bool)
                 selected[select_examples(loss, eligible, min(wanted, int(eligible.sum())))] = True
                 if self.mining == MBL.HARD_EXAMPLE:
@@ -251,7 +275,18 @@ class MultiBoxLossLayer(Layer):
         conf = to_numpy(bottom[1].data).reshape(self.num, self.num_priors, self.num_classes)
         prior_data = bottom[2].data.reshape(2, self.num_priors, 4)
         self.priors, self.variances = to_numpy(prior_data)
-        self.prior_boxes = prior_data[0]
+        self.objectness = (to_numpy(bottom[4].data).reshape(self.num, self.num_priors, 2)[..., 1]
+                           if len(bottom) > 4 else None)
+        if len(bottom) > 5:
+            # RefineDet: every image's priors moved by its ARM offsets, on the engine
+            moved = self.engine.decode_all(
+                bottom[5].data.reshape(self.num, self.num_priors, 1, 4), prior_data,
+                p.code_type, p.encode_variance_in_target)
+            self.prior_boxes = moved[:, :, 0]
+            self.image_priors = to_numpy(self.prior_boxes).astype(self.priors.dtype)
+        else:
+            self.prior_boxes = [prior_data[0]] * self.num
+            self.image_priors = [self.priors] * self.num
         if not p.use_prior_for_matching:
             self.decoded = self.engine.decode_all(
                 bottom[0].data.reshape(loc.shape), prior_data, p.code_type,
@@ -287,7 +322,9 @@ class MultiBoxLossLayer(Layer):
             self.loc_grad = np.zeros((0, 4), loc.dtype)
             return 0.0
         gt = np.stack([gts[i][0][g] for i, g in zip(image, gt_index)])
-        prediction, target, factor = self.loc_terms(loc[image, prior, loc_class], prior, gt)
+        priors = np.stack([self.image_priors[i][j] for i, j in zip(image, prior)])
+        prediction, target, factor = self.loc_terms(loc[image, prior, loc_class], priors,
+                                                    prior, gt)
         smooth_l1 = self.p.loc_loss_type == MBL.SMOOTH_L1
         self.loc_grad = loc_gradients(prediction - target, smooth_l1) * factor
         return float(loc_losses(prediction - target, smooth_l1).sum())
@@ -341,10 +378,12 @@ class MultiBoxLossLayer(Layer):
     # --- backward ------------------------------------------------------------------
 
     def backward(self, top, propagate_down, bottom):
-        for index, what in ((2, 'priors'), (3, 'ground truth')):
+        for index, what in ((2, 'priors'), (3, 'ground truth'), (4, 'ARM objectness'),
+                            (5, 'ARM offsets')):
             if len(propagate_down) > index and propagate_down[index]:
                 raise self.error('cannot backpropagate to bottom %d (%s); give the layer '
-                                 'propagate_down: true true false false' % (index, what))
+                                 'propagate_down: true true%s' % (index, what,
+                                                                  ' false' * (len(bottom) - 2)))
         scale = float(to_numpy(top[0].diff)) / self.normalizer_value
         if propagate_down[0]:
             diff = np.zeros((self.num, self.num_priors, self.loc_classes, 4), self.loc_grad.dtype)
