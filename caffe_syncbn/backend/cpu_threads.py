@@ -18,6 +18,7 @@ each thread that calls it at once, at the first call that needs it, and its C co
 the process when the mapping is refused: under a memory limit, ``start`` has the BLAS
 take its buffers before the nets take the room, or says in one line that it cannot.
 """
+import contextvars
 import logging
 import math
 import os
@@ -228,7 +229,9 @@ def split(count, work, min_part=1, parts=None):
             errors.append(exc)
         finally:
             _running_part.active = False
-    futures = [_state['pool'].submit(run, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+    # each part in a copy of the caller's context: numpy's error state (np.errstate) with it
+    futures = [_state['pool'].submit(contextvars.copy_context().run, run, a, b)
+               for a, b in zip(bounds[1:-1], bounds[2:])]
     run(bounds[0], bounds[1])
     for future, a, b in reversed(list(zip(futures, bounds[1:-1], bounds[2:]))):
         if future.cancel():
@@ -314,7 +317,16 @@ def _gemm(a, b, out):
     if a.shape[1] == 1:
         np.multiply(a, b, out=out)
     else:
-        np.matmul(a, b, out=out)
+        np.matmul(*float32_operands(a, b), out=out)
+
+
+def float32_operands(a, b):
+    """``a`` and ``b``, in float32 where they are 16-bit floats (float16, bfloat16: mixed
+    precision's activations and their diffs): numpy multiplies a float16 matrix in a loop
+    of its own, ten to a hundred times slower than the BLAS, which then runs the product
+    in float32 (as a GPU accumulates half products in float32); numpy rounds the result
+    once into ``out``."""
+    return [x.astype(np.float32) if x.dtype.itemsize == 2 else x for x in (a, b)]
 
 
 def scratch_array(use, shape, dtype):
@@ -365,7 +377,7 @@ def batched_matmul(a, b, out=None):
     flops = out.size * a.shape[-1]
     if flops < PARALLEL_GEMM_MIN_FLOPS or threads() == 1 or getattr(_running_part, 'active',
                                                                     False):
-        np.matmul(a, b, out=out)        # one call: numpy runs the products in turn, in C
+        np.matmul(*float32_operands(a, b), out=out)   # one call: numpy runs them in turn, in C
         return out
     a = np.broadcast_to(a, lead + a.shape[-2:])
     b = np.broadcast_to(b, lead + b.shape[-2:])
@@ -373,6 +385,6 @@ def batched_matmul(a, b, out=None):
 
     def work(start, stop):
         for cell in cells[start:stop]:
-            np.matmul(a[cell], b[cell], out=out[cell])
+            np.matmul(*float32_operands(a[cell], b[cell]), out=out[cell])
     split(len(cells), work)
     return out

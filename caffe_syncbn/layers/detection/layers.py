@@ -29,6 +29,9 @@ class PriorBoxLayer(Layer):
     (xmin, ymin, xmax, ymax) divided by the image size; channel 1 holds their variances.
     """
 
+    def full_precision_top(self, index):
+        return True           # box coordinates, as the ground truth holds them
+
     def setup(self, bottom, top):
         self.check_bottoms(bottom, exact=2)
         self.check_tops(top, exact=1)
@@ -143,6 +146,9 @@ class DetectionOutputLayer(Layer):
     when no image has a detection, one row [image, -1, -1, -1, -1, -1, -1] per image.
     """
 
+    def full_precision_top(self, index):
+        return True           # image indices, labels and box coordinates
+
     def setup(self, bottom, top):
         self.check_bottoms(bottom, minimum=3, maximum=4)   # a 4th (the image) is not read
         self.check_tops(top, exact=1)
@@ -252,6 +258,9 @@ class DetectionEvaluateLayer(Layer):
     matches a difficult box while evaluate_difficult_gt is false is neither (0, 0).
     ``caffe_syncbn.layers.detection.boxes.detection_map`` turns the tops into the mAP.
     """
+
+    def full_precision_top(self, index):
+        return True           # counts, labels and scores
 
     def setup(self, bottom, top):
         self.check_bottoms(bottom, exact=2)
