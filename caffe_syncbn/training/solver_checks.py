@@ -44,27 +44,32 @@ class Finding:
         return '%s %s not finite' % (self.what, 'are' if self.plural else 'is')
 
 
-def non_finite(loss, net):
-    """The first value of the pass that is not finite (a Finding), or None: a learned param,
-    the loss, a gradient, then a param that no update changes. The sum of each kind's
-    arrays is finite exactly when they all are (short of an overflow, which the search
-    that follows finds to be none): one pass over each, and one read of the device for
-    all three."""
+def watched_sums(net):
+    """The sum of each kind of WATCHED arrays, on the host: finite exactly when all its
+    arrays are (short of an overflow, which the search that follows a sum that is not finds
+    to be none); one pass over each, and one read of the device for all three."""
     groups = [[getattr(blob, field) for blob, lr in zip(net.learnable_params, net.params_lr)
                if (lr != 0) == learned] for _, learned, field in WATCHED]
-    totals = [0.0] * len(WATCHED)
-    if net.learnable_params:
-        xp = net.learnable_params[0].xp
-        totals = to_numpy(xp.stack([xp.asarray(sum(
-            (a.sum(dtype=np.promote_types(a.dtype, np.float32)) for a in group),
-            start=xp.asarray(0.0)), dtype=np.float64) for group in groups]))
+    if not net.learnable_params:
+        return np.zeros(len(WATCHED))
+    xp = net.learnable_params[0].xp
+    return to_numpy(xp.stack([xp.asarray(sum(
+        (a.sum(dtype=np.promote_types(a.dtype, np.float32)) for a in group),
+        start=xp.asarray(0.0)), dtype=np.float64) for group in groups]))
+
+
+def non_finite(loss, net, sums=None, gradients=True):
+    """The first value of the pass that is not finite (a Finding), or None: a learned param,
+    the loss, a gradient (unless ``gradients`` is False: a loss scale takes them), then a
+    param that no update changes; ``sums`` are watched_sums(net), read once."""
+    sums = watched_sums(net) if sums is None else sums
     found = [_locate(net, kind, learned, field) if not np.isfinite(total) else None
-             for (kind, learned, field), total in zip(WATCHED, totals)]
+             for (kind, learned, field), total in zip(WATCHED, sums)]
     if found[0] is not None:
         return found[0]
     if not np.isfinite(loss):
         return Finding('the loss (%g)' % loss)
-    return found[1] or found[2]
+    return (found[1] if gradients else None) or found[2]
 
 
 def _locate(net, kind, learned, field):
@@ -120,12 +125,12 @@ class FirstNonFinite:
         return [(blob, blob.data.copy()) for blob, lr in
                 zip(net.learnable_params, net.params_lr) if lr == 0]
 
-    def check(self, loss, net, unlearned, nan_effect):
+    def check(self, loss, net, unlearned, nan_effect, sums=None, gradients=True):
         """What is not finite the first time (a Finding, see non_finite), or None; the params
         of ``unlearned`` (keep_unlearned) are then put back as they were before the passes."""
         if self.seen:
             return None
-        found = non_finite(loss, net)
+        found = non_finite(loss, net, sums, gradients)
         if found is None:
             return None
         self.seen = True
@@ -138,3 +143,15 @@ class FirstNonFinite:
 def effect_text(found, nan_effect):
     """What ``nan_effect`` does at ``found``, as the warning says it."""
     return (NAN_EFFECTS_ON_WEIGHTS if found.in_weights else NAN_EFFECTS)[nan_effect]
+
+
+def check_passes(first, scale, iteration, loss, net, unlearned, nan_effect):
+    """After an iteration's passes, from one read of the device: the first value that is
+    not finite (``first.check``: a Finding the first time, else None), and whether the
+    update is skipped for gradients that are not finite (``scale``, the run's LossScale:
+    under float16 it takes the gradients from ``first`` until it reaches its floor)."""
+    watches_gradients = not scale.dynamic or scale.at_floor
+    with np.errstate(over='ignore', invalid='ignore'):     # sums of an overflow: expected
+        sums = watched_sums(net) if scale.dynamic or not first.seen else None
+    skip = scale.skips(iteration, sums is None or bool(np.isfinite(sums[1])), loss)
+    return first.check(loss, net, unlearned, nan_effect, sums, watches_gradients), skip
