@@ -45,9 +45,12 @@ SOLVER = ('base_lr: 0.05 momentum: 0.9 weight_decay: 0.0005 lr_policy: "fixed" m
 ULP = {'float16': 2.0 ** -11, 'bfloat16': 2.0 ** -8}
 
 
-def solver_param():
+def solver_param(loss_weight=None):
     param = parse_text(SOLVER, caffe_pb2.SolverParameter())
     param.net_param.CopyFrom(parse_text(NET, caffe_pb2.NetParameter()))
+    if loss_weight is not None:
+        (loss,) = [layer for layer in param.net_param.layer if layer.name == 'loss']
+        loss.loss_weight.append(loss_weight)
     return param
 
 
@@ -153,8 +156,8 @@ def test_activations_are_half_and_params_inputs_labels_losses_indices_float32(pr
     assert net.blobs['conv'].data.nbytes * 2 == float32.blobs['conv'].data.nbytes
 
 
-def overflowing_solver(**kwargs):
-    solver = get_solver(solver_param(), precision='float16', **kwargs)
+def overflowing_solver(loss_weight=None, **kwargs):
+    solver = get_solver(solver_param(loss_weight), precision='float16', **kwargs)
     data = iter(batches(20))
     solver.set_data_source(lambda: next(data))
     return solver
@@ -207,9 +210,10 @@ def test_the_scale_doubles_after_growth_interval_updates_without_an_overflow(cap
 
 def test_the_default_scale_finds_its_level_in_a_few_skipped_updates():
     """Four replicas divide the loss by their share of the global batch, so each one's
-    diffs are four times one device's: at 2^16 this net overflows, and the scale halves
-    until it does not; then every update goes through."""
-    solver = overflowing_solver(devices='cpu:4', sync_bn=True)
+    diffs are four times one device's, and a loss weight of 8 makes them 8 times larger
+    again: at 2^16 the scores' diffs pass float16's range (at 2^13 they reach 16000), and
+    the scale halves until they do not; then every update goes through."""
+    solver = overflowing_solver(loss_weight=8, devices='cpu:4', sync_bn=True)
     solver.step(12)
     skipped = solver.loss_scale.skipped
     assert 1 <= skipped <= 4 and solver.loss_scale.value == 2.0 ** (16 - skipped)

@@ -79,7 +79,7 @@ class _ChannelNorm(Layer):
         self.channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
         if self.cuda_kernels:
             self.engine = gpu
-        elif self.xp is np and bottom[0].dtype in (np.float32, np.float64):
+        elif self.xp is np:
             self.engine = host
         else:
             self.engine = array
