@@ -313,11 +313,13 @@ def _gemm(a, b, out):
     """``out = a @ b``. An inner dimension of 1 (an outer product: the weight gradient
     of a fully connected layer at batch 1) is a broadcast product: numpy's matmul takes
     ten times longer for it than for an inner dimension of 2. Each output is the one
-    product either way."""
+    product either way; half operands multiply in float32, rounded once into ``out``."""
     if a.shape[1] == 1:
-        np.multiply(a, b, out=out)
+        np.multiply(a, b, out=out, dtype=np.promote_types(out.dtype, np.float32))
+    elif a.dtype.itemsize == 2 or b.dtype.itemsize == 2:
+        _half_gemm(a, b, out)
     else:
-        np.matmul(*float32_operands(a, b), out=out)
+        np.matmul(a, b, out=out)
 
 
 def float32_operands(a, b):
@@ -327,6 +329,30 @@ def float32_operands(a, b):
     in float32 (as a GPU accumulates half products in float32); numpy rounds the result
     once into ``out``."""
     return [x.astype(np.float32) if x.dtype.itemsize == 2 else x for x in (a, b)]
+
+
+def _half_gemm(a, b, out):
+    """``out = a @ b`` with a 16-bit operand, on the BLAS in float32 (float32_operands),
+    the operands converted ACCUMULATE_CHUNK_BYTES of float32 at a time along the longest
+    of the three dimensions (the output's columns or rows, or the inner one, whose
+    products add up in float32), so that no float32 copy of a large operand exists."""
+    (m, k), n = a.shape, b.shape[1]
+    if k >= max(m, n):
+        span = max(1, ACCUMULATE_CHUNK_BYTES // (4 * (m + n)))
+        total = np.zeros(out.shape, np.float32)
+        for first in range(0, k, span):
+            total += np.matmul(*float32_operands(a[:, first:first + span], b[first:first + span]))
+        out[...] = total
+    elif n >= m:
+        span = max(1, ACCUMULATE_CHUNK_BYTES // (4 * k))
+        for first in range(0, n, span):
+            np.matmul(*float32_operands(a, b[:, first:first + span]),
+                      out=out[:, first:first + span])
+    else:
+        span = max(1, ACCUMULATE_CHUNK_BYTES // (4 * k))
+        for first in range(0, m, span):
+            np.matmul(*float32_operands(a[first:first + span], b),
+                      out=out[first:first + span])
 
 
 def scratch_array(use, shape, dtype):
