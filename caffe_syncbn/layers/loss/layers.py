@@ -26,7 +26,8 @@ LOG_THRESHOLD = 1e-20         # the probability losses but SoftmaxWithLoss clamp
 def softmax(xp, scores, axis, out=None):
     """Softmax along ``axis``, written into ``out`` (new when None) with no temporary of
     its size: a segmentation net's scores at full size are its largest blob."""
-    out = xp.subtract(scores, scores.max(axis=axis, keepdims=True), out=out)
+    out = xp.subtract(scores, scores.max(axis=axis, keepdims=True), out=out,
+                      dtype=None if out is None else out.dtype)
     xp.exp(out, out=out)
     out /= out.sum(axis=axis, keepdims=True)
     return out
@@ -98,8 +99,7 @@ class LossLayer(Layer):
 
     def full_values(self, blob):
         """``blob``'s data, in float32 where it is half (mixed precision): a loss sums over
-        the batch, which overflows float16, and its exps and logs need float32's digits (as
-        PyTorch's autocast runs its losses in float32)."""
+        the batch, which overflows float16, and its exps and logs need float32's digits."""
         data = blob.data
         return data.astype(np.promote_types(data.dtype, np.float32), copy=False)
 
@@ -142,10 +142,13 @@ class _SoftmaxLoss(LossLayer):
 
     def softmax_and_labels(self, bottom, top):
         xp = self.xp
-        scores = self.full_values(bottom[0]).reshape(self.outer, self.classes, self.inner)
-        previous = getattr(self, 'prob', None)
-        self.prob = softmax(xp, scores, axis=1, out=previous if previous is not None and
-                            previous.shape == scores.shape else None)
+        scores = bottom[0].data.reshape(self.outer, self.classes, self.inner)
+        prob = getattr(self, 'prob', None)
+        if prob is None or prob.shape != scores.shape:
+            # half scores (mixed precision) take their softmax in float32, as full_values
+            # says why, read straight from the half blob: no float32 copy of the scores
+            prob = xp.empty(scores.shape, np.promote_types(scores.dtype, np.float32))
+        self.prob = softmax(xp, scores, axis=1, out=prob)
         if len(top) > 1:
             top[1].data[...] = self.prob.reshape(bottom[0].shape)
         self.label, self.valid = class_labels(self, bottom[1], (self.outer, self.inner),
