@@ -187,7 +187,8 @@ def test_an_overflow_skips_the_update_halves_the_scale_and_says_why(caplog):
     assert skipped == ['Iteration 1: update skipped (1 so far): the gradients are not finite at '
                        'loss scale 1.07374e+09 (a float16 diff overflowed); loss scale now '
                        '5.36871e+08']
-    assert all(r.levelname == 'WARNING' for r in caplog.records if ': update skipped' in r.getMessage())
+    assert all(r.levelname == 'WARNING' for r in caplog.records
+               if ': update skipped' in r.getMessage())
     solver.loss_scale.value = 2.0 ** 10
     solver.step(1)
     assert solver.loss_scale.skipped == 1

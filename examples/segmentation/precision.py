@@ -69,8 +69,9 @@ def main(argv=None):
           % args.seed)
     reference = results['float32']['mean_iou']
     for precision, result in results.items():
-        print('  %-31s %14.4f %10.4f %+20.4f' % (precision, result['pixel_accuracy'],
-                                                 result['mean_iou'], result['mean_iou'] - reference))
+        miou = result['mean_iou']
+        print('  %-31s %14.4f %10.4f %+20.4f' % (precision, result['pixel_accuracy'], miou,
+                                                 miou - reference))
     print('took %.0f s; %s' % (time.time() - start, os.path.join(args.out, 'precision.json')))
 
 
