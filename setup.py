@@ -20,6 +20,8 @@ setup(
         # mpi4py and an MPI library from PyPI: the mpich wheel puts mpiexec in the environment
         # (an MPI already installed, e.g. a cluster's, works too: then pip install mpi4py alone)
         'mpi': ['mpi4py>=4', 'mpich>=4.2'],
+        # -precision bfloat16: numpy's bfloat16 dtype
+        'bfloat16': ['ml_dtypes>=0.2'],
         'plot': ['matplotlib>=3.5'],
         'images': ['opencv-python-headless<5'],
         'onnx': ['onnx>=1.14'],
@@ -27,7 +29,7 @@ setup(
         'draw': ['pydot>=1.4', 'graphviz-pure>=0.2'],
         'test': ['pytest>=7', 'pytest-timeout>=2', 'pytest-xdist>=3', 'grpcio-tools>=1.60', 'opencv-python-headless<5',
                  'matplotlib>=3.5', 'scipy>=1.9', 'onnx>=1.14', 'onnxruntime>=1.16', 'pydot>=1.4',
-                 'graphviz-pure>=0.2', 'mpi4py>=4', 'mpich>=4.2', 'hypothesis>=6',
+                 'graphviz-pure>=0.2', 'mpi4py>=4', 'mpich>=4.2', 'hypothesis>=6', 'ml_dtypes>=0.2',
                  # libnvrtc alone (no GPU needed): tests/test_cuda_nvrtc.py compiles the kernels
                  # as CuPy does
                  'nvidia-cuda-nvrtc>=13,<14; sys_platform == "linux"'],

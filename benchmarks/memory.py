@@ -4,6 +4,7 @@
     python benchmarks/memory.py PROTOTXT [--batch N] [--steps 2] [--memory-plan PLAN]
     python benchmarks/memory.py PROTOTXT --batch N --memory-plan all [--compare-caffe CAFFE]
     python benchmarks/memory.py PROTOTXT --memory-plan all --max-batch-in 8G
+    python benchmarks/memory.py PROTOTXT --batch N --precision float32,float16,bfloat16
 
 The net is built as net_time.py builds it (timing.timing_net_param: Input layers of
 --batch, backward forced, weights from the fillers). With one plan and nothing to
@@ -22,6 +23,11 @@ ratio to 'off', measured in the same runs.
 --max-batch-in BUDGET (e.g. 8G, 512M) finds, per plan, the largest batch whose peak
 resident memory over one step stays within BUDGET: doubling, then bisection, each probe
 a process of its own.
+
+--precision runs the net in each precision given (float32, or mixed precision: float16
+or bfloat16 activations and diffs, float32 params), each a process of its own per plan, as
+several plans do; with --per-image it measures batches N and 2N and prints the memory per
+image (the difference over N) of each, and its ratio to float32's.
 
 --step-rounds N times the plans in one process instead: a net per plan, a warm-up step
 each, then N rounds of one step of each net, in alternating order; it prints the median
@@ -73,7 +79,7 @@ def measure_ours(args):
     from caffe_syncbn.analysis.timing import timing_net_param
     param = with_input_size(timing_net_param(args.model, args.batch), args.input_size)
     net = Net(as_training(param) if args.as_training else param, TRAIN,
-              memory_plan=args.memory_plan[0])
+              memory_plan=args.memory_plan[0], precision=args.precision[0])
     print('after building:       peak %7.1f MiB' % (peak_memory_kb() / 1024.0))
     for step in range(args.steps):
         start = time.perf_counter()
@@ -122,11 +128,51 @@ def with_input_size(param, size):
     return param
 
 
-def _ours(args, prototxt, plan, batch=None, steps=None):
-    """The command that measures one plan in a process of its own."""
+def _ours(args, prototxt, plan, batch=None, steps=None, precision='float32'):
+    """The command that measures one plan in one precision in a process of its own."""
     command = [sys.executable, os.path.abspath(__file__), prototxt, '--memory-plan', plan,
-               '--steps', str(steps or args.steps)]      # the prototxt is made for training
-    return command + (['--batch', str(batch)] if batch else [])
+               '--steps', str(steps or args.steps), '--precision', precision]
+    if args.input_size:
+        command += ['--input-size', ','.join(map(str, args.input_size))]
+    return command + (['--batch', str(batch)] if batch else [])    # made for training
+
+
+def compare_precisions(args):
+    """Peak memory of a TRAIN step per plan and precision, medians of --pairs runs in
+    rotating order; with --per-image, at batches N and 2N, and the memory per image."""
+    from caffe_reference import blas_env, run_measured, temporary_folder, write_timing_prototxt
+    env = blas_env(args.threads)
+    batch = args.batch or 1
+    batches = (batch, 2 * batch) if args.per_image else (batch,)
+    runs = {(plan, precision, b): [] for plan in args.memory_plan
+            for precision in args.precision for b in batches}
+    load = os.getloadavg()
+    with temporary_folder() as folder:
+        prototxt = write_timing_prototxt(args.model, None, folder, args.as_training)
+        for pair in range(args.pairs):
+            order = list(runs)
+            for plan, precision, b in order[pair % len(order):] + order[:pair % len(order)]:
+                _, _, peak = run_measured(_ours(args, prototxt, plan, b, steps=args.steps,
+                                                precision=precision), env)
+                runs[plan, precision, b].append(peak / 1024.0)
+    peak = {key: statistics.median(values) for key, values in runs.items()}
+    print('TRAIN steps of %s, %d BLAS thread(s), medians of %d; load average %.2f %.2f %.2f'
+          % (os.path.basename(args.model), args.threads, args.pairs, *load))
+    print('%-12s %-9s %s%s' % ('plan', 'precision', ' '.join('%13s' % ('peak MiB, N=%d' % b)
+                                                             for b in batches),
+                             '  %13s %9s' % ('MiB per image', '/ float32') if args.per_image
+                             else ''))
+    for plan in args.memory_plan:
+        per_image = {p: (peak[plan, p, 2 * batch] - peak[plan, p, batch]) / batch
+                     for p in args.precision} if args.per_image else {}
+        for precision in args.precision:
+            line = '%-12s %-9s %s' % (plan, precision, ' '.join(
+                '%13.1f' % peak[plan, precision, b] for b in batches))
+            if per_image:
+                line += '  %13.2f %9s' % (per_image[precision], '%.3f' % (
+                    per_image[precision] / per_image['float32']) if 'float32' in per_image else '-')
+            print(line)
+    return 0
 
 
 def compare_plans(args):
@@ -231,6 +277,16 @@ def plan_list(text):
     return plans
 
 
+def precision_list(text):
+    from caffe_syncbn.precision import PRECISIONS
+    precisions = text.split(',')
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown:
+        raise argparse.ArgumentTypeError('unknown precision %r (known: %s)'
+                                         % (unknown[0], ', '.join(PRECISIONS)))
+    return precisions
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('model', help='net prototxt')
@@ -253,13 +309,20 @@ def main(argv=None):
                         help='the largest batch per plan whose peak stays within BUDGET (8G)')
     parser.add_argument('--step-rounds', type=int, metavar='N',
                         help='time the plans in one process, N alternating rounds')
+    parser.add_argument('--precision', type=precision_list, default=['float32'],
+                        metavar='PRECISIONS', help="the nets' precisions, separated by ',' "
+                        '(float32, float16, bfloat16; default float32)')
+    parser.add_argument('--per-image', action='store_true',
+                        help='with several precisions: batches N and 2N, and the memory per image')
     args = parser.parse_args(argv)
     if args.steps < 1 or args.pairs < 1:
         parser.error('--steps and --pairs must be at least 1')
     if args.compare_caffe and not os.access(args.compare_caffe, os.X_OK):
         parser.error('%s is not an executable caffe binary' % args.compare_caffe)
     from caffe_syncbn.cli.common import run_main
-    if args.max_batch_in:
+    if len(args.precision) > 1 or args.per_image:
+        run_main(lambda: compare_precisions(args))
+    elif args.max_batch_in:
         run_main(lambda: max_batches(args))
     elif args.step_rounds:
         run_main(lambda: alternate_steps(args))

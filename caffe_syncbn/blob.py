@@ -74,8 +74,9 @@ def storage_of(array):
 
 
 def address_of(array):
-    """Where ``array``'s first element lies, in host or device memory."""
-    return array.data.ptr if hasattr(array.data, 'ptr') else array.ctypes.data
+    """Where ``array``'s first element lies, in host or device memory (a numpy array's
+    ``data``, a buffer, takes no bfloat16: its address comes from ``ctypes``)."""
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
 
 
 def format_bytes(count):
@@ -211,6 +212,12 @@ class Blob:
         else:
             self.data = _zeros(self.xp, shape, self.dtype)
             self._diff = None
+
+    def retype(self, dtype):
+        """Give the blob another dtype: zeros of its shape, and a diff made when first used."""
+        self.dtype = np.dtype(dtype)
+        self.data = _zeros(self.xp, self.data.shape, self.dtype)
+        self._diff = None
 
     def view(self, array):
         """Make ``data`` the array given (a view of another blob's storage); the diff,

@@ -73,7 +73,8 @@ FORK_PARAM_FIELDS = {
 }
 
 # ---- settings inside other messages: NVCaffe, R-FCN, chuanqi305's SSD fork ----------------
-_FLOAT_TYPE = 'a net runs in one float type here (float32): remove it'
+_FLOAT_TYPE = ('its per-layer float types are not implemented: remove it (-precision float16 '
+               'or bfloat16 trains the whole net in mixed precision)')
 _TUNING = 'a setting of its GPU code with nothing to tune here: remove it'
 _AUGMENTATION = 'its data augmentation is not implemented: remove it'
 _SOLVER = 'its solver setting is not implemented: remove it'

@@ -84,7 +84,11 @@ class LayerContext:
 
     phase:  TRAIN (0) or TEST (1)
     xp:     numpy or cupy
-    dtype:  the float type of every blob
+    dtype:  the float type of the params (and their diffs), the inputs, labels and losses;
+            of every blob, unless ``activation_dtype`` says otherwise
+    activation_dtype: under mixed precision, the half type (float16, bfloat16) of the
+            blobs that the learned layers' outputs flow through, and of their diffs (the
+            Net types each top: Layer.full_precision_top); ``dtype`` alone otherwise
     comm:   the Communicator that joins the replicas of a data-parallel run (None alone)
     group_comm: the Communicator of the replicas SyncBN layers share batch statistics with:
             ``comm`` itself, unless sync_bn_group_size splits the replicas into groups
@@ -95,11 +99,15 @@ class LayerContext:
     """
 
     def __init__(self, phase=TRAIN, xp=np, dtype=np.float32, comm=None, rng=None, feeder=None,
-                 cuda_kernels=None, group_comm=None):
+                 cuda_kernels=None, group_comm=None, activation_dtype=None):
         self.phase = phase
         self.xp = xp
         self.cuda_kernels = xp is not np if cuda_kernels is None else cuda_kernels
         self.dtype = np.dtype(dtype)
+        self.activation_dtype = np.dtype(activation_dtype or dtype)
+        if self.activation_dtype.name == 'bfloat16' and xp is not np:
+            raise CaffeError('bfloat16 runs on the CPU: CuPy has no bfloat16 arrays (use '
+                             '-precision float16 on GPUs)')
         self.comm = comm
         self.group_comm = group_comm if group_comm is not None else comm
         self.rng = rng if rng is not None else np.random.RandomState()
@@ -195,10 +203,10 @@ class Layer:
     # ---- what the Net asks ----------------------------------------------------------------
     # The Net and its MemoryPlanner (memory_planner.py) ask a layer only what this section
     # holds; each default suits a layer that knows nothing of it. While the net is built:
-    # is_loss, fixed_param_mults, allow_force_backward. For memory: backward_runs (what
-    # the forward need not keep); under every plan but 'off', tops_persist and
-    # backward_reads; under 'inplace_abn' and the plans built on it, absorb and
-    # output_survives; under 'recompute', recomputable, recompute and rerunnable. Before
+    # is_loss, fixed_param_mults, allow_force_backward, full_precision_top. For memory:
+    # backward_runs (what the forward need not keep); under every plan but 'off',
+    # tops_persist and backward_reads; under 'inplace_abn' and the plans built on it, absorb
+    # and output_survives; under 'recompute', recomputable, recompute and rerunnable. Before
     # each pass: before_pass, then decided.
 
     #: top 0 of a loss layer gets loss_weight 1 unless the prototxt says otherwise
@@ -214,6 +222,14 @@ class Layer:
     #: chain's output stays as the chain wrote it until the chain's backward (no later
     #: layer writes that blob in place)
     output_survives = False
+
+    def full_precision_top(self, index):
+        """Under mixed precision, whether top ``index`` keeps the net's full dtype
+        (``ctx.dtype``) where its values would take the half ``activation_dtype``: True for
+        tops that hold exact values (indices, counts, accuracies), which half precision
+        would round. The Net keeps the tops of layers without bottoms (the inputs and
+        labels) and those with a loss weight in the full dtype on its own."""
+        return False
 
     def fixed_param_mults(self, index):
         """(lr_mult, decay_mult) this layer imposes on blob ``index`` whatever the prototxt

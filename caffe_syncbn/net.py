@@ -3,6 +3,7 @@
 The Net knows the Layer contract and the registry, never a concrete layer type.
 """
 import collections
+import contextlib
 import logging
 import os
 
@@ -12,14 +13,16 @@ from . import layers  # noqa: F401  (importing the package registers the built-i
 from . import caffe_pb2, net_batches, net_sharing
 from .backend import mode_array_module
 from .backend.one_caller import OneCaller, one_at_a_time
-from .blob import Blob, format_bytes, memory_limit, out_of_memory_text, storage_of
+from .blob import format_bytes, memory_limit, out_of_memory_text, storage_of
 from .errors import CaffeError, layer_error, name_list, quote
 from .layer import TEST, TRAIN, LayerContext, create_layer
 from .memory_planner import DEFAULT_PLAN, MemoryPlanner, NetWiring, check_plan
-from .netparam.graph import filter_net, insert_splits, net_state
+from .netparam.graph import automatic_top, filter_net, insert_splits, net_state
 from .netparam.layer_lines import naming_net_file
 from .netparam.upgrade import load_net_param
+from .net_precision import new_top, retype_learned_tops
 from .pass_reads import decide_before_pass, read_pass
+from .precision import run_dtypes
 from .weights.copy import copy_weights
 from .weights.save import net_to_proto, write_caffemodel, write_hdf5
 
@@ -36,21 +39,27 @@ class Net:
     phase:   TRAIN or TEST
     level, stages: the NetState used with include/exclude rules
     context: a LayerContext (backend, dtype, communicator) shared by every layer
+    precision: without ``context``, 'float32' or a mixed precision, 'float16' or 'bfloat16'
+             (precision.py: half activations, float32 params; net_precision.py)
     memory_plan: one of memory_planner.PLANS; 'off' keeps every blob, as pycaffe's Net
              does; the others share storage by liveness (a TEST net without force_backward
              then runs forward only), and ``net.blobs`` holds the inputs, the outputs and
              the blobs named in ``keep``. ``net.planner`` is the net's MemoryPlanner, and
              ``net.memory_plan`` the plan it took ('auto' names its choice).
+    ``net.loss_scale`` multiplies the loss weights that the backward starts from (1; a
+    float16 solver's dynamic loss scale, training/loss_scale.py).
     """
 
     def __init__(self, model, phase=None, weights=None, level=0, stages=(), context=None,
-                 dtype=None, memory_plan=DEFAULT_PLAN['pycaffe'], keep=()):
+                 dtype=None, memory_plan=DEFAULT_PLAN['pycaffe'], keep=(), precision='float32'):
         if isinstance(phase, (str, os.PathLike)):          # old form Net(model, weights, phase)
             phase, weights = weights, phase
         if phase is None:
             raise CaffeError('Net needs a phase: TRAIN or TEST')
         if context is None:
-            context = LayerContext(phase=phase, xp=mode_array_module(), dtype=dtype or np.float32)
+            dtype, activations = run_dtypes(precision, dtype)
+            context = LayerContext(phase=phase, xp=mode_array_module(), dtype=dtype,
+                                   activation_dtype=activations)
         context.phase = phase
         self.context = context
         self.phase = phase
@@ -58,6 +67,7 @@ class Net:
         self.net_param = insert_splits(filter_net(param, net_state(param, phase, level, stages)))
         self.name = param.name
         self._one_caller = OneCaller("net '%s'" % self.name, PASSES_ONE_AT_A_TIME)
+        self.loss_scale = 1.0
         check_plan(memory_plan)
         if isinstance(model, caffe_pb2.NetParameter):
             self._build()
@@ -105,20 +115,24 @@ class Net:
                 bottom_needs.append(needs)
                 need_backward |= blob_need_backward[name]
             if layer.is_loss and not lp.top:
-                lp.top.append(self._automatic_top(lp))
-            tops = []
-            for name in lp.top:
+                lp.top.append(automatic_top(self.net_param, lp))
+            weights = [lp.loss_weight[j] if j < len(lp.loss_weight) else
+                       (1.0 if layer.is_loss and j == 0 else 0.0) for j in range(len(lp.top))]
+            tops, new_tops = [], []
+            for j, name in enumerate(lp.top):
                 if name in lp.bottom:
                     tops.append(self.blobs[name])             # in place
                 elif name in self.blobs:
                     raise layer_error(lp, 'top blob %s is produced by more than one layer'
                                       % quote(name))
                 else:
-                    self.blobs[name] = Blob((), ctx.dtype, ctx.xp)
+                    self.blobs[name] = new_top(ctx, layer, j, bottoms, weights[j])
                     tops.append(self.blobs[name])
+                    new_tops.append((j, self.blobs[name]))
                 available.add(name)
             try:
                 layer.setup(bottoms, tops)
+                retype_learned_tops(ctx, layer, new_tops, weights)
                 layer.reshape(bottoms, tops)
             except (CaffeError, MemoryError) as exc:
                 if getattr(exc, 'layer', None) is not None:
@@ -137,8 +151,6 @@ class Net:
             if len(lp.param) > len(layer.blobs):
                 raise layer_error(lp, '%d param specs given for %d learnable blobs'
                                   % (len(lp.param), len(layer.blobs)))
-            weights = [lp.loss_weight[j] if j < len(lp.loss_weight) else
-                       (1.0 if layer.is_loss and j == 0 else 0.0) for j in range(len(tops))]
             for j, blob in enumerate(layer.blobs):
                 wants_grad = self._register_param(lp, layer, j, blob, owners, explicit_mults)
                 need_backward |= wants_grad
@@ -166,13 +178,6 @@ class Net:
     def _params_by_layer(self):
         return collections.OrderedDict((name, layer.blobs) for name, layer in
                                        zip(self._layer_names, self.layers) if layer.blobs)
-
-    def _automatic_top(self, lp):
-        """The top Caffe gives a loss layer that names none (AutoTopBlobs), so that its loss
-        counts (DeepLab's training nets leave them out): named as the layer where no blob
-        is, and, unlike Caffe's anonymous one, an output of the net, shown in the log."""
-        taken = {top for layer in self.net_param.layer for top in layer.top}
-        return lp.name if lp.name not in taken else lp.name + ' (automatic)'
 
     def _register_param(self, lp, layer, j, blob, owners, explicit_mults):
         """Apply ParamSpec j (lr_mult, decay_mult, sharing); return whether it wants a gradient.
@@ -294,7 +299,7 @@ class Net:
             for blob, w in zip(tops, self._loss_weights[i]):
                 if w:
                     loss = loss + w * blob.data.sum().astype(np.float64)
-                    blob.diff[...] = w
+                    blob.diff[...] = w * self.loss_scale
         return loss
 
     @one_at_a_time('backward')
@@ -304,17 +309,22 @@ class Net:
         start = len(self.layers) - 1 if start is None else start
         planner = self.planner
         planner.check_backward()
-        for i in range(start, end - 1, -1):
-            if i in planner.absorbed:
-                continue        # its head's backward runs it, and then covers its params
-            planner.before_backward(i)
-            if self._layer_need_backward[i]:
-                try:
-                    self.layers[i].backward(self._tops[i], self._bottom_need_backward[i], self._bottoms[i])
-                except MemoryError as exc:
-                    raise self.layers[i].error('backward: %s' % out_of_memory_text(exc)) from None
-            if after_layer is not None:
-                after_layer(i)
+        # under a loss scale an overflow is no fault: the solver skips that update, and says why
+        with np.errstate(over='ignore', invalid='ignore') if self.loss_scale != 1 else \
+                contextlib.nullcontext():
+            for i in range(start, end - 1, -1):
+                if i in planner.absorbed:
+                    continue        # its head's backward runs it, and then covers its params
+                planner.before_backward(i)
+                if self._layer_need_backward[i]:
+                    try:
+                        self.layers[i].backward(self._tops[i], self._bottom_need_backward[i],
+                                                self._bottoms[i])
+                    except MemoryError as exc:
+                        raise self.layers[i].error('backward: %s' % out_of_memory_text(exc)) \
+                            from None
+                if after_layer is not None:
+                    after_layer(i)
 
     @one_at_a_time('forward')
     def forward(self, blobs=None, start=None, end=None, **inputs):

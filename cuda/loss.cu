@@ -16,8 +16,9 @@
 // softmax_loss_backward_<t>(prob, labels, outer, classes, inner, has_ignore, ignore_label,
 //                           top_diff, normalizer, dx)
 //   a thread per element: dx = (prob - [k == label]) * top_diff[0] / normalizer[0], 0 where
-//   ignored; top_diff is the loss top's diff (the loss weight), normalizer a float64 device
-//   scalar (the global count of VALID normalization stays on the device: no host read).
+//   ignored; top_diff is the loss top's diff (the loss weight, times a float16 run's loss
+//   scale, 65536 at first: past float16's range), and normalizer, both float64 device
+//   scalars (the global count of VALID normalization stays on the device: no host read).
 #include "common.cuh"
 
 #define GRID_STRIDE(t, n) \
@@ -67,10 +68,10 @@ __device__ void forward(const T* __restrict__ scores, const T* __restrict__ labe
 template <class T>
 __device__ void backward(const T* __restrict__ prob, const T* __restrict__ labels, int outer,
                          int classes, i64 inner, int has_ignore, int ignore_label,
-                         const T* __restrict__ top_diff, const double* __restrict__ normalizer,
-                         T* __restrict__ dx) {
+                         const double* __restrict__ top_diff,
+                         const double* __restrict__ normalizer, T* __restrict__ dx) {
     typedef acc_t<T> A;
-    const A scale = (A)(to_float(top_diff[0]) / normalizer[0]);
+    const A scale = (A)(top_diff[0] / normalizer[0]);
     GRID_STRIDE(t, (i64)outer * classes * inner) {
         const i64 i = t % inner, o = t / ((i64)classes * inner);
         const int k = (int)((t / inner) % classes);
@@ -90,7 +91,7 @@ __device__ void backward(const T* __restrict__ prob, const T* __restrict__ label
     }                                                                                           \
     extern "C" __global__ void softmax_loss_backward_##SUFFIX(                                  \
         const T* prob, const T* labels, int outer, int classes, i64 inner, int has_ignore,      \
-        int ignore_label, const T* top_diff, const double* normalizer, T* dx) {                 \
+        int ignore_label, const double* top_diff, const double* normalizer, T* dx) {            \
         backward<T>(prob, labels, outer, classes, inner, has_ignore, ignore_label, top_diff,    \
                     normalizer, dx);                                                            \
     }

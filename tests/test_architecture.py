@@ -14,10 +14,11 @@ MAX_LINES = 450
 #: the one way to import inside a function: these optional or heavy modules load where they
 #: are first needed, so that `import caffe_syncbn` (and a process that never uses them) goes
 #: without them: the GPU's, MPI's, images', plots', diagrams', scipy's resampling, HDF5's
-#: (a quarter of a second), ONNX's (14 MiB), pycaffe's selective search's, and LMDB's,
-#: which the GPU machine's bare Python lacks (tests/test_gpu_bundle.py)
+#: (a quarter of a second), ONNX's (14 MiB), pycaffe's selective search's, LMDB's,
+#: which the GPU machine's bare Python lacks (tests/test_gpu_bundle.py), and bfloat16's
+#: (ml_dtypes, an extra: a quarter of a second)
 LAZY_MODULES = {'cupy', 'mpi4py', 'cv2', 'matplotlib', 'pydot', 'scipy', 'h5py', 'onnx',
-                'lmdb', 'selective_search_ijcv_with_python'}
+                'lmdb', 'selective_search_ijcv_with_python', 'ml_dtypes'}
 #: imports inside functions and private names across modules that the rooms being rebuilt
 #: still hold, as 'path:line': to be emptied, not added to
 KNOWN_VIOLATIONS = set()

@@ -3,11 +3,13 @@ once and pass errors on, nested splits, GEMMs split over threads and accumulated
 fillers that write in chunks; blobs that make their diff on first use. The layers' host
 engines against their array engines: tests/layers."""
 import threading
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from caffe_syncbn.backend import cpu_threads
+from caffe_syncbn.precision import activation_dtype
 from helpers.arrays import randn
 
 
@@ -64,6 +66,42 @@ def test_matmul_and_accumulate(threads, monkeypatch, m, k, n):
                        out=wide[:, 1:n + 1], accumulate=True)
     np.testing.assert_allclose(wide[:, 1:n + 1], a @ b, rtol=1e-12, atol=1e-12)
     assert not wide[:, 0].any() and not wide[:, n + 1:].any()
+
+
+@pytest.mark.parametrize('half', ['float16', 'bfloat16'])
+@pytest.mark.parametrize('m, k, n', [(3, 700, 5), (4, 50, 900), (900, 50, 4), (1, 1, 7)],
+                         ids=['inner longest', 'columns longest', 'rows longest', 'outer'])
+def test_half_matmul_sums_in_float32_and_rounds_once(threads, monkeypatch, half, m, k, n):
+    """Mixed precision's GEMMs: half operands, a half or float32 output. The products of
+    every chunk add up in float32 (error within k float32 ulps of sum |a||b|), and the
+    result is rounded once into the output (within one ulp of its type)."""
+    monkeypatch.setattr(cpu_threads, 'ACCUMULATE_CHUNK_BYTES', 4096)
+    monkeypatch.setattr(cpu_threads, 'PARALLEL_GEMM_MIN_FLOPS', 1)
+    dtype = activation_dtype(half)
+    a, b = randn(m, k).astype(dtype), randn(k, n, seed=1).astype(dtype)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    exact, magnitude = a64 @ b64, np.abs(a64) @ np.abs(b64)
+    for out_dtype in (dtype, np.dtype(np.float32)):
+        out = cpu_threads.matmul(a, b, out=np.empty((m, n), out_dtype))
+        ulp = 2.0 ** -(np.finfo(out_dtype).nmant + 1) if out_dtype != dtype else \
+            {'float16': 2.0 ** -11, 'bfloat16': 2.0 ** -8}[half]
+        error = np.abs(out.astype(np.float64) - exact)
+        assert (error <= ulp * np.abs(exact) + k * 2.0 ** -24 * magnitude).all(), out_dtype
+
+
+def test_half_matmul_makes_no_float32_copy_of_a_large_operand():
+    """A float16 operand of 8 MiB goes to the BLAS in float32 chunks of
+    ACCUMULATE_CHUNK_BYTES (2 MiB) per thread, not as one float32 copy of 16 MiB:
+    mixed precision's memory per image would otherwise be float32's at its peak."""
+    a = randn(64, 1 << 16).astype(np.float16)
+    b = randn(1 << 16, 16, seed=1).astype(np.float16)
+    tracemalloc.start()
+    try:
+        cpu_threads.matmul(a, b)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < a.size * 4 / 2, '%.1f MiB' % (peak / 2.0 ** 20)
 
 
 @pytest.mark.parametrize('filler', [

@@ -153,7 +153,7 @@ def test_softmax_loss(dtype):
     assert (valid[0, first:] == 1).all()
     total = classes * inner
     grid = -(-total // 256)
-    top = np.array([1.0], dtype)
+    top = np.array([1.0])
     kernel('loss', 'softmax_loss_backward_' + SUFFIX[dtype])(
         (grid,), (256,), [prob, labels] + args + [top, np.array([1.0]), dx],
         blocks=last_blocks(grid))
@@ -174,7 +174,7 @@ def test_softmax_loss_outer_times_classes_past_2_31():
     ps = fill(prob, first, total, 20)
     args = [np.int32(outer), np.int32(classes), np.int64(1), np.int32(0), np.int32(-1)]
     kernel('loss', 'softmax_loss_backward_f32')(
-        (grid,), (256,), [prob, labels] + args + [np.array([2.0], np.float32), np.array([4.0]), dx],
+        (grid,), (256,), [prob, labels] + args + [np.array([2.0]), np.array([4.0]), dx],
         blocks=last_blocks(grid))
     t = np.arange(first, total)
     want = (ps - (t % classes == labels[t // classes])) * 0.5

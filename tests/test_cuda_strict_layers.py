@@ -332,7 +332,7 @@ def test_softmax_loss(dtype, outer, classes, inner, launch, misaligned):
     picked = np.take_along_axis(prob.astype(np.float64), np.clip(lab, 0, classes - 1)[:, None], 1)[:, 0]
     want_loss = np.where(want_valid == 1, -np.log(np.maximum(picked, 1.17549435e-38)), 0)
     assert_close(loss, want_loss, 1e-6 if dtype != np.float64 else 1e-13, 'loss')
-    top = device([0.5], dtype)
+    top = device([0.5], np.float64)            # the loss weight (times a loss scale)
     dx = nan_filled(scores.shape, dtype, misaligned)
     k('loss', 'softmax_loss_backward', dtype)(*launch, [prob, labels] + args
                                                       + [top, np.array([3.0]), dx])

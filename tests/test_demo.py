@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / 'examples' / 'segmentation'))
 import compare  # noqa: E402
 import make_dataset  # noqa: E402
 import memory_fit  # noqa: E402
+import precision  # noqa: E402
 import sweep  # noqa: E402
 
 TINY_SOLVER = {'max_iter': 4, 'test_interval': 2, 'test_iter': 1, 'display': 1}
@@ -97,6 +98,32 @@ def test_both_modes_draw_the_same_training_images(pair):
         for rank in range(4):
             for a, b in zip(mine[rank]['data'], theirs[rank]['data']):
                 np.testing.assert_array_equal(a, b)
+
+
+def test_the_precision_runs_differ_in_the_precision_alone_and_snapshot_float32(tmp_path):
+    """examples/segmentation/precision.py, a few iterations: each precision trains from the
+    one initial weights file with the one solver, and its snapshot is a float32 caffemodel
+    (BlobProto.data) that the float32 TEST net scores."""
+    data = str(tmp_path / 'data')
+    make_dataset.make_dataset(data, train=8, val=4, seed=3)
+    results = precision.run(str(tmp_path), data, 5, ['float16', 'bfloat16'],
+                            devices=['--cpu-devices', '2'], solver_overrides=TINY_SOLVER,
+                            progress=lambda line: None)
+    assert list(results) == ['float32', 'float16', 'bfloat16']
+    assert json.loads((tmp_path / 'precision.json').read_text()) == results
+    def per_run(command):                   # the values of the options that differ
+        return [j + 1 for j, word in enumerate(command) if word in ('--precision', '--log-file')]
+
+    def shared(command):
+        return [word for j, word in enumerate(command) if j not in per_run(command)]
+    for name, result in results.items():
+        command = result['command']
+        assert command[command.index('--precision') + 1] == name
+        assert shared(command) == shared(results['float32']['command'])
+    for run in results.values():
+        blobs = [b for layer in read_net_param(run['snapshot']).layer for b in layer.blobs]
+        assert blobs and all(len(b.data) and not len(b.double_data) for b in blobs)
+        assert 0 <= run['mean_iou'] <= 1
 
 
 def test_the_sweep_reports_mean_and_sample_spread():

@@ -149,10 +149,10 @@ def chained_net(blocks):
     return param
 
 
-def reads_per_iteration(gpu, blocks, devices):
+def reads_per_iteration(gpu, blocks, devices, precision='float32'):
     rs = np.random.RandomState(0)
     with get_solver(chained_net(blocks), devices=devices, memory_plan='inplace_abn',
-                    sync_bn=True) as solver:
+                    sync_bn=True, precision=precision) as solver:
         solver.set_data_source(lambda: {'data': rs.standard_normal((4, 3, 6, 6)),
                                         'label': rs.randint(0, 5, 4).astype(float)})
         solver.step(2)                     # setup and first steps read what they read once
@@ -168,6 +168,14 @@ def test_an_iteration_reads_the_device_once_per_replica_and_pass_whatever_the_de
     two replicas, with 2 chains or with 6."""
     assert reads_per_iteration(gpu, 2, 'gpu:0,0') == 5
     assert reads_per_iteration(gpu, 6, 'gpu:0,0') == 5
+
+
+def test_a_float16_iteration_reads_the_device_as_often_with_its_loss_scale(gpu):
+    """Mixed precision on the CUDA kernels: the loss scale's check of the gradients is the
+    solver's one read, which it takes on every iteration (float32 stops reading once a
+    value that is not finite was found); still 5 for two replicas, at any depth."""
+    assert reads_per_iteration(gpu, 2, 'gpu:0,0', 'float16') == 5
+    assert reads_per_iteration(gpu, 6, 'gpu:0,0', 'float16') == 5
 
 
 def test_a_bad_label_on_a_gpu_is_still_one_line_naming_the_layer(gpu):

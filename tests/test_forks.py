@@ -40,8 +40,8 @@ def test_the_settings_tables_name_only_what_the_schema_lacks():
 
 @pytest.mark.parametrize('text, hint', [
     ('default_forward_type: FLOAT16\n',
-     '(a setting of NVCaffe (NVIDIA/caffe); a net runs in one float type here (float32): '
-     'remove it)'),
+     '(a setting of NVCaffe (NVIDIA/caffe); its per-layer float types are not implemented: '
+     'remove it (-precision float16 or bfloat16 trains the whole net in mixed precision))'),
     ('layer { name: "c" convolution_param { cudnn_convolution_algo_seeker: FINDEX } }\n',
      '(a setting of NVCaffe (NVIDIA/caffe); a setting of its GPU code with nothing to tune '
      'here: remove it)'),

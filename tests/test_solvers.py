@@ -183,6 +183,7 @@ class QuadraticNet:
         self.targets = rs.randn(50, sum(int(np.prod(s)) for s in shapes))
         self.calls = 0
         self.blobs = {'loss': Blob((), dtype)}
+        self.layers = []                     # none: no batch norm skips an update here
         self.outputs = ['loss']
         self.output_blob_loss_weights = {'loss': 1.0}
 

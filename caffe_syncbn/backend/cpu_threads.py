@@ -18,6 +18,7 @@ each thread that calls it at once, at the first call that needs it, and its C co
 the process when the mapping is refused: under a memory limit, ``start`` has the BLAS
 take its buffers before the nets take the room, or says in one line that it cannot.
 """
+import contextvars
 import logging
 import math
 import os
@@ -228,7 +229,9 @@ def split(count, work, min_part=1, parts=None):
             errors.append(exc)
         finally:
             _running_part.active = False
-    futures = [_state['pool'].submit(run, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+    # each part in a copy of the caller's context: numpy's error state (np.errstate) with it
+    futures = [_state['pool'].submit(contextvars.copy_context().run, run, a, b)
+               for a, b in zip(bounds[1:-1], bounds[2:])]
     run(bounds[0], bounds[1])
     for future, a, b in reversed(list(zip(futures, bounds[1:-1], bounds[2:]))):
         if future.cancel():
@@ -310,11 +313,46 @@ def _gemm(a, b, out):
     """``out = a @ b``. An inner dimension of 1 (an outer product: the weight gradient
     of a fully connected layer at batch 1) is a broadcast product: numpy's matmul takes
     ten times longer for it than for an inner dimension of 2. Each output is the one
-    product either way."""
+    product either way; half operands multiply in float32, rounded once into ``out``."""
     if a.shape[1] == 1:
-        np.multiply(a, b, out=out)
+        np.multiply(a, b, out=out, dtype=np.promote_types(out.dtype, np.float32))
+    elif a.dtype.itemsize == 2 or b.dtype.itemsize == 2:
+        _half_gemm(a, b, out)
     else:
         np.matmul(a, b, out=out)
+
+
+def float32_operands(a, b):
+    """``a`` and ``b``, in float32 where they are 16-bit floats (float16, bfloat16: mixed
+    precision's activations and their diffs): numpy multiplies a float16 matrix in a loop
+    of its own, ten to a hundred times slower than the BLAS, which then runs the product
+    in float32 (as a GPU accumulates half products in float32); numpy rounds the result
+    once into ``out``."""
+    return [x.astype(np.float32) if x.dtype.itemsize == 2 else x for x in (a, b)]
+
+
+def _half_gemm(a, b, out):
+    """``out = a @ b`` with a 16-bit operand, on the BLAS in float32 (float32_operands),
+    the operands converted ACCUMULATE_CHUNK_BYTES of float32 at a time along the longest
+    of the three dimensions (the output's columns or rows, or the inner one, whose
+    products add up in float32), so that no float32 copy of a large operand exists."""
+    (m, k), n = a.shape, b.shape[1]
+    if k >= max(m, n):
+        span = max(1, ACCUMULATE_CHUNK_BYTES // (4 * (m + n)))
+        total = np.zeros(out.shape, np.float32)
+        for first in range(0, k, span):
+            total += np.matmul(*float32_operands(a[:, first:first + span], b[first:first + span]))
+        out[...] = total
+    elif n >= m:
+        span = max(1, ACCUMULATE_CHUNK_BYTES // (4 * k))
+        for first in range(0, n, span):
+            np.matmul(*float32_operands(a, b[:, first:first + span]),
+                      out=out[:, first:first + span])
+    else:
+        span = max(1, ACCUMULATE_CHUNK_BYTES // (4 * k))
+        for first in range(0, m, span):
+            np.matmul(*float32_operands(a[first:first + span], b),
+                      out=out[first:first + span])
 
 
 def scratch_array(use, shape, dtype):
@@ -365,7 +403,7 @@ def batched_matmul(a, b, out=None):
     flops = out.size * a.shape[-1]
     if flops < PARALLEL_GEMM_MIN_FLOPS or threads() == 1 or getattr(_running_part, 'active',
                                                                     False):
-        np.matmul(a, b, out=out)        # one call: numpy runs the products in turn, in C
+        np.matmul(*float32_operands(a, b), out=out)   # one call: numpy runs them in turn, in C
         return out
     a = np.broadcast_to(a, lead + a.shape[-2:])
     b = np.broadcast_to(b, lead + b.shape[-2:])
@@ -373,6 +411,6 @@ def batched_matmul(a, b, out=None):
 
     def work(start, stop):
         for cell in cells[start:stop]:
-            np.matmul(a[cell], b[cell], out=out[cell])
+            np.matmul(*float32_operands(a[cell], b[cell]), out=out[cell])
     split(len(cells), work)
     return out

@@ -34,6 +34,7 @@ from ..glog import setup_logging
 from ..memory_planner import DEFAULT_PLAN, MEMORY_PLANS, describe_plans
 from ..netparam.upgrade import load_net_param
 from ..netparam.upgrade_file import upgrade_file
+from ..precision import PRECISIONS
 from ..pycaffe.draw import draw_net_to_file
 from ..training.precise_bn import PreciseBN
 from ..training.rules import rule_class
@@ -102,6 +103,10 @@ def _parser(command):
                 'the first loss, gradient, param or statistic that is not finite'
                 if name == 'nan_effect' else 'a ' + name.split('_')[0].upper(), default,
                 ': a snapshot, then the run ends' if name == 'sigterm_effect' else ''))
+        p.flag('precision', choices=PRECISIONS, default='float32',
+               help='the activations and their diffs in float32 (the default), or in float16 '
+                    '(with a dynamic loss scale) or bfloat16, the params, their updates, '
+                    'batch-norm statistics and allreduces staying float32')
         p.flag('log_file', metavar='FILE', help='also append the log to this file')
     if command in ('test', 'time', 'precise_bn'):
         default_phase = 'TEST' if command == 'test' else 'TRAIN'
@@ -212,7 +217,7 @@ def _train(args):
                         else None, mode='async' if args.async_updates else 'sync',
                         max_staleness=args.max_staleness, memory_plan=args.memory_plan or
                         param.memory_plan or DEFAULT_PLAN['command'],
-                        sync_bn_group_size=args.sync_bn_group_size)
+                        sync_bn_group_size=args.sync_bn_group_size, precision=args.precision)
     solver.nan_effect = args.nan_effect
     requests = None
     try:

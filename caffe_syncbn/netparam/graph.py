@@ -49,6 +49,14 @@ def filter_net(net_param, state):
     return filtered
 
 
+def automatic_top(net_param, layer):
+    """The top Caffe gives a loss layer that names none (AutoTopBlobs), so that its loss
+    counts (DeepLab's training nets leave them out): named as the layer where no blob of
+    ``net_param`` is, and, unlike Caffe's anonymous one, an output of the net."""
+    taken = {top for other in net_param.layer for top in other.top}
+    return layer.name if layer.name not in taken else layer.name + ' (automatic)'
+
+
 def split_blob_name(layer_name, blob_name, top_index, k):
     return '%s_%s_%d_split_%d' % (blob_name, layer_name, top_index, k)
 

@@ -37,6 +37,7 @@ from ..errors import CaffeError
 from ..formats.atomic import atomic_write
 from ..layer import TRAIN, LayerContext
 from ..net import Net
+from ..precision import check_precision
 from ..syncbn_policy import check_asynchronous
 from .asynchronous import Asynchronous
 from .device_names import describe_devices, parse_devices
@@ -67,11 +68,14 @@ class DataParallelSolver(Solver):
 
     def __init__(self, solver, devices='cpu:1', sync_bn=False, dtype=None, seed=None,
                  level=None, stages=(), weights=None, mode='sync', max_staleness=None,
-                 link='auto', memory_plan=None, sync_bn_group_size=None):
+                 link='auto', memory_plan=None, sync_bn_group_size=None, precision='float32'):
         if mode not in MODES:
             raise CaffeError('mode %r: expected one of %s' % (mode, ', '.join(MODES)))
         if mode == 'async':
             check_asynchronous(sync_bn=sync_bn, group_size=sync_bn_group_size)
+            if check_precision(precision) != 'float32':
+                raise CaffeError('-precision %s needs synchronous updates: a loss scale, and '
+                                 'the update it skips, hold for one global batch' % precision)
         if max_staleness is not None and (mode != 'async' or max_staleness < 0):
             raise CaffeError('-max_staleness %s: needs -async and a number >= 0' % max_staleness)
         devices = parse_devices(devices)
@@ -95,7 +99,7 @@ class DataParallelSolver(Solver):
         self._user_train_param = None
         self._testing = False
         super().__init__(solver, dtype=dtype, xp=devices[0].xp, strategy=strategy,
-                         memory_plan=memory_plan)
+                         memory_plan=memory_plan, precision=precision)
         self.strategy.start()
 
     # ---- what the component holds ------------------------------------------------------------
@@ -140,7 +144,8 @@ class DataParallelSolver(Solver):
         seed = self._seed if self._seed is not None else (self.param.random_seed
                                                            if self.param.random_seed >= 0 else 1701)
         replication = self.replication
-        root = replication.build(net_param, phase, seed, self.xp, self.dtype, self.memory_plan)
+        root = replication.build(net_param, phase, seed, self.xp, (
+            self.dtype, self.activation_dtype), self.memory_plan)
         log_built(root, 'train', replication.total, start)
         log_groups(root, replication)
         readers = replication.data_layers()
@@ -163,7 +168,8 @@ class DataParallelSolver(Solver):
 
     def _alone(self, net_param, phase):
         """A net of its own on replica 0's device (test nets, the asynchronous holder)."""
-        context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
+        context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype,
+                               activation_dtype=self.activation_dtype)
         return self.pool.run_on(0, lambda: Net(net_param, phase, level=net_param.state.level,
                                                context=context, memory_plan=self.memory_plan))
 

@@ -17,6 +17,7 @@ class OneNet:
     def _one_pass(self, last):
         solver = self.solver
         feed(solver.net, solver.data_sources.get('train'))
+        solver.net.loss_scale = solver.loss_scale.value
         return solver.net.forward_backward()
 
     def forward_all(self):

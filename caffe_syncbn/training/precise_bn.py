@@ -49,6 +49,7 @@ from ..errors import CaffeError
 from ..layer import TRAIN
 from ..layers.norm.array import STAT, channel_view, moments
 from ..netparam.upgrade import load_net_param
+from ..precision import run_dtypes
 from ..syncbn_policy import is_frozen, is_segnet_bn
 from .device_names import describe_devices, parse_devices
 from .replicas import Replicas
@@ -106,7 +107,8 @@ class PreciseBN:
                 self._blas_limit = cpu_threads.share_blas(len(devices) * (
                     replicas.link.processes_on_this_node() if replicas.link else 1))
             replicas.pool.run(lambda rank: devices[rank].activate())
-            self.net = replicas.build(net_param, phase, seed, devices[0].xp, dtype, 'off')
+            self.net = replicas.build(net_param, phase, seed, devices[0].xp,
+                                      run_dtypes('float32', dtype), 'off')
             cpu_threads.start([functools.partial(replicas.pool.submit, rank)
                                for rank in range(len(devices))]
                               if devices[0].kind == 'cpu' else ())

@@ -79,16 +79,17 @@ class Replicas:
         for comm in self._all_comms():
             comm.iteration = iteration
 
-    def build(self, net_param, phase, seed, xp, dtype, memory_plan):
-        """The replica nets, built one after another: the fillers share one seeded RNG, and
-        replica 0 must draw the same weights whatever the number of devices (the others
-        get its weights anyway). Each replica's own RNG (Dropout, ...) follows its global
-        rank, so that any placement of the ranks draws alike."""
+    def build(self, net_param, phase, seed, xp, dtypes, memory_plan):
+        """The replica nets, built one after another, of ``dtypes`` (LayerContext's dtype
+        and activation_dtype): the fillers share one seeded RNG, and replica 0 must draw
+        the same weights whatever the number of devices (the others get its weights
+        anyway). Each replica's own RNG (Dropout, ...) follows its global rank, so that any
+        placement of the ranks draws alike."""
         def build_one(rank):
             rng = np.random.RandomState((seed + 7919 * (self.first + rank)) & 0xFFFFFFFF)
-            context = LayerContext(phase=phase, xp=xp, dtype=dtype, comm=self.comms[rank],
+            context = LayerContext(phase=phase, xp=xp, dtype=dtypes[0], comm=self.comms[rank],
                                    rng=rng, feeder=functools.partial(self._layer_feed, rank),
-                                   group_comm=self.group_comms[rank])
+                                   group_comm=self.group_comms[rank], activation_dtype=dtypes[1])
             return Net(net_param, phase, level=net_param.state.level, context=context,
                        memory_plan=memory_plan)
         self.nets = [self.pool.run_on(rank, functools.partial(build_one, rank))

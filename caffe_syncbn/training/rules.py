@@ -193,7 +193,9 @@ class ParamUpdate:
 
     def apply(self, rate, iteration):
         """Update the params; (L2 norm, clip_gradients, scale factor) when the gradients
-        were clipped, else None."""
+        were clipped, else None. The diffs hold the gradients times the net's loss scale
+        (training/loss_scale.py), which comes off first."""
+        self.unscale()
         clipped = self.clip_gradients()
         params = self.net.learnable_params
         for i, blob in enumerate(params):
@@ -203,6 +205,13 @@ class ParamUpdate:
         for blob in params:
             blob.data -= blob.diff
         return clipped
+
+    def unscale(self):
+        """Divide the diffs by the net's loss scale (a power of two: exact in float32)."""
+        if self.net.loss_scale != 1:
+            factor = self.dtype.type(1.0 / self.net.loss_scale)
+            for blob in self.net.learnable_params:
+                blob.diff *= factor
 
     def clip_gradients(self):
         """Scale all diffs down when their global L2 norm exceeds clip_gradients; (L2 norm,

@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-from ..backend import to_numpy
+from ..backend import get_array_module, to_numpy
 from ..errors import CaffeError, quote
 from ..formats.caffemodel import Record, write_records, write_records_hdf5
 from ..formats.solverstate import SolverState, read_solver_state, write_solver_state
@@ -39,6 +39,25 @@ def snapshot_names(prefix, iteration, hdf5):
     if hdf5:
         return start + '.caffemodel.h5', start + '.solverstate.h5'
     return start + '.caffemodel', start + '.solverstate'
+
+
+def restore_solver(solver, path):
+    """``solver`` continues from the ``.solverstate`` / ``.solverstate.h5`` at ``path``
+    (Caffe's or ours): its learned net, its rule's history, its iteration and lr step."""
+    layout = solver.snapshot_layout
+    state, saved = layout.read_solver_state(path, solver.rule.history_per_param,
+                                            "a %s solver on net '%s'"
+                                            % (solver.param.type, solver.net.name))
+    solver.lr_policy.check_resume(state.iter, state.current_step, path)
+
+    def restore_arrays():
+        layout.load_learned_net(state.learned_net, path)
+        for saved_array, mine in zip(saved, solver.rule.history):
+            mine[...] = get_array_module(mine).asarray(saved_array, dtype=mine.dtype)
+    solver.on_net_device(restore_arrays)
+    solver.iter = state.iter
+    solver.lr_policy.current_step = state.current_step
+    log.info('%s: restored iteration %d from %s', type(solver).__name__, solver.iter, path)
 
 
 def snapshot_prefix_problem(prefix):

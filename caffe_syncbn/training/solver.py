@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from .. import caffe_pb2
-from ..backend import cpu_threads, get_array_module
+from ..backend import cpu_threads, mode_array_module
 from ..backend.one_caller import OneCaller, one_at_a_time
 from ..errors import CaffeError, naming
 from ..fillers import set_random_seed
@@ -37,14 +37,17 @@ from ..net_sharing import holds_only_params_of
 from ..netparam.layer_lines import naming_net_file
 from ..netparam.solver_param import (check_net_files, copy_message, load_solver_param,
                                      test_net_params, train_net_param, upgrade_solver_param)
+from ..precision import run_dtypes
+from .loss_scale import LossScale
 from .lr_policy import LearningRatePolicy
 from .net_report import TestMeans, log_net_outputs, test_batch
 from .one_net import OneNet
 from .prefix_lock import PrefixLock
 from .rules import ParamUpdate, rule_class
 from .smoothed_loss import SmoothedLoss
-from .snapshot_layout import NetLayout, snapshot_prefix_problem
-from .solver_checks import NAN_EFFECTS, FirstNonFinite, check_solver_param, effect_text
+from .snapshot_layout import NetLayout, restore_solver, snapshot_prefix_problem
+from .solver_checks import (NAN_EFFECTS, FirstNonFinite, check_passes, check_solver_param,
+                            effect_text)
 
 log = logging.getLogger('caffe_syncbn')
 #: what ``action_request`` may ask for between iterations: a snapshot, a stop, or both
@@ -59,7 +62,8 @@ class Solver:
 
     The update rule comes from the class (``AdamSolver``) or, for ``Solver`` itself,
     from the param's ``type``. ``net``/``test_nets`` are built from the param unless given.
-    ``dtype`` and ``xp`` choose the float type and backend of the nets it builds;
+    ``dtype`` and ``xp`` choose the float type and backend of the nets it builds, and
+    ``precision`` their activations' (float32, or float16 or bfloat16: precision.py);
     ``strategy`` where the passes and updates run (see the module docstring; ``OneNet``
     unless given); ``memory_plan`` the Net's memory plan for the nets it builds (None:
     the solver file's ``memory_plan``, else pycaffe's default, DEFAULT_PLAN).
@@ -68,7 +72,7 @@ class Solver:
     rule_class = None
 
     def __init__(self, solver, net=None, test_nets=None, dtype=None, xp=None, strategy=None,
-                 memory_plan=None):
+                 memory_plan=None, precision='float32'):
         log_to_stderr_unless_configured()
         self._one_caller = OneCaller('the solver', STEPS_ONE_AT_A_TIME)
         self.strategy = strategy or OneNet(self)
@@ -81,8 +85,13 @@ class Solver:
         self.rule_class = self.rule_class or named
         self.memory_plan = check_plan(memory_plan or self.param.memory_plan or
                                       DEFAULT_PLAN['pycaffe'], None if memory_plan else self.source)
-        self.xp = xp
-        self.dtype = np.dtype(dtype or (net.context.dtype if net is not None else np.float32))
+        self.xp, self.precision = xp, precision
+        self.dtype, self.activation_dtype = run_dtypes(precision, dtype or (
+            net.context.dtype if net is not None else None))
+        #: the factor of the loss weights in the backward (loss_scale.py: float16's)
+        self.loss_scale = LossScale(precision)
+        if self.loss_scale.start_line():
+            log.info('%s', self.loss_scale.start_line())
         p = self.param
         self.iter = 0
         check_solver_param(p, self.source)
@@ -148,10 +157,9 @@ class Solver:
 
     def create_net(self, net_param, phase):
         """Build one Net (overridden by solvers that place nets on devices)."""
-        context = None
-        if self.xp is not None:
-            context = LayerContext(phase=phase, xp=self.xp, dtype=self.dtype)
-        return Net(net_param, phase, level=net_param.state.level, context=context, dtype=self.dtype,
+        context = LayerContext(phase=phase, xp=self.xp or mode_array_module(), dtype=self.dtype,
+                               activation_dtype=self.activation_dtype)
+        return Net(net_param, phase, level=net_param.state.level, context=context,
                    memory_plan=self.memory_plan)
 
     def make_snapshot_layout(self):
@@ -281,7 +289,8 @@ class Solver:
             if displaying and self.is_root:
                 log.info('Iteration %d, loss = %g', self.iter, self.smoothed_loss)
                 self.log_outputs(self.net, 'Train')
-            found = self._non_finite.check(loss, self, unlearned) if self.is_root else None
+            found, skip = check_passes(self._non_finite, self.loss_scale, self, loss, unlearned) \
+                if self.is_root else (None, False)
             if found is not None:     # once a run: FirstNonFinite finds the first only
                 log.warning('Iteration %d: %s (first time); %s', self.iter, found,
                             effect_text(found, self.nan_effect))
@@ -291,7 +300,8 @@ class Solver:
             elif effect == 'stop':
                 self.requested_early_exit = self.stopped_on_non_finite = True
                 break
-            self.apply_update()
+            if not skip:
+                self.apply_update()
             self.iter += 1
             request = self.requested_action()
             if (p.snapshot and self.iter % p.snapshot == 0 and self.is_root) or \
@@ -421,21 +431,7 @@ class Solver:
     @one_at_a_time('restore')
     def restore(self, path):
         """Continue from a ``.solverstate`` / ``.solverstate.h5`` (Caffe's or ours)."""
-        path = os.fspath(path)
-        layout = self.snapshot_layout
-        state, saved = layout.read_solver_state(path, self.rule.history_per_param,
-                                                "a %s solver on net '%s'"
-                                                % (self.param.type, self.net.name))
-        self.lr_policy.check_resume(state.iter, state.current_step, path)
-        self.on_net_device(lambda: self._restore_arrays(layout, state, saved, path))
-        self.iter = state.iter
-        self.lr_policy.current_step = state.current_step
-        log.info('%s: restored iteration %d from %s', type(self).__name__, self.iter, path)
-
-    def _restore_arrays(self, layout, state, saved, path):
-        layout.load_learned_net(state.learned_net, path)
-        for saved_array, mine in zip(saved, self.rule.history):
-            mine[...] = get_array_module(mine).asarray(saved_array, dtype=mine.dtype)
+        restore_solver(self, os.fspath(path))
 
     # ---- resources ------------------------------------------------------------------------
     def close(self):

@@ -72,22 +72,28 @@ def skipped_text(name, skipped, updates):
             'finite' % (name, which))
 
 
-def non_finite(loss, net, skipped=None):
-    """The first value of the pass that is not finite (a Finding), or None: a learned param,
-    the loss, a gradient, the batch statistics of a SyncBN (``skipped``: skipped_by_layer's),
-    then a param that no update changes. The sum of each kind's arrays is finite exactly
-    when they all are (short of an overflow, which the search that follows finds to be
-    none): one pass over each, and one read of the device for all three."""
+def watched_sums(net):
+    """The sum of each kind of WATCHED arrays, on the host: finite exactly when all its
+    arrays are (short of an overflow, which the search that follows a sum that is not finds
+    to be none); one pass over each, and one read of the device for all three."""
     groups = [[getattr(blob, field) for blob, lr in zip(net.learnable_params, net.params_lr)
                if (lr != 0) == learned] for _, learned, field in WATCHED]
-    totals = [0.0] * len(WATCHED)
-    if net.learnable_params:
-        xp = net.learnable_params[0].xp
-        totals = to_numpy(xp.stack([xp.asarray(sum(
-            (a.sum(dtype=np.promote_types(a.dtype, np.float32)) for a in group),
-            start=xp.asarray(0.0)), dtype=np.float64) for group in groups]))
+    if not net.learnable_params:
+        return np.zeros(len(WATCHED))
+    xp = net.learnable_params[0].xp
+    return to_numpy(xp.stack([xp.asarray(sum(
+        (a.sum(dtype=np.promote_types(a.dtype, np.float32)) for a in group),
+        start=xp.asarray(0.0)), dtype=np.float64) for group in groups]))
+
+
+def non_finite(loss, net, sums=None, gradients=True, skipped=None):
+    """The first value of the pass that is not finite (a Finding), or None: a learned param,
+    the loss, a gradient (unless ``gradients`` is False: a loss scale takes them), the batch
+    statistics of a SyncBN (``skipped``: skipped_by_layer's), then a param that no update
+    changes; ``sums`` are watched_sums(net), read once."""
+    sums = watched_sums(net) if sums is None else sums
     found = [_locate(net, kind, learned, field) if not np.isfinite(total) else None
-             for (kind, learned, field), total in zip(WATCHED, totals)]
+             for (kind, learned, field), total in zip(WATCHED, sums)]
     if found[0] is not None:
         return found[0]
     if not np.isfinite(loss):
@@ -95,7 +101,7 @@ def non_finite(loss, net, skipped=None):
     if found[1] is None and skipped:
         return Finding("the batch statistics of layer '%s' (which kept its running statistics)"
                        % next(iter(skipped)), plural=True)
-    return found[1] or found[2]
+    return (found[1] if gradients else None) or found[2]
 
 
 def _locate(net, kind, learned, field):
@@ -161,18 +167,19 @@ class FirstNonFinite:
         return [(blob, blob.data.copy()) for blob, lr in
                 zip(net.learnable_params, net.params_lr) if lr == 0]
 
-    def check(self, loss, solver, unlearned):
+    def check(self, loss, solver, unlearned, sums=None, gradients=True):
         """What is not finite the first time in ``solver``'s iteration (a Finding, see
-        non_finite), or None; the params of ``unlearned`` (keep_unlearned) are then put back
-        as they were before the passes. The updates its strategy's passes skipped
-        (skipped_statistics) are logged first, each time."""
+        non_finite, with ``sums`` and ``gradients``), or None; the params of ``unlearned``
+        (keep_unlearned) are then put back as they were before the passes. The updates its
+        strategy's passes skipped (skipped_statistics) are logged first, each time."""
         skipped = solver.strategy.skipped_statistics()
         for name, (count, updates) in skipped.items():
             log.warning('Iteration %d: %s', solver.iter, skipped_text(name, count, updates))
             self.skipped[name] = self.skipped.get(name, 0) + count
         if self.seen:
             return None
-        found, nan_effect = non_finite(loss, solver.net, skipped), solver.nan_effect
+        found, nan_effect = non_finite(loss, solver.net, sums, gradients, skipped), \
+            solver.nan_effect
         if found is None:
             return None
         self.seen = True
@@ -185,3 +192,15 @@ class FirstNonFinite:
 def effect_text(found, nan_effect):
     """What ``nan_effect`` does at ``found``, as the warning says it."""
     return (NAN_EFFECTS_ON_WEIGHTS if found.in_weights else NAN_EFFECTS)[nan_effect]
+
+
+def check_passes(first, scale, solver, loss, unlearned):
+    """After an iteration's passes, from one read of the device: the first value that is
+    not finite (``first.check``: a Finding the first time, else None), and whether the
+    update is skipped for gradients that are not finite (``scale``, the run's LossScale:
+    under float16 it takes the gradients from ``first`` until it reaches its floor)."""
+    watches_gradients = not scale.dynamic or scale.at_floor
+    with np.errstate(over='ignore', invalid='ignore'):     # sums of an overflow: expected
+        sums = watched_sums(solver.net) if scale.dynamic or not first.seen else None
+    skip = scale.skips(solver.iter, sums is None or bool(np.isfinite(sums[1])), loss)
+    return first.check(loss, solver, unlearned, sums, watches_gradients), skip

@@ -67,7 +67,7 @@ def checked_solver_param(solver):
 
 def get_solver(solver, devices=None, sync_bn=False, dtype=None, level=None, stages=(),
                weights=None, mode='sync', max_staleness=None, memory_plan=None,
-               sync_bn_group_size=None):
+               sync_bn_group_size=None, precision='float32'):
     """The solver a solver prototxt (or SolverParameter) asks for. Without ``devices``,
     pycaffe's single-device solver (see below); else a data-parallel one running on
     ``devices``: 'cpu:4' (virtual CPU devices), 'gpu:0,1', 'gpu:all', or 'gpu:0,0'
@@ -81,11 +81,15 @@ def get_solver(solver, devices=None, sync_bn=False, dtype=None, level=None, stag
     ahead of the slowest (None: no bound). Under mpiexec or srun, every process's devices
     join one run. ``memory_plan`` is the nets' (Net's ``memory_plan``); None takes the
     solver file's ``memory_plan``, else pycaffe's default (memory_planner.DEFAULT_PLAN).
+    ``precision`` 'float16' or 'bfloat16' trains in mixed precision (precision.py:
+    activations and their diffs in half, params, updates, statistics and allreduces in
+    float32; float16 with a dynamic loss scale, training/loss_scale.py).
 
     ``devices=None``: pycaffe's single-device solver of the file's type (``add_callback``
-    works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype`` and
-    ``memory_plan`` only. On it, as on a data-parallel solver of one device, Input blobs
-    set by hand (``solver.net.blobs['data'].data[...] = x``) are the data, as in Caffe."""
+    works on it), in the mode set_mode_cpu/set_mode_gpu chose; it takes ``dtype``,
+    ``memory_plan`` and ``precision`` only. On it, as on a data-parallel solver of one
+    device, Input blobs set by hand (``solver.net.blobs['data'].data[...] = x``) are the
+    data, as in Caffe."""
     param = checked_solver_param(solver)
     if isinstance(solver, caffe_pb2.SolverParameter):
         solver = param
@@ -95,11 +99,12 @@ def get_solver(solver, devices=None, sync_bn=False, dtype=None, level=None, stag
             raise CaffeError('get_solver: sync_bn, sync_bn_group_size, level, stages, weights, '
                              'mode and max_staleness need devices (devices=None: a '
                              'single-device solver)')
-        return get_solver_class(param.type)(solver, dtype=dtype, memory_plan=memory_plan)
+        return get_solver_class(param.type)(solver, dtype=dtype, memory_plan=memory_plan,
+                                            precision=precision)
     return DataParallelSolver(solver, devices=devices, sync_bn=sync_bn, dtype=dtype, level=level,
                               stages=stages, weights=weights, mode=mode,
                               max_staleness=max_staleness, memory_plan=memory_plan,
-                              sync_bn_group_size=sync_bn_group_size)
+                              sync_bn_group_size=sync_bn_group_size, precision=precision)
 
 
 def get_solver_from_string(text, devices=None, **kwargs):

@@ -99,7 +99,9 @@ class Synchronous:
 
     def _forward_backward(self, rank, reduce_gradients):
         overlap = reduce_gradients and self.replicas.total > 1
-        return self.replicas.nets[rank].forward_backward(
+        net = self.replicas.nets[rank]
+        net.loss_scale = self.solver.loss_scale.value
+        return net.forward_backward(
             after_layer=self._gradient_buckets(rank).layer_done if overlap else None)
 
     def forward_all(self):

@@ -90,9 +90,10 @@ NORMS = [
 
 
 def run_engine(engine, body, shape, phase, in_place, learned=(True, True), dtype=np.float64,
-               steps=2):
+               steps=2, dy_shift=0):
     """Two forward passes (the running statistics move), then backward: the top, the
-    bottom's diff, the params' diffs and values, on the host."""
+    bottom's diff, the params' diffs and values, on the host. The top's diff is standard
+    normal, plus ``dy_shift`` and rounded to float16 (exact in every dtype) when given."""
     text = 'name: "bn" %s bottom: "x" top: "%s"' % (body, 'x' if in_place else 'y')
     rs = np.random.RandomState(2)
     x = rs.standard_normal(shape) * 3 + 5
@@ -109,7 +110,10 @@ def run_engine(engine, body, shape, phase, in_place, learned=(True, True), dtype
         layer.reshape(bottom, top)
         layer.forward(bottom, top)
     y = engine.host(top[0].data).astype(np.float64)
-    top[0].diff[...] = engine.xp.asarray(rs.standard_normal(shape).astype(dtype))
+    dy = rs.standard_normal(shape)
+    if dy_shift:
+        dy = (dy + dy_shift).astype(np.float16)
+    top[0].diff[...] = engine.xp.asarray(dy.astype(dtype))
     layer.backward(top, [True], bottom)
     return [y, engine.host(bottom[0].diff)] + [engine.host(b.diff) for b in layer.blobs] + \
         [engine.host(b.data) for b in layer.blobs]
@@ -135,13 +139,26 @@ def test_every_engine_gives_the_float64_array_engine(engine, body, phase, in_pla
 
 
 @pytest.mark.parametrize('shape', [(2, 3, 3, 3), (4, 2), (3, 2, 16)])
-def test_float16_on_the_devices(engine, shape):
-    """float16 blobs, statistics in float32 (the kernels) and float64 (the sums)."""
-    if not engine.on_device:
-        pytest.skip('float16 batch norms run on the array engine on the host (below)')
+def test_float16_on_every_engine(engine, shape):
+    """float16 blobs, computed in float32 (the kernels, the host's blocks) and float64 (the
+    sums)."""
     with pytest.MonkeyPatch.context() as patch:
         want = run_engine(Engine('array', patch), NORMS[4], shape, TRAIN, False)
     got = run_engine(engine, NORMS[4], shape, TRAIN, False, dtype=np.float16)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=TOLERANCE[np.float16], atol=TOLERANCE[np.float16])
+
+
+def test_float16_sums_past_the_float16_range_give_a_finite_gradient(engine):
+    """A diff of mean 300 over 2048 values per channel sums to 6e5, past float16's largest
+    value (65504), while the input gradient (dy less its mean, ~1) is small: the engines
+    sum half blobs in float32 or wider, and no finite gradient becomes inf. Mixed
+    precision's loss scale makes diffs this large."""
+    shape = (8, 2, 16, 16)
+    with pytest.MonkeyPatch.context() as patch:
+        want = run_engine(Engine('array', patch), NORMS[0], shape, TRAIN, False, dy_shift=300)
+    got = run_engine(engine, NORMS[0], shape, TRAIN, False, dtype=np.float16, dy_shift=300)
+    assert np.isfinite(got[1]).all()
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=TOLERANCE[np.float16], atol=TOLERANCE[np.float16])
 

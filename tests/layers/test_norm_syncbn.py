@@ -18,6 +18,7 @@ from helpers.threads import run_threads
 from caffe_syncbn.blob import Blob
 from caffe_syncbn.comm import CollectiveMismatch, CommAborted, ThreadComm
 from caffe_syncbn.layer import TEST, TRAIN, LayerContext, create_layer
+from caffe_syncbn.precision import activation_dtype
 from caffe_syncbn.testing import layer_param
 
 MOMENTUM = float(np.float32(0.9))      # bn_param.momentum is a proto float
@@ -44,11 +45,14 @@ def run_ok(fn, n):
 class Replica:
     """One replica's SyncBN layer on its own blobs, as a replica Net would hold it."""
 
-    def __init__(self, comm, params, text=None, phase=TRAIN, dtype=np.float64):
+    def __init__(self, comm, params, text=None, phase=TRAIN, dtype=np.float64,
+                 activation_dtype=None):
         self.dtype = dtype
         self.layer = create_layer(layer_param(text or syncbn_text()),
-                                  LayerContext(phase=phase, dtype=dtype, comm=comm))
-        self.bottom, self.top = [Blob((1, C, 4, 5), dtype)], [Blob((), dtype)]
+                                  LayerContext(phase=phase, dtype=dtype, comm=comm,
+                                               activation_dtype=activation_dtype))
+        blobs = activation_dtype or dtype              # a Net's blobs under mixed precision
+        self.bottom, self.top = [Blob((1, C, 4, 5), blobs)], [Blob((), blobs)]
         self.layer.setup(self.bottom, self.top)
         for blob, value in zip(self.layer.blobs, params):
             blob.data[...] = np.reshape(value, blob.shape)
@@ -163,6 +167,72 @@ def test_large_mean_has_no_cancellation_in_float32():
     x = (np.random.RandomState(0).standard_normal(1000) + 1e4).astype(np.float32)
     naive = np.mean(x * x) - np.mean(x) ** 2           # the teeth: one-pass float32 fails
     assert abs(naive - x.astype(np.float64).var()) > 1e-3
+
+
+class DtypeRecordingComm(CountingComm):
+    """A CountingComm that also records the dtype of every array it allreduces."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.dtypes = []
+
+    def allreduce(self, array, tag=None):
+        self.dtypes.append(array.dtype)
+        return super().allreduce(array, tag=tag)
+
+
+#: one unit in the last place of each half type, relative: 2^-11 and 2^-8
+HALF_ULP = {'float16': 2.0 ** -11, 'bfloat16': 2.0 ** -8}
+
+
+@pytest.mark.parametrize('precision', ['float16', 'bfloat16'])
+def test_half_blobs_on_two_replicas_keep_statistics_and_allreduces_wide(precision):
+    """Mixed precision's SyncBN: half bottom and top (and their diffs), float32 params. Its
+    outputs follow a float64 BN of the same half inputs over the whole batch within one
+    ulp of the half type (their rounding), while the param diffs and running statistics
+    follow it to float32's precision: the sums behind them are never rounded to half
+    (rounding x_hat or the sums to float16 costs 1e-4 to 1e-3); the allreduces carry
+    float64, the statistics blobs are float32."""
+    replicas, half = 2, activation_dtype(precision)
+    rs = np.random.RandomState(7)
+    params = [p.astype(np.float32) for p in initial_params(rs)]
+    comms = [DtypeRecordingComm(c) for c in ThreadComm.create(replicas)]
+    layers = [None] * replicas
+    run_ok(lambda r: layers.__setitem__(r, Replica(comms[r], params, dtype=np.float32,
+                                                   activation_dtype=half)), replicas)
+    slope, bias, running_mean, running_var = (p.astype(np.float64) for p in params)
+    ulp = HALF_ULP[precision]
+    for step in range(3):
+        x = (rs.standard_normal((8, C, 4, 5)) * 2 + 3).astype(half)
+        dy = rs.standard_normal(x.shape).astype(half)
+        pieces = [slice(0, 3), slice(3, 8)]
+
+        def step_fn(r):
+            y = layers[r].forward(x[pieces[r]])
+            return y, layers[r].backward(replicas * dy[pieces[r]])
+        outputs = run_ok(step_fn, replicas)
+        y_ref, dx_ref, dslope_ref, dbias_ref, running_mean, running_var = reference_step(
+            x.astype(np.float64), dy.astype(np.float64), slope, bias, running_mean, running_var)
+        running_mean, running_var = (s.astype(np.float32).astype(np.float64)
+                                     for s in (running_mean, running_var))
+        y = np.concatenate([o[0] for o in outputs])
+        dx = np.concatenate([o[1][0] for o in outputs])
+        assert y.dtype == half and dx.dtype == half
+        for name, got, want in [('y', y, y_ref), ('dx', dx.astype(np.float64) / replicas, dx_ref)]:
+            error = np.abs(got.astype(np.float64) - want)
+            assert (error <= ulp * np.abs(want) + ulp * np.abs(want).max() / 64).all(), \
+                'step %d %s: %g' % (step, name, error.max())
+        for name, got, want in [('dslope', sum(o[1][1] for o in outputs) / replicas, dslope_ref),
+                                ('dbias', sum(o[1][2] for o in outputs) / replicas, dbias_ref),
+                                ('running mean', layers[0].layer.blobs[2].data, running_mean),
+                                ('running var', layers[0].layer.blobs[3].data, running_var)]:
+            np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-5, atol=1e-5,
+                                       err_msg='step %d %s' % (step, name))
+    for replica in layers:
+        assert [b.dtype for b in replica.layer.blobs] == [np.float32] * 4
+        assert [b.diff.dtype for b in replica.layer.blobs[:2]] == [np.float32] * 2
+    for comm in comms:
+        assert len(comm.dtypes) == 6 and set(comm.dtypes) == {np.dtype(np.float64)}
 
 
 # ----------------------------------------------------------------------------- communication

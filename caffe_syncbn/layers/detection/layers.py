@@ -29,6 +29,9 @@ class PriorBoxLayer(Layer):
     (xmin, ymin, xmax, ymax) divided by the image size; channel 1 holds their variances.
     """
 
+    def full_precision_top(self, index):
+        return True           # box coordinates, as the ground truth holds them
+
     def setup(self, bottom, top):
         self.check_bottoms(bottom, exact=2)
         self.check_tops(top, exact=1)
@@ -149,6 +152,9 @@ class DetectionOutputLayer(Layer):
     ``objectness_score`` scores 1 for class 0 and 0 for every other class. A fourth
     bottom of another size is the SSD fork's image (read there only to visualize).
     """
+
+    def full_precision_top(self, index):
+        return True           # image indices, labels and box coordinates
 
     def setup(self, bottom, top):
         self.check_bottoms(bottom, minimum=3, maximum=5)
@@ -300,6 +306,9 @@ class DetectionEvaluateLayer(Layer):
     matches a difficult box while evaluate_difficult_gt is false is neither (0, 0).
     ``caffe_syncbn.layers.detection.boxes.detection_map`` turns the tops into the mAP.
     """
+
+    def full_precision_top(self, index):
+        return True           # counts, labels and scores
 
     def setup(self, bottom, top):
         self.check_bottoms(bottom, exact=2)

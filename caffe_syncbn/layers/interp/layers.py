@@ -23,7 +23,7 @@ class InterpLayer(Layer):
         self.out_hw = self._sizes_for = None
         #: what the array engine builds once per pair of sizes: its taps and matrices
         self.taps = self.matrices = None
-        self.engine = gpu if self.cuda_kernels and gpu.supports(self.dtype) else array
+        self.engine = gpu if self.cuda_kernels and gpu.supports(bottom[0].dtype) else array
 
     def _out_size(self, ip, height, width):
         """The fork's size rules, chosen by which fields are present, in its order."""

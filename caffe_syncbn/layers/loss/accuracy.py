@@ -12,6 +12,9 @@ class AccuracyLayer(Layer):
     An optional second top holds the accuracy per class (0 for a class with no items).
     """
 
+    def full_precision_top(self, index):
+        return True           # fractions of counts, as Caffe reports them
+
     def setup(self, bottom, top):
         self.check_bottoms(bottom, exact=2)
         self.check_tops(top, minimum=1, maximum=2)

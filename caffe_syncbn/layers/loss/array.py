@@ -19,8 +19,12 @@ def backward(layer, top, propagate_down, bottom):
     if not propagate_down[0]:
         return
     xp = layer.xp
-    grad = bottom[0].diff.reshape(layer.outer, layer.classes, layer.inner)
+    diff = bottom[0].diff.reshape(layer.outer, layer.classes, layer.inner)
+    # half diffs (mixed precision) take the gradient from float32's prob, rounded once
+    grad = diff if diff.dtype == layer.prob.dtype else layer.prob.copy()
     grad[...] = layer.prob
     grad[xp.arange(layer.outer)[:, None], layer.label, xp.arange(layer.inner)[None, :]] -= 1
     grad *= layer.valid[:, None, :]
     grad *= layer.grad_scale(top)
+    if grad is not diff:
+        diff[...] = grad

@@ -59,7 +59,7 @@ def backward(layer, top, propagate_down, bottom):
         cuda_kernels.typed_kernel('loss', 'softmax_loss_backward', prob.dtype)(
             grid_1d(dx.size), (BLOCK,),
             (prob, layer._gpu_labels, i32(layer.outer), i32(layer.classes), i64(layer.inner))
-            + _label_args(layer) + (contiguous(xp, top[0].diff.reshape(1)),
+            + _label_args(layer) + (xp.asarray(top[0].diff.reshape(1), np.float64),
                                     xp.asarray(layer.normalizer_value, np.float64).reshape(1),
                                     dx))
     bottom[0].diff[...] = dx.reshape(bottom[0].shape)

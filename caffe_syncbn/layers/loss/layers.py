@@ -26,7 +26,8 @@ LOG_THRESHOLD = 1e-20         # the probability losses but SoftmaxWithLoss clamp
 def softmax(xp, scores, axis, out=None):
     """Softmax along ``axis``, written into ``out`` (new when None) with no temporary of
     its size: a segmentation net's scores at full size are its largest blob."""
-    out = xp.subtract(scores, scores.max(axis=axis, keepdims=True), out=out)
+    out = xp.subtract(scores, scores.max(axis=axis, keepdims=True), out=out,
+                      dtype=None if out is None else out.dtype)
     xp.exp(out, out=out)
     out /= out.sum(axis=axis, keepdims=True)
     return out
@@ -96,6 +97,12 @@ class LossLayer(Layer):
             raise self.error('unknown loss normalization mode %r' % mode)
         return loss_normalizer(self.ctx.comm, count)
 
+    def full_values(self, blob):
+        """``blob``'s data, in float32 where it is half (mixed precision): a loss sums over
+        the batch, which overflows float16, and its exps and logs need float32's digits."""
+        data = blob.data
+        return data.astype(np.promote_types(data.dtype, np.float32), copy=False)
+
     def set_loss(self, top, loss_sum, normalizer):
         self._normalizer = normalizer
         top[0].data[...] = loss_sum / normalizer
@@ -136,9 +143,12 @@ class _SoftmaxLoss(LossLayer):
     def softmax_and_labels(self, bottom, top):
         xp = self.xp
         scores = bottom[0].data.reshape(self.outer, self.classes, self.inner)
-        previous = getattr(self, 'prob', None)
-        self.prob = softmax(xp, scores, axis=1, out=previous if previous is not None and
-                            previous.shape == scores.shape else None)
+        prob = getattr(self, 'prob', None)
+        if prob is None or prob.shape != scores.shape:
+            # half scores (mixed precision) take their softmax in float32, as full_values
+            # says why, read straight from the half blob: no float32 copy of the scores
+            prob = xp.empty(scores.shape, np.promote_types(scores.dtype, np.float32))
+        self.prob = softmax(xp, scores, axis=1, out=prob)
         if len(top) > 1:
             top[1].data[...] = self.prob.reshape(bottom[0].shape)
         self.label, self.valid = class_labels(self, bottom[1], (self.outer, self.inner),
@@ -245,7 +255,7 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
 
     def forward(self, bottom, top):
         xp = self.xp
-        x = bottom[0].data
+        x = self.full_values(bottom[0])
         target = bottom[1].data.reshape(x.shape)
         self.valid = None
         if self.ignore_label is not None:
@@ -261,7 +271,7 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
         self.refuse_label_gradient(propagate_down)
         if not propagate_down[0]:
             return
-        x = bottom[0].data
+        x = self.full_values(bottom[0])
         grad = 1 / (1 + self.xp.exp(-x)) - bottom[1].data.reshape(x.shape)
         if self.valid is not None:
             grad = grad * self.valid
@@ -283,7 +293,8 @@ class EuclideanLossLayer(LossLayer):
                              % (bottom[0].shape, bottom[1].shape))
 
     def forward(self, bottom, top):
-        self.difference = bottom[0].data - bottom[1].data.reshape(bottom[0].shape)
+        self.difference = self.full_values(bottom[0]) - \
+            self.full_values(bottom[1]).reshape(bottom[0].shape)
         n = 2 * self.normalizer(BATCH_SIZE, bottom[0].shape[0])
         self.set_loss(top, self.xp.sum(self.difference ** 2), n)
 
@@ -309,7 +320,7 @@ class HingeLossLayer(LossLayer):
     def forward(self, bottom, top):
         xp = self.xp
         num = bottom[0].shape[0]
-        scores = bottom[0].data.reshape(num, bottom[0].count_range(1))
+        scores = self.full_values(bottom[0]).reshape(num, bottom[0].count_range(1))
         label, _ = class_labels(self, bottom[1], (num,), scores.shape[1], None)
         self.sign = 1 - 2 * (xp.arange(scores.shape[1])[None, :] == label[:, None])
         self.margin = xp.maximum(0, 1 + self.sign * scores)
@@ -349,7 +360,7 @@ class ContrastiveLossLayer(LossLayer):
     def forward(self, bottom, top):
         xp = self.xp
         num = bottom[0].shape[0]
-        difference = bottom[0].data - bottom[1].data
+        difference = self.full_values(bottom[0]) - self.full_values(bottom[1])
         self.difference = difference.reshape(num, bottom[0].count_range(1))
         self.dist_sq = xp.sum(self.difference ** 2, axis=1)
         self.similar = bottom[2].data.reshape(num).astype(np.int64) != 0
@@ -390,7 +401,7 @@ class MultinomialLogisticLossLayer(LossLayer):
     def forward(self, bottom, top):
         xp = self.xp
         num = bottom[0].shape[0]
-        prob = bottom[0].data.reshape(num, bottom[0].count_range(1))
+        prob = self.full_values(bottom[0]).reshape(num, bottom[0].count_range(1))
         self.label, _ = class_labels(self, bottom[1], (num,), prob.shape[1], None)
         self.p_true = xp.maximum(xp.take_along_axis(prob, self.label[:, None], axis=1),
                                  LOG_THRESHOLD)

@@ -33,7 +33,7 @@ class SmoothL1LossLayer(LossLayer):
 
     def forward(self, bottom, top):
         xp = self.xp
-        d = bottom[0].data - bottom[1].data
+        d = self.full_values(bottom[0]) - self.full_values(bottom[1])
         if len(bottom) > 2:
             d *= bottom[2].data
         inside = xp.abs(d) < 1 / self.sigma2

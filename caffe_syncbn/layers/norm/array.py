@@ -36,8 +36,9 @@ The layers keep their running statistics in one of three conventions, ``RunningS
 (BVLC BatchNorm's), ``RunningAverage`` (the forks' momentum) and ``FirstCopyAverage``
 (NVCaffe BatchNorm's momentum), defined here once.
 
-This module is the engine for any array module (numpy in float16, CuPy without the
-kernels); host.py is the host engine and gpu.py the CUDA one.
+This module is the engine for any array module (CuPy without the kernels, and the
+tests' reference); host.py is the host engine (every float type, half blobs included) and
+gpu.py the CUDA one.
 """
 import math
 import numpy as np
@@ -267,7 +268,13 @@ def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_ou
               activation=None):
     x_hat = x_hat_of(x3, mean, inv_std)
     output_from_x_hat(x_hat, y3, slope, bias, activation)
-    return x_hat if keep else None
+    if not keep:
+        return None
+    if x_hat_out is not None:
+        x_hat_out[...] = x_hat
+        return x_hat_out
+    # kept in the blob dtype, as the CUDA engine keeps it: half blobs keep half of float32's
+    return x_hat.astype(x3.dtype, copy=False)
 
 
 def output_from_x_hat(x_hat, y3, slope, bias, activation):
@@ -298,10 +305,14 @@ def activation_gradient(y3, dy3, activation, x_hat):
 
 
 def gradient_sums(dy3, x_hat):
-    sum_dy = dy3.sum(axis=(0, 2)).astype(STAT)
+    # summed in float64: a half diff's sums (mixed precision's loss scale makes them large)
+    # pass float16's range where dy3 does not
+    xp = get_array_module(dy3)
+    sum_dy = dy3.sum(axis=(0, 2), dtype=STAT)
     if x_hat is None:
         return sum_dy, None
-    return sum_dy, (dy3 * x_hat).sum(axis=(0, 2)).astype(STAT)
+    products = xp.multiply(dy3, x_hat, dtype=work_dtype(dy3.dtype))
+    return sum_dy, products.sum(axis=(0, 2), dtype=STAT)
 
 
 def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, count=None):

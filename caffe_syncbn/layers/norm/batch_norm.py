@@ -85,7 +85,7 @@ class ChannelNorm(Layer):
         self.channels = bottom[0].shape[1] if bottom[0].num_axes > 1 else 1
         if self.cuda_kernels:
             self.engine = gpu
-        elif self.xp is np and self.dtype in (np.float32, np.float64):
+        elif self.xp is np:
             self.engine = host
         else:
             self.engine = array

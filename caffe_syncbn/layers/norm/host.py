@@ -10,6 +10,9 @@ in float64.
 
 x_hat, where the backward needs it, is either kept (the layer runs in place, so its
 input is gone) or made again from the input block by block: see ``XHat``.
+
+Half blobs (float16, bfloat16: mixed precision) are read and written in the blob dtype, and
+each block is computed in float32 (``_in_work_dtype``), then rounded once into its output.
 """
 import numpy as np
 
@@ -35,6 +38,19 @@ def _tiled(vector, images, dtype):
 
 def _blocks(a3, work):
     cpu_threads.blocks(np, a3.shape[0] * a3.shape[1], a3.shape[2], work, a3.dtype.itemsize)
+
+
+def _in_work_dtype(out, use):
+    """Where a pass computes the block ``out``: ``out`` itself, or for a half blob a float32
+    block of this thread's scratch (``use`` names it), which ``_store`` rounds into ``out``."""
+    if out.dtype == work_dtype(out.dtype):
+        return out
+    return cpu_threads.scratch_array(use, out.shape, work_dtype(out.dtype))
+
+
+def _store(block, out):
+    if block is not out:
+        out[...] = block
 
 
 def _channel_sums(row_sums, a3):
@@ -95,7 +111,7 @@ class XHat:
         if self.kept is not None:
             return _rows(self.kept)[r0:r1]
         x = _rows(self.x3)[r0:r1]
-        return self.normalization.into(x, np.empty_like(x), r0, r1)
+        return self.normalization.into(x, np.empty(x.shape, work_dtype(x.dtype)), r0, r1)
 
 
 def local_sums(x3, reference=None):
@@ -141,13 +157,13 @@ def normalize(x3, y3, mean, inv_std, slope=None, bias=None, keep=False, x_hat_ou
 def _normalize_rows(x3, y3, normalization, slope, bias, kept, activation):
     x, y = _rows(x3), _rows(y3)
     images = x3.shape[0]
-    dtype = y3.dtype
+    dtype = work_dtype(y3.dtype)
     slope = None if slope is None else _tiled(slope, images, dtype)
     bias = None if bias is None else _tiled(bias, images, dtype)
     kept = None if kept is None else _rows(kept)
 
     def work(r0, r1):
-        out = y[r0:r1]
+        out = _in_work_dtype(y[r0:r1], 'norm output')
         normalization.into(x[r0:r1], out, r0, r1)
         if kept is not None:
             kept[r0:r1] = out
@@ -156,23 +172,25 @@ def _normalize_rows(x3, y3, normalization, slope, bias, kept, activation):
             out += bias[r0:r1]
         if activation is not None:
             relu(np, out, activation, out)
+        _store(out, y[r0:r1])
     _blocks(x3, work)
 
 
 def output_from_x_hat(x_hat, y3, slope, bias, activation):
     y = _rows(y3)
-    images, dtype = y3.shape[0], y3.dtype
+    images, dtype = y3.shape[0], work_dtype(y3.dtype)
     slope = None if slope is None else _tiled(slope, images, dtype)
     bias = None if bias is None else _tiled(bias, images, dtype)
 
     def work(r0, r1):
-        out = y[r0:r1]
+        out = _in_work_dtype(y[r0:r1], 'norm output')
         out[...] = x_hat.block(r0, r1)
         if slope is not None:
             out *= slope[r0:r1]
             out += bias[r0:r1]
         if activation is not None:
             relu(np, out, activation, out)
+        _store(out, y[r0:r1])
     _blocks(y3, work)
 
 
@@ -195,11 +213,13 @@ def gradient_sums(dy3, x_hat):
     dy = _rows(dy3)
     sum_dy, sum_dy_x_hat = np.empty(dy.shape[0], STAT), np.empty(dy.shape[0], STAT)
 
+    dtype = work_dtype(dy3.dtype)
+
     def work(r0, r1):
         block = dy[r0:r1]
-        sum_dy[r0:r1] = block.sum(axis=1)
+        sum_dy[r0:r1] = block.sum(axis=1, dtype=dtype)
         if x_hat is not None:
-            sum_dy_x_hat[r0:r1] = np.einsum('ij,ij->i', x_hat.block(r0, r1), block)
+            sum_dy_x_hat[r0:r1] = np.einsum('ij,ij->i', x_hat.block(r0, r1), block, dtype=dtype)
     _blocks(dy3, work)
     return (_channel_sums(sum_dy, dy3),
             None if x_hat is None else _channel_sums(sum_dy_x_hat, dy3))
@@ -207,7 +227,7 @@ def gradient_sums(dy3, x_hat):
 
 def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, count=None):
     dx, dy = _rows(dx3), _rows(dy3)
-    images, dtype = dy3.shape[0], dx3.dtype
+    images, dtype = dy3.shape[0], work_dtype(dx3.dtype)
     per_row = _tiled(scale, images, dtype)
     if sum_dy is not None:
         m = np.maximum(count, 1)
@@ -216,9 +236,10 @@ def input_gradient(dx3, dy3, scale, x_hat=None, sum_dy=None, sum_dy_x_hat=None, 
 
     def work(r0, r1):
         x_hat_block = x_hat.block(r0, r1) if sum_dy is not None else None
-        out = dx[r0:r1]
+        out = _in_work_dtype(dx[r0:r1], 'norm input gradient')
         np.multiply(dy[r0:r1], per_row[r0:r1], out=out)
         if sum_dy is not None:
             out -= x_hat_block * along_x_hat[r0:r1]
             out -= constant[r0:r1]
+        _store(out, dx[r0:r1])
     _blocks(dy3, work)

@@ -144,6 +144,8 @@ class Pool2d:
     def forward(self, x, phase, rng):
         """The pooled ``x``."""
         xp = get_array_module(x)
+        if self.method != 'MAX':        # sums of a half type (mixed precision) in float32
+            x = x.astype(np.promote_types(x.dtype, np.float32), copy=False)
         if self.method == 'AVE':
             sums = self._whole_sums(x) if self.whole else self._window_sums(x)
             return sums / self._ave_divisor(xp, x.dtype)
@@ -186,6 +188,7 @@ class Pool2d:
         """dx from the top diff ``dy``."""
         xp = get_array_module(dy)
         n, c = dy.shape[:2]
+        dy = dy.astype(np.promote_types(dy.dtype, np.float32), copy=False)   # sums, as above
         if self.method == 'AVE':
             (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.pad
             g = dy / self._ave_divisor(xp, dy.dtype)

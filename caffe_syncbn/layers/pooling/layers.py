@@ -60,6 +60,9 @@ def _require_4d(layer, blob):
 @register('Pooling')
 class PoolingLayer(Layer):
 
+    def full_precision_top(self, index):
+        return index == 1           # MAX's mask: indices, exact to 2^24 in float32
+
     def setup(self, bottom, top):
         self.check_bottoms(bottom, exact=1)
         pp = self.param.pooling_param

@@ -15,6 +15,9 @@ class ArgMaxLayer(Layer):
     With ``axis`` the top is the bottom with that axis of size top_k, holding the
     values if out_max_val, else the indices."""
 
+    def full_precision_top(self, index):
+        return True           # indices, exact to 2^24 in float32
+
     def reshape(self, bottom, top):
         self.check_bottoms(bottom, exact=1)
         self.check_tops(top, exact=1)

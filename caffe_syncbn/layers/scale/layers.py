@@ -135,15 +135,18 @@ class ScaleLayer(Layer):
         per_row = self._per_row(scale.data) if dx is not None else None
         sum_dy = xp.empty(rows, np.float64) if bias_grad else None
         sum_dy_x = xp.empty(rows, np.float64) if scale_grad else None
+        # half blobs (mixed precision) sum in float32: numpy's einsum takes no bfloat16,
+        # and its float16 einsum adds in float16
+        sums_in = np.promote_types(dy.dtype, np.float32)
 
         # each block's top diff is read before bottom 0's diff is written: in place they
         # are one array
         def work(r0, r1):
             block = dy[r0:r1]
             if sum_dy is not None:
-                sum_dy[r0:r1] = block.sum(axis=1)
+                sum_dy[r0:r1] = block.sum(axis=1, dtype=sums_in)
             if sum_dy_x is not None:
-                sum_dy_x[r0:r1] = xp.einsum('ij,ij->i', block, x[r0:r1])
+                sum_dy_x[r0:r1] = xp.einsum('ij,ij->i', block, x[r0:r1], dtype=sums_in)
             if dx is not None:
                 xp.multiply(block, per_row[r0:r1], out=dx[r0:r1])
         blocks(xp, rows, inner, work)
