@@ -362,3 +362,35 @@ def test_an_lmdb_cut_short_while_read_names_the_size_it_has_then(tmp_path):
     one_line(message, str(data), 'it ends at byte %d, inside a page' % cut)
     assert str(opened_size) not in message
 
+
+
+def test_a_hold_collected_while_another_prefix_is_taken_lets_go_without_a_deadlock(tmp_path):
+    """A finalizer runs at any allocation, also in the middle of taking a lock (here in the
+    handler of the takeover warning): the collected hold lets go as soon as the lock table
+    is free, where waiting for the table on the same thread never ended."""
+    script = '''
+import gc, logging, os, sys
+sys.path.insert(0, %r)
+from caffe_syncbn.training.prefix_lock import PrefixLock
+folder = sys.argv[1]
+first = [PrefixLock()]
+assert first[0].take(os.path.join(folder, 'a')) is None
+with open(os.path.join(folder, 'b.lock'), 'w') as f:
+    f.write('999999 elsewhere\\n')          # a killed run's file, with no lock on it
+
+
+class CollectOnWarning(logging.Handler):
+    def emit(self, record):
+        first.clear()
+        gc.collect()
+
+
+logging.getLogger('caffe_syncbn').addHandler(CollectOnWarning())
+second = PrefixLock()
+assert second.take(os.path.join(folder, 'b')) is None
+print(sorted(os.listdir(folder)))
+''' % str(ROOT)
+    done = watchdog.run([sys.executable, '-c', script, str(tmp_path)], limit=30,
+                        capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split('\n')[0] == "['b.lock']"

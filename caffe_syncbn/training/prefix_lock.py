@@ -13,6 +13,7 @@ exit) removes the file.
 Solvers of one process share its hold on a prefix (pycaffe scripts build one solver after
 another with one solver file); the file goes when the last of them lets go.
 """
+import collections
 import contextlib
 import errno
 import fcntl
@@ -31,6 +32,10 @@ LOCK_SUFFIX = '.lock'
 #: {lock file path: [open descriptor, holders in this process, owner pid]}
 _HELD = {}
 _TABLE = threading.Lock()
+#: the holds of collected PrefixLocks that found the table in use: a finalizer runs at any
+#: allocation, also inside _take on the same thread (while it logs), where waiting for the
+#: table would never end; they let go as the table is next given back
+_COLLECTED = collections.deque()
 
 
 class PrefixLock:
@@ -40,7 +45,7 @@ class PrefixLock:
 
     def __init__(self):
         self._taken = []                     # the lock file this hold counts in, once taken
-        weakref.finalize(self, _let_go, self._taken)
+        weakref.finalize(self, _let_go_collected, self._taken)
 
     def take(self, prefix):
         """None once this process holds ``prefix``, or the one line saying which process
@@ -71,8 +76,17 @@ def lock_path(prefix):
     return os.path.join(os.path.realpath(folder), name)
 
 
-def _take(path, prefix):
+@contextlib.contextmanager
+def _table():
+    """The table, held; the holds collected meanwhile let go before it is given back."""
     with _TABLE:
+        yield
+        while _COLLECTED:
+            _count_down(_COLLECTED.popleft())
+
+
+def _take(path, prefix):
+    with _table():
         held = _HELD.get(path)
         if held is not None and held[2] == os.getpid():
             held[1] += 1
@@ -122,20 +136,37 @@ def _take(path, prefix):
 def _let_go(taken):
     """Count down the holders of each lock file in ``taken`` (and empty it); the last one
     of this process removes the file."""
-    with _TABLE:
-        for path in taken:
-            held = _HELD.get(path)
-            if held is None or held[2] != os.getpid():     # a forked child holds nothing
-                continue
-            held[1] -= 1
-            if held[1] == 0:
-                del _HELD[path]
-                fd = held[0]
-                if _still_named(fd, path):    # while locked: a run that opened it retries
-                    with contextlib.suppress(OSError):
-                        os.remove(path)
-                os.close(fd)
-        del taken[:]
+    with _table():
+        _count_down(taken)
+
+
+def _let_go_collected(taken):
+    """_let_go for a collected PrefixLock: now if the table is free, else as it is given
+    back (_COLLECTED)."""
+    if not _TABLE.acquire(blocking=False):
+        _COLLECTED.append(taken)
+        return
+    try:
+        _count_down(taken)
+    finally:
+        _TABLE.release()
+
+
+def _count_down(taken):
+    """_let_go's work, with the table held."""
+    for path in taken:
+        held = _HELD.get(path)
+        if held is None or held[2] != os.getpid():     # a forked child holds nothing
+            continue
+        held[1] -= 1
+        if held[1] == 0:
+            del _HELD[path]
+            fd = held[0]
+            if _still_named(fd, path):    # while locked: a run that opened it retries
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            os.close(fd)
+    del taken[:]
 
 
 def _still_named(fd, path):
