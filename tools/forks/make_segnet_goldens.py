@@ -1,0 +1,217 @@
+"""Write tests/fork_golden/segnet/: SegNet's layers as SegNet's own Caffe runs them.
+
+Run with the fork's pycaffe (tools/forks/build_segnet_caffe.sh builds it):
+
+    PYTHONPATH=$HOME/caffe-ref/segnet-caffe/python python3 tools/forks/make_segnet_goldens.py
+
+Each case is a small net (inputs declared with ``input``/``input_shape``, which the fork's
+2015 Caffe reads and has no Input layer for) with fixed weights and inputs from numpy seeds.
+The script writes <case>.prototxt, <case>.npz and, for nets with weights, the fork's own
+<case>.caffemodel; the npz keys are those of ../shared/golden (its README): input/, data/,
+topdiff/, diff/, param/ (the weights set), param_diff/, phase, and fork_commit. Param diffs
+are zeroed before the backward. Naming cases rewrites only those.
+"""
+import os
+import pathlib
+import struct
+import sys
+import zlib
+
+os.environ.setdefault('GLOG_minloglevel', '2')
+
+import caffe  # noqa: E402  (the fork's pycaffe; glog's level is read when it loads)
+import numpy as np  # noqa: E402
+
+OUT = pathlib.Path(__file__).resolve().parents[2] / 'tests' / 'fork_golden' / 'segnet'
+FORK_DIR = pathlib.Path(caffe.__file__).resolve().parents[2]
+
+BN_FILLERS = 'scale_filler { type: "constant" value: 1 } shift_filler { type: "constant" value: 0 }'
+
+
+def inputs_text(shapes):
+    return ''.join('input: "%s"\ninput_shape { %s }\n' % (name, ' '.join('dim: %d' % d for d in shape))
+                   for name, shape in shapes.items())
+
+
+def bn_net(mode, tops):
+    return ('name: "bn_%s"\nforce_backward: true\n' % mode.lower() + inputs_text({'x': (2, 3, 5, 7)})
+            + 'layer { name: "bn" type: "BN" bottom: "x" %s\n  bn_param { bn_mode: %s %s } }\n'
+            % (' '.join('top: "%s"' % t for t in tops), mode, BN_FILLERS))
+
+
+def channel_offsets(rs, shape):
+    """Standard normal values about a mean of a few units per channel, as activations are."""
+    return (rs.standard_normal(shape) * rs.uniform(0.5, 2, (1, shape[1], 1, 1))
+            + rs.uniform(-3, 3, (1, shape[1], 1, 1))).astype(np.float32)
+
+
+def upsample_net(upsample):
+    return ('name: "unpool"\nforce_backward: true\n' + inputs_text({'x': (2, 3, 7, 9)})
+            + 'layer { name: "pool" type: "Pooling" bottom: "x" top: "pooled" top: "mask"\n'
+              '  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }\n'
+              'layer { name: "unpool" type: "Upsample" bottom: "pooled" bottom: "mask" top: "y"\n'
+              '  upsample_param { %s } }\n' % upsample)
+
+
+def loss_net(loss_param):
+    return ('name: "weighted_loss"\nforce_backward: true\n'
+            + inputs_text({'score': (2, 4, 3, 5), 'label': (2, 1, 3, 5)})
+            + 'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "score" bottom: "label" '
+              'top: "loss"\n  loss_param { %s } }\n' % loss_param)
+
+
+def labels(rs, ignore=None):
+    label = rs.randint(0, 4, (2, 1, 3, 5)).astype(np.float32)
+    if ignore is not None:
+        label.flat[[1, 7, 20, 29]] = ignore
+    return label
+
+
+CLASS_WEIGHTS = 'weight_by_label_freqs: true class_weighting: 0.2 class_weighting: 1.5 ' \
+                'class_weighting: 0.7 class_weighting: 3.0'
+
+
+def net_cases():
+    """name -> (prototxt, phase, inputs of a seed, params of a seed or None)."""
+    return {
+        'bn_learn': (bn_net('LEARN', ['y']), 'TRAIN',
+                     lambda rs: {'x': channel_offsets(rs, (2, 3, 5, 7))}, True),
+        'bn_learn_statistics': (bn_net('LEARN', ['y', 'mean', 'var']), 'TEST',
+                                lambda rs: {'x': channel_offsets(rs, (2, 3, 5, 7))}, True),
+        'bn_inference': (bn_net('INFERENCE', ['y']), 'TEST',
+                         lambda rs: {'x': channel_offsets(rs, (2, 3, 5, 7))}, True),
+        'upsample_mask_size': (upsample_net('upsample_h: 7 upsample_w: 9'), 'TRAIN',
+                               lambda rs: {'x': rs.standard_normal((2, 3, 7, 9)).astype(np.float32)},
+                               False),
+        'upsample_mask_scale_pad_out': (upsample_net('scale: 2 pad_out_h: true pad_out_w: true'),
+                                        'TRAIN', lambda rs: {'x': rs.standard_normal(
+                                            (2, 3, 7, 9)).astype(np.float32)}, False),
+        'softmax_loss_class_weighting': (
+            loss_net(CLASS_WEIGHTS), 'TRAIN',
+            lambda rs: {'score': rs.standard_normal((2, 4, 3, 5)).astype(np.float32) * 2,
+                        'label': labels(rs)}, False),
+        'softmax_loss_class_weighting_ignore': (
+            loss_net(CLASS_WEIGHTS + ' ignore_label: 255'), 'TRAIN',
+            lambda rs: {'score': rs.standard_normal((2, 4, 3, 5)).astype(np.float32) * 2,
+                        'label': labels(rs, 255)}, False),
+        'softmax_loss_class_weighting_unnormalized': (
+            loss_net(CLASS_WEIGHTS + ' ignore_label: 255 normalize: false'), 'TRAIN',
+            lambda rs: {'score': rs.standard_normal((2, 4, 3, 5)).astype(np.float32) * 2,
+                        'label': labels(rs, 255)}, False),
+    }
+
+
+def run_net_case(name, text, phase, make_inputs, has_params, seed):
+    rs = np.random.RandomState(seed)
+    (OUT / (name + '.prototxt')).write_text(text)
+    net = caffe.Net(str(OUT / (name + '.prototxt')), getattr(caffe, phase))
+    record = {'phase': np.array(phase), 'fork_commit': np.array(fork_commit())}
+    inputs = make_inputs(rs)
+    if has_params:
+        for layer, blobs in net.params.items():
+            for i, blob in enumerate(blobs):
+                # scale about 1 with both signs present, shift about 0
+                values = rs.uniform(0.5, 1.5, blob.data.shape) * rs.choice([-1, 1], blob.data.shape) \
+                    if i == 0 else rs.standard_normal(blob.data.shape)
+                blob.data[...] = values
+                record['param/%s/%d' % (layer, i)] = blob.data.copy()
+        net.save(str(OUT / (name + '.caffemodel')))
+    for blob_name, values in inputs.items():
+        net.blobs[blob_name].data[...] = values
+        record['input/' + blob_name] = values
+    net.forward()
+    for blob_name, blob in net.blobs.items():
+        record['data/' + blob_name] = blob.data.copy()
+    for layer, blobs in net.params.items():
+        for blob in blobs:
+            blob.diff[...] = 0
+    for blob_name in net.outputs:
+        if blob_name != 'loss':
+            topdiff = rs.standard_normal(net.blobs[blob_name].data.shape).astype(np.float32)
+            net.blobs[blob_name].diff[...] = topdiff
+            record['topdiff/' + blob_name] = topdiff
+    net.backward()
+    for blob_name, blob in net.blobs.items():
+        record['diff/' + blob_name] = blob.diff.copy()
+    for layer, blobs in net.params.items():
+        for i, blob in enumerate(blobs):
+            record['param_diff/%s/%d' % (layer, i)] = blob.diff.copy()
+    np.savez_compressed(OUT / (name + '.npz'), **record)
+
+
+def png(path, image):
+    """An 8-bit PNG of an HxW (gray) or HxWx3 (RGB) uint8 array, without an imaging library."""
+    height, width = image.shape[:2]
+    color = 2 if image.ndim == 3 else 0
+    rows = b''.join(b'\x00' + image[r].tobytes() for r in range(height))
+
+    def chunk(kind, data):
+        return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+    path.write_bytes(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', width, height, 8, color,
+                                                                          0, 0, 0))
+                     + chunk(b'IDAT', zlib.compress(rows, 9)) + chunk(b'IEND', b''))
+
+
+def write_pairs(rs):
+    """Three 7 x 9 RGB images and their label images (classes 0..4), and their list file."""
+    folder = OUT / 'dense'
+    folder.mkdir(exist_ok=True)
+    lines = []
+    for i in range(3):
+        png(folder / ('image%d.png' % i), rs.randint(0, 256, (7, 9, 3)).astype(np.uint8))
+        png(folder / ('label%d.png' % i), rs.randint(0, 5, (7, 9)).astype(np.uint8))
+        lines.append('image%d.png label%d.png\n' % (i, i))
+    (folder / 'pairs.txt').write_text(''.join(lines))
+
+
+def dense_net(param, transform):
+    return ('name: "dense"\nlayer { name: "data" type: "DenseImageData" top: "data" top: "label"\n'
+            '  dense_image_data_param { source: "dense/pairs.txt" root_folder: "dense/" batch_size: 2'
+            ' %s }\n  transform_param { %s } }\n' % (param, transform))
+
+
+DENSE_CASES = {
+    'dense_image_data': dense_net('', 'mean_value: 104 mean_value: 117 mean_value: 123 scale: 0.5'),
+    'dense_image_data_resized': dense_net('new_height: 5 new_width: 6', ''),
+}
+
+
+def run_dense_case(name, text):
+    """Two batches of two from three pairs: the second wraps round to the first pair."""
+    (OUT / (name + '.prototxt')).write_text(text)
+    cwd = os.getcwd()
+    os.chdir(OUT)               # the list and its root folder are relative to this folder
+    try:
+        net = caffe.Net(name + '.prototxt', caffe.TEST)
+        record = {'phase': np.array('TEST'), 'fork_commit': np.array(fork_commit())}
+        for batch in range(2):
+            net.forward()
+            for blob_name in ('data', 'label'):
+                record['batch%d/%s' % (batch, blob_name)] = net.blobs[blob_name].data.copy()
+        del net                 # joins the prefetch thread before the folder changes back
+    finally:
+        os.chdir(cwd)
+    np.savez_compressed(OUT / (name + '.npz'), **record)
+
+
+def fork_commit():
+    return (FORK_DIR / 'FORK_COMMIT').read_text().strip()
+
+
+def main(wanted):
+    OUT.mkdir(parents=True, exist_ok=True)
+    caffe.set_mode_cpu()
+    for name, case in net_cases().items():
+        if not wanted or name in wanted:
+            run_net_case(name, *case, seed=zlib.crc32(name.encode()))
+            print('wrote', name)
+    if not wanted or set(wanted) & set(DENSE_CASES):
+        write_pairs(np.random.RandomState(100))
+        for name, text in DENSE_CASES.items():
+            if not wanted or name in wanted:
+                run_dense_case(name, text)
+                print('wrote', name)
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
