@@ -13,28 +13,20 @@ are zeroed before the backward. Naming cases rewrites only those.
 """
 import os
 import pathlib
-import struct
 import sys
 import zlib
 
-os.environ.setdefault('GLOG_minloglevel', '2')
-
-import caffe  # noqa: E402  (the fork's pycaffe; glog's level is read when it loads)
-import numpy as np  # noqa: E402
+from fork_goldens import caffe, fork_commit, inputs_text, png, run_net_case
+import numpy as np
 
 OUT = pathlib.Path(__file__).resolve().parents[2] / 'tests' / 'fork_golden' / 'segnet'
-FORK_DIR = pathlib.Path(caffe.__file__).resolve().parents[2]
 
 BN_FILLERS = 'scale_filler { type: "constant" value: 1 } shift_filler { type: "constant" value: 0 }'
 
 
-def inputs_text(shapes):
-    return ''.join('input: "%s"\ninput_shape { %s }\n' % (name, ' '.join('dim: %d' % d for d in shape))
-                   for name, shape in shapes.items())
-
-
 def bn_net(mode, tops):
-    return ('name: "bn_%s"\nforce_backward: true\n' % mode.lower() + inputs_text({'x': (2, 3, 5, 7)})
+    return ('name: "bn_%s"\nforce_backward: true\n' % mode.lower()
+            + inputs_text({'x': (2, 3, 5, 7)})
             + 'layer { name: "bn" type: "BN" bottom: "x" %s\n  bn_param { bn_mode: %s %s } }\n'
             % (' '.join('top: "%s"' % t for t in tops), mode, BN_FILLERS))
 
@@ -60,11 +52,23 @@ def loss_net(loss_param):
               'top: "loss"\n  loss_param { %s } }\n' % loss_param)
 
 
-def labels(rs, ignore=None):
-    label = rs.randint(0, 4, (2, 1, 3, 5)).astype(np.float32)
-    if ignore is not None:
-        label.flat[[1, 7, 20, 29]] = ignore
-    return label
+def bn_input(rs):
+    return {'x': channel_offsets(rs, (2, 3, 5, 7))}
+
+
+def unpool_input(rs):
+    return {'x': rs.standard_normal((2, 3, 7, 9)).astype(np.float32)}
+
+
+def scores_and_labels(ignore=None):
+    """Scores of 4 classes and labels 0..3, four of them ``ignore`` when given."""
+    def make(rs):
+        score = rs.standard_normal((2, 4, 3, 5)).astype(np.float32) * 2
+        label = rs.randint(0, 4, (2, 1, 3, 5)).astype(np.float32)
+        if ignore is not None:
+            label.flat[[1, 7, 20, 29]] = ignore
+        return {'score': score, 'label': label}
+    return make
 
 
 CLASS_WEIGHTS = 'weight_by_label_freqs: true class_weighting: 0.2 class_weighting: 1.5 ' \
@@ -72,84 +76,31 @@ CLASS_WEIGHTS = 'weight_by_label_freqs: true class_weighting: 0.2 class_weightin
 
 
 def net_cases():
-    """name -> (prototxt, phase, inputs of a seed, params of a seed or None)."""
+    """name -> (prototxt, phase, inputs of a RandomState, whether it has weights)."""
     return {
-        'bn_learn': (bn_net('LEARN', ['y']), 'TRAIN',
-                     lambda rs: {'x': channel_offsets(rs, (2, 3, 5, 7))}, True),
-        'bn_learn_statistics': (bn_net('LEARN', ['y', 'mean', 'var']), 'TEST',
-                                lambda rs: {'x': channel_offsets(rs, (2, 3, 5, 7))}, True),
-        'bn_inference': (bn_net('INFERENCE', ['y']), 'TEST',
-                         lambda rs: {'x': channel_offsets(rs, (2, 3, 5, 7))}, True),
+        'bn_learn': (bn_net('LEARN', ['y']), 'TRAIN', bn_input, True),
+        'bn_learn_statistics': (bn_net('LEARN', ['y', 'mean', 'var']), 'TEST', bn_input, True),
+        'bn_inference': (bn_net('INFERENCE', ['y']), 'TEST', bn_input, True),
         'upsample_mask_size': (upsample_net('upsample_h: 7 upsample_w: 9'), 'TRAIN',
-                               lambda rs: {'x': rs.standard_normal((2, 3, 7, 9)).astype(np.float32)},
-                               False),
+                               unpool_input, False),
         'upsample_mask_scale_pad_out': (upsample_net('scale: 2 pad_out_h: true pad_out_w: true'),
-                                        'TRAIN', lambda rs: {'x': rs.standard_normal(
-                                            (2, 3, 7, 9)).astype(np.float32)}, False),
-        'softmax_loss_class_weighting': (
-            loss_net(CLASS_WEIGHTS), 'TRAIN',
-            lambda rs: {'score': rs.standard_normal((2, 4, 3, 5)).astype(np.float32) * 2,
-                        'label': labels(rs)}, False),
+                                        'TRAIN', unpool_input, False),
+        'softmax_loss_class_weighting': (loss_net(CLASS_WEIGHTS), 'TRAIN', scores_and_labels(),
+                                         False),
         'softmax_loss_class_weighting_ignore': (
-            loss_net(CLASS_WEIGHTS + ' ignore_label: 255'), 'TRAIN',
-            lambda rs: {'score': rs.standard_normal((2, 4, 3, 5)).astype(np.float32) * 2,
-                        'label': labels(rs, 255)}, False),
+            loss_net(CLASS_WEIGHTS + ' ignore_label: 255'), 'TRAIN', scores_and_labels(255),
+            False),
         'softmax_loss_class_weighting_unnormalized': (
             loss_net(CLASS_WEIGHTS + ' ignore_label: 255 normalize: false'), 'TRAIN',
-            lambda rs: {'score': rs.standard_normal((2, 4, 3, 5)).astype(np.float32) * 2,
-                        'label': labels(rs, 255)}, False),
+            scores_and_labels(255), False),
     }
 
 
-def run_net_case(name, text, phase, make_inputs, has_params, seed):
-    rs = np.random.RandomState(seed)
-    (OUT / (name + '.prototxt')).write_text(text)
-    net = caffe.Net(str(OUT / (name + '.prototxt')), getattr(caffe, phase))
-    record = {'phase': np.array(phase), 'fork_commit': np.array(fork_commit())}
-    inputs = make_inputs(rs)
-    if has_params:
-        for layer, blobs in net.params.items():
-            for i, blob in enumerate(blobs):
-                # scale about 1 with both signs present, shift about 0
-                values = rs.uniform(0.5, 1.5, blob.data.shape) * rs.choice([-1, 1], blob.data.shape) \
-                    if i == 0 else rs.standard_normal(blob.data.shape)
-                blob.data[...] = values
-                record['param/%s/%d' % (layer, i)] = blob.data.copy()
-        net.save(str(OUT / (name + '.caffemodel')))
-    for blob_name, values in inputs.items():
-        net.blobs[blob_name].data[...] = values
-        record['input/' + blob_name] = values
-    net.forward()
-    for blob_name, blob in net.blobs.items():
-        record['data/' + blob_name] = blob.data.copy()
-    for layer, blobs in net.params.items():
-        for blob in blobs:
-            blob.diff[...] = 0
-    for blob_name in net.outputs:
-        if blob_name != 'loss':
-            topdiff = rs.standard_normal(net.blobs[blob_name].data.shape).astype(np.float32)
-            net.blobs[blob_name].diff[...] = topdiff
-            record['topdiff/' + blob_name] = topdiff
-    net.backward()
-    for blob_name, blob in net.blobs.items():
-        record['diff/' + blob_name] = blob.diff.copy()
-    for layer, blobs in net.params.items():
-        for i, blob in enumerate(blobs):
-            record['param_diff/%s/%d' % (layer, i)] = blob.diff.copy()
-    np.savez_compressed(OUT / (name + '.npz'), **record)
-
-
-def png(path, image):
-    """An 8-bit PNG of an HxW (gray) or HxWx3 (RGB) uint8 array, without an imaging library."""
-    height, width = image.shape[:2]
-    color = 2 if image.ndim == 3 else 0
-    rows = b''.join(b'\x00' + image[r].tobytes() for r in range(height))
-
-    def chunk(kind, data):
-        return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
-    path.write_bytes(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', width, height, 8, color,
-                                                                          0, 0, 0))
-                     + chunk(b'IDAT', zlib.compress(rows, 9)) + chunk(b'IEND', b''))
+def bn_params(rs, index, shape):
+    """Scale about 1 with both signs present, shift about 0."""
+    if index == 0:
+        return rs.uniform(0.5, 1.5, shape) * rs.choice([-1, 1], shape)
+    return rs.standard_normal(shape)
 
 
 def write_pairs(rs):
@@ -166,7 +117,8 @@ def write_pairs(rs):
 
 def dense_net(param, transform):
     return ('name: "dense"\nlayer { name: "data" type: "DenseImageData" top: "data" top: "label"\n'
-            '  dense_image_data_param { source: "dense/pairs.txt" root_folder: "dense/" batch_size: 2'
+            '  dense_image_data_param { source: "dense/pairs.txt" root_folder: "dense/"'
+            ' batch_size: 2'
             ' %s }\n  transform_param { %s } }\n' % (param, transform))
 
 
@@ -194,16 +146,14 @@ def run_dense_case(name, text):
     np.savez_compressed(OUT / (name + '.npz'), **record)
 
 
-def fork_commit():
-    return (FORK_DIR / 'FORK_COMMIT').read_text().strip()
-
-
 def main(wanted):
     OUT.mkdir(parents=True, exist_ok=True)
     caffe.set_mode_cpu()
     for name, case in net_cases().items():
         if not wanted or name in wanted:
-            run_net_case(name, *case, seed=zlib.crc32(name.encode()))
+            text, phase, make_inputs, has_params = case
+            run_net_case(OUT, name, text, phase, [make_inputs], zlib.crc32(name.encode()),
+                         bn_params if has_params else None)
             print('wrote', name)
     if not wanted or set(wanted) & set(DENSE_CASES):
         write_pairs(np.random.RandomState(100))

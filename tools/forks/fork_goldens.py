@@ -1,0 +1,89 @@
+"""What the forks' golden scripts share (make_segnet_goldens.py, make_deeplab_goldens.py): the
+nets' input lines, one net case run through the fork's pycaffe and written as npz, a PNG
+writer and the fork's commit. Import it after the fork's ``caffe`` is on the path."""
+import os
+import pathlib
+import struct
+import zlib
+
+os.environ.setdefault('GLOG_minloglevel', '2')
+
+import caffe  # noqa: E402  (the fork's pycaffe; glog's level is read when it loads)
+import numpy as np  # noqa: E402
+
+FORK_DIR = pathlib.Path(caffe.__file__).resolve().parents[2]
+
+
+def fork_commit():
+    """The commit the build script wrote beside the fork's source."""
+    return (FORK_DIR / 'FORK_COMMIT').read_text().strip()
+
+
+def inputs_text(shapes):
+    """``input`` / ``input_shape`` lines: the forks' Caffe predates the Input layer."""
+    return ''.join('input: "%s"\ninput_shape { %s }\n'
+                   % (name, ' '.join('dim: %d' % d for d in shape))
+                   for name, shape in shapes.items())
+
+
+def run_net_case(out, name, text, phase, make_inputs, seed, param_values=None):
+    """Write <name>.prototxt, .npz (the keys of ../shared/golden's README) and, with
+    ``param_values(rs, index, shape)``, the fork's <name>.caffemodel. ``make_inputs`` is a
+    list of functions of a RandomState that give the input dicts, one per forward, drawn
+    first; the forwards before the last are recorded as
+    forward<k>/input/ and forward<k>/data/ (for layers that keep state over forwards). The
+    backward runs, from standard normal top diffs on every output but a loss, when the net
+    forces it."""
+    rs = np.random.RandomState(seed)
+    inputs = [make(rs) for make in make_inputs]
+    (out / (name + '.prototxt')).write_text(text)
+    net = caffe.Net(str(out / (name + '.prototxt')), getattr(caffe, phase))
+    record = {'phase': np.array(phase), 'fork_commit': np.array(fork_commit())}
+    if param_values is not None:
+        for layer, blobs in net.params.items():
+            for i, blob in enumerate(blobs):
+                blob.data[...] = param_values(rs, i, blob.data.shape)
+                record['param/%s/%d' % (layer, i)] = blob.data.copy()
+        net.save(str(out / (name + '.caffemodel')))
+    for k, forward_inputs in enumerate(inputs):
+        prefix = '' if k == len(inputs) - 1 else 'forward%d/' % k
+        for blob_name, values in forward_inputs.items():
+            net.blobs[blob_name].data[...] = values
+            record[prefix + 'input/' + blob_name] = values
+        net.forward()
+        for blob_name, blob in net.blobs.items():
+            record[prefix + 'data/' + blob_name] = blob.data.copy()
+    if 'force_backward: true' in text:
+        backward(net, rs, record)
+    np.savez_compressed(out / (name + '.npz'), **record)
+
+
+def backward(net, rs, record):
+    for layer, blobs in net.params.items():
+        for blob in blobs:
+            blob.diff[...] = 0
+    for blob_name in net.outputs:
+        if blob_name != 'loss':
+            topdiff = rs.standard_normal(net.blobs[blob_name].data.shape).astype(np.float32)
+            net.blobs[blob_name].diff[...] = topdiff
+            record['topdiff/' + blob_name] = topdiff
+    net.backward()
+    for blob_name, blob in net.blobs.items():
+        record['diff/' + blob_name] = blob.diff.copy()
+    for layer, blobs in net.params.items():
+        for i, blob in enumerate(blobs):
+            record['param_diff/%s/%d' % (layer, i)] = blob.diff.copy()
+
+
+def png(path, image):
+    """An 8-bit PNG of an HxW (gray) or HxWx3 (RGB) uint8 array, without an imaging library."""
+    height, width = image.shape[:2]
+    color = 2 if image.ndim == 3 else 0
+    rows = b''.join(b'\x00' + image[r].tobytes() for r in range(height))
+
+    def chunk(kind, data):
+        return (struct.pack('>I', len(data)) + kind + data
+                + struct.pack('>I', zlib.crc32(kind + data)))
+    header = struct.pack('>IIBBBBB', width, height, 8, color, 0, 0, 0)
+    path.write_bytes(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header)
+                     + chunk(b'IDAT', zlib.compress(rows, 9)) + chunk(b'IEND', b''))
