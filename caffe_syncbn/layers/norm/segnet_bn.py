@@ -112,8 +112,8 @@ class SegNetBN(ChannelNorm):
         return diff
 
     def add_statistics_gradient(self, dx3, statistics_diff):
-        # over the M values of a channel, d mean / dx = 1 / M and d var / dx = 2 x_hat / (inv_std M):
-        # the engine's input gradient of a zero top diff at unit scale with these sums, which
+        # over the M values of a channel, d mean / dx = 1 / M and
+        # d var / dx = 2 x_hat / (inv_std M): the engine's input gradient of a zero top diff at unit scale with these sums, which
         # finds x_hat wherever its engine keeps it
         d_mean, d_var = statistics_diff
         xp = self.xp
