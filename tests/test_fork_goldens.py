@@ -1,10 +1,11 @@
-"""SegNet's layers held to SegNet's own Caffe: the goldens of tests/fork_golden/segnet (its
-README.md: how tools/forks/ made them) replayed through a Net from the same prototxt, the
-fork's caffemodel and the same inputs, and each case's layer alone on every engine, forward
-and backward at float32 tolerances. The fork's gradients are themselves held to central
-differences in float64 (through our Net, whose forward the replay holds to the fork's): where
-one were not the true gradient, FORK_GRADIENT_IS_WRONG would name the case, its replay would
-hold ours to the finite differences instead, and docs/fork-layers.md would say so."""
+"""The segmentation forks' layers held to the forks' own Caffe: the goldens of
+tests/fork_golden (SegNet's and DeepLab v2's; each folder's README.md: how tools/forks/ made
+them) replayed through a Net from the same prototxt, the fork's caffemodel and the same inputs,
+and each case's layer alone on every engine, forward and backward at float32 tolerances. The
+forks' gradients are themselves held to central differences in float64 (through our Net, whose
+forward the replay holds to the fork's): where one is not the true gradient,
+FORK_GRADIENT_IS_WRONG names the case, its replays hold ours to the finite differences
+instead, and docs/fork-layers.md says so."""
 import pathlib
 
 import numpy as np
@@ -17,25 +18,38 @@ from caffe_syncbn.layer import TEST, TRAIN
 from caffe_syncbn.testing import numeric_gradient
 from helpers.paths import require
 
-SEGNET = pathlib.Path(__file__).parent / 'fork_golden' / 'segnet'
+FORK_GOLDEN = pathlib.Path(__file__).parent / 'fork_golden'
 RTOL, ATOL = 1e-4, 1e-5
 #: cases whose fork backward is not the gradient of its forward (test_the_forks_gradient_is_
-#: the_true_one finds out): the fork's BN drops the diffs of its batch mean and variance tops
-FORK_GRADIENT_IS_WRONG = {'bn_learn_statistics'}
+#: the_true_one finds out): SegNet's BN drops the diffs of its batch mean and variance tops
+FORK_GRADIENT_IS_WRONG = {'segnet/bn_learn_statistics'}
 #: blobs that are indices, not values: no gradient flows into them, and none is checked
 INDEX_BLOBS = {'label', 'mask'}
 
 
 def cases(kind):
-    names = sorted(p.stem for p in SEGNET.glob('*.prototxt'))
-    return [n for n in names if n.startswith('dense_image_data') == (kind == 'data')] \
-        or ['<no golden data>']
+    """'<fork>/<case>' of every golden: 'data' (data layers' batches), 'net' (the others), or
+    'backward' (those that ran a backward)."""
+    names = []
+    for path in sorted(FORK_GOLDEN.glob('*/*.prototxt')):
+        name = '%s/%s' % (path.parent.name, path.stem)
+        is_data = path.stem.startswith('dense_image_data')
+        if kind == 'data' and is_data or kind == 'net' and not is_data or \
+                kind == 'backward' and ('force_backward: true' in path.read_text()
+                                        or 'Loss"' in path.read_text()):
+            names.append(name)
+    return names or ['<no golden data>']
 
 
 def load(name):
-    require(SEGNET / (name + '.npz'))
-    ref = np.load(SEGNET / (name + '.npz'))
+    require(FORK_GOLDEN / (name + '.npz'))
+    ref = np.load(FORK_GOLDEN / (name + '.npz'))
     return ref, TRAIN if str(ref['phase']) == 'TRAIN' else TEST
+
+
+def earlier_forwards(ref):
+    """The prefixes of the forwards recorded before the last (forward0/, ...)."""
+    return sorted({k.split('/', 1)[0] for k in ref.files if k.startswith('forward')})
 
 
 def close(actual, expected, what):
@@ -49,7 +63,7 @@ def close(actual, expected, what):
 
 
 def keys(ref, kind):
-    return {k.split('/', 1)[1]: ref[k] for k in ref.files if k.startswith(kind + '/')}
+    return {k[len(kind) + 1:]: ref[k] for k in ref.files if k.startswith(kind + '/')}
 
 
 def set_params(net, params):
@@ -76,7 +90,7 @@ def fork_gradients(ref):
 def finite_differences(name, ref, phase):
     """Central differences in float64 of sum(top diff * output) through our Net, for every
     array fork_gradients names."""
-    net = caffe.Net(str(SEGNET / (name + '.prototxt')), phase, dtype=np.float64)
+    net = caffe.Net(str(FORK_GOLDEN / (name + '.prototxt')), phase, dtype=np.float64)
     set_params(net, keys(ref, 'param'))
     inputs = {k: v.astype(np.float64) for k, v in keys(ref, 'input').items()}
     weights = objective_weights(net, ref)
@@ -96,21 +110,29 @@ def finite_differences(name, ref, phase):
     return numeric
 
 
+def has_backward(ref):
+    return any(k.startswith('diff/') for k in ref.files)
+
+
 @pytest.mark.parametrize('name', cases('net'))
 def test_net_replays_the_fork(name, monkeypatch):
-    """The whole net from the prototxt and the fork's own caffemodel: every blob forward,
-    every diff and param diff backward."""
+    """The whole net from the prototxt and the fork's own caffemodel: every blob of every
+    forward, then every diff and param diff of the backward."""
     ref, phase = load(name)
-    monkeypatch.chdir(SEGNET)
-    weights = name + '.caffemodel'
-    net = caffe.Net(name + '.prototxt', phase,
-                    weights=weights if (SEGNET / weights).exists() else None)
+    folder, case = (FORK_GOLDEN / name).parent, (FORK_GOLDEN / name).name
+    monkeypatch.chdir(folder)
+    weights = case + '.caffemodel'
+    net = caffe.Net(case + '.prototxt', phase,
+                    weights=weights if (folder / weights).exists() else None)
     for key, values in keys(ref, 'param').items():
         layer, index = key.rsplit('/', 1)
         close(net.params[layer][int(index)].data, values, 'param/' + key + ' from the caffemodel')
-    net.forward(**keys(ref, 'input'))
-    for blob, values in keys(ref, 'data').items():
-        close(net.blobs[blob].data, values, 'data/' + blob)
+    for prefix in earlier_forwards(ref) + ['']:
+        net.forward(**keys(ref, prefix + 'input'))
+        for blob, values in keys(ref, prefix + 'data').items():
+            close(net.blobs[blob].data, values, prefix + 'data/' + blob)
+    if not has_backward(ref):
+        return
     net.clear_param_diffs()
     for blob, values in keys(ref, 'topdiff').items():
         net.blobs[blob].diff[...] = net.context.xp.asarray(values)
@@ -128,7 +150,7 @@ def test_net_replays_the_fork(name, monkeypatch):
         close(got, values.astype(np.float32), '%s diff %s' % (kind, key))
 
 
-@pytest.mark.parametrize('name', cases('net'))
+@pytest.mark.parametrize('name', cases('backward'))
 def test_the_forks_gradient_is_the_true_one(name):
     """The fork's backward against central differences of its forward (our Net in float64,
     which the replay holds to the fork's forward), at float32's precision."""
@@ -144,21 +166,29 @@ def test_the_forks_gradient_is_the_true_one(name):
 
 @pytest.mark.parametrize('name', cases('net'))
 def test_layer_replays_the_fork_on_every_engine(name, engine):
-    """The case's last layer alone, fed the fork's bottoms and top diffs, on each engine
-    (against finite differences where the fork's gradient is not the true one)."""
+    """The case's last layer alone, fed the fork's bottoms of every forward and its top diffs,
+    on each engine (against finite differences where the fork's gradient is not the true
+    one)."""
     ref, phase = load(name)
-    net_param = text_format.Parse((SEGNET / (name + '.prototxt')).read_text(),
+    net_param = text_format.Parse((FORK_GOLDEN / (name + '.prototxt')).read_text(),
                                   caffe_pb2.NetParameter())
     param = net_param.layer[-1]
-    data = keys(ref, 'data')
+    forwards = earlier_forwards(ref) + ['']
+    data = keys(ref, forwards[0] + 'data')
     layer, bottom, top = engine.build(param, [data[b] for b in param.bottom], phase=phase,
                                       dtype=np.float32)
     xp = engine.xp
     for i, blob in enumerate(layer.blobs):
         blob.data[...] = xp.asarray(ref['param/%s/%d' % (param.name, i)])
-    engine.forward(layer, bottom, top)
-    for blob, top_name in zip(top, param.top):
-        close(engine.host(blob.data), data[top_name], 'data/' + top_name)
+    for prefix in forwards:
+        data = keys(ref, prefix + 'data')
+        for blob, bottom_name in zip(bottom, param.bottom):
+            blob.data[...] = xp.asarray(data[bottom_name])
+        engine.forward(layer, bottom, top)
+        for blob, top_name in zip(top, param.top):
+            close(engine.host(blob.data), data[top_name], prefix + 'data/' + top_name)
+    if not has_backward(ref):
+        return
     for blob, top_name in zip(top, param.top):
         diff = ref['topdiff/' + top_name] if 'topdiff/' + top_name in ref.files \
             else np.ones_like(data[top_name])
@@ -183,8 +213,8 @@ def test_dense_image_data_reads_as_the_fork(name, monkeypatch):
     """Two batches of two from three image and label pairs, the second wrapping round to the
     first pair, as the fork's DenseImageData read them."""
     ref, phase = load(name)
-    monkeypatch.chdir(SEGNET)
-    net = caffe.Net(name + '.prototxt', phase)
+    monkeypatch.chdir((FORK_GOLDEN / name).parent)
+    net = caffe.Net((FORK_GOLDEN / name).name + '.prototxt', phase)
     for batch in range(2):
         net.forward()
         for blob in ('data', 'label'):
