@@ -49,7 +49,7 @@ def load(name):
 
 def earlier_forwards(ref):
     """The prefixes of the forwards recorded before the last (forward0/, ...)."""
-    return sorted({k.split('/', 1)[0] for k in ref.files if k.startswith('forward')})
+    return sorted({k.split('/', 1)[0] + '/' for k in ref.files if k.startswith('forward')})
 
 
 def close(actual, expected, what):
