@@ -1,6 +1,7 @@
 """What the forks' golden scripts share (make_segnet_goldens.py, make_deeplab_goldens.py): the
-nets' input lines, one net case run through the fork's pycaffe and written as npz, a PNG
-writer and the fork's commit. Import it after the fork's ``caffe`` is on the path."""
+nets' input lines, one net case or data layer case run through the fork's pycaffe and written
+as npz, image and label files, and the fork's commit. Import it after the fork's ``caffe`` is
+on the path."""
 import os
 import pathlib
 import struct
@@ -87,3 +88,34 @@ def png(path, image):
     header = struct.pack('>IIBBBBB', width, height, 8, color, 0, 0, 0)
     path.write_bytes(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header)
                      + chunk(b'IDAT', zlib.compress(rows, 9)) + chunk(b'IEND', b''))
+
+
+def write_pairs(folder, rs):
+    """Three 7 x 9 RGB images and their label images (classes 0..4), and their list file
+    pairs.txt."""
+    folder.mkdir(exist_ok=True)
+    lines = []
+    for i in range(3):
+        png(folder / ('image%d.png' % i), rs.randint(0, 256, (7, 9, 3)).astype(np.uint8))
+        png(folder / ('label%d.png' % i), rs.randint(0, 5, (7, 9)).astype(np.uint8))
+        lines.append('image%d.png label%d.png\n' % (i, i))
+    (folder / 'pairs.txt').write_text(''.join(lines))
+
+
+def run_data_case(out, name, text, tops, batches=2):
+    """A data layer's net in TEST: ``tops`` of each of ``batches`` forwards, as
+    batch<k>/<top> (with three pairs and batches of two, the second wraps round)."""
+    (out / (name + '.prototxt')).write_text(text)
+    cwd = os.getcwd()
+    os.chdir(out)               # the list and its root folder are relative to this folder
+    try:
+        net = caffe.Net(name + '.prototxt', caffe.TEST)
+        record = {'phase': np.array('TEST'), 'fork_commit': np.array(fork_commit())}
+        for batch in range(batches):
+            net.forward()
+            for blob_name in tops:
+                record['batch%d/%s' % (batch, blob_name)] = net.blobs[blob_name].data.copy()
+        del net                 # joins the prefetch thread before the folder changes back
+    finally:
+        os.chdir(cwd)
+    np.savez_compressed(out / (name + '.npz'), **record)

@@ -1,5 +1,5 @@
-"""Write tests/fork_golden/deeplab/: DeepLab v2's Interp and SegAccuracy as DeepLab's own
-Caffe runs them.
+"""Write tests/fork_golden/deeplab/: DeepLab v2's Interp, SegAccuracy and ImageSegData as
+DeepLab's own Caffe runs them.
 
 Run with the fork's pycaffe (tools/forks/build_deeplab_caffe.sh builds it):
 
@@ -13,7 +13,7 @@ import pathlib
 import sys
 import zlib
 
-from fork_goldens import caffe, inputs_text, run_net_case
+from fork_goldens import caffe, inputs_text, run_data_case, run_net_case, write_pairs
 import numpy as np
 
 OUT = pathlib.Path(__file__).resolve().parents[2] / 'tests' / 'fork_golden' / 'deeplab'
@@ -68,6 +68,22 @@ def net_cases():
     }
 
 
+def seg_data_net(param, transform):
+    return ('name: "seg_data"\nlayer { name: "data" type: "ImageSegData" top: "data" top: "label"'
+            ' top: "data_dim"\n  image_data_param { source: "pairs/pairs.txt" root_folder: "pairs/"'
+            ' label_type: PIXEL batch_size: 2 %s }\n  transform_param { %s } }\n'
+            % (param, transform))
+
+
+MEAN = 'mean_value: 104 mean_value: 117 mean_value: 123'
+#: TEST's crops are centred and nothing is mirrored: the fork draws nothing
+DATA_CASES = {
+    'image_seg_data_padded': seg_data_net('ignore_label: 250', MEAN + ' crop_size: 10 scale: 0.5'),
+    'image_seg_data_cropped': seg_data_net('', MEAN + ' crop_height: 4 crop_width: 6'),
+    'image_seg_data_resized': seg_data_net('new_height: 5 new_width: 6', ''),
+}
+
+
 def main(wanted):
     OUT.mkdir(parents=True, exist_ok=True)
     caffe.set_mode_cpu()
@@ -75,6 +91,12 @@ def main(wanted):
         if not wanted or name in wanted:
             run_net_case(OUT, name, text, phase, make_inputs, zlib.crc32(name.encode()))
             print('wrote', name)
+    if not wanted or set(wanted) & set(DATA_CASES):
+        write_pairs(OUT / 'pairs', np.random.RandomState(200))
+        for name, text in DATA_CASES.items():
+            if not wanted or name in wanted:
+                run_data_case(OUT, name, text, ('data', 'label', 'data_dim'))
+                print('wrote', name)
 
 
 if __name__ == '__main__':

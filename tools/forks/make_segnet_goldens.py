@@ -11,12 +11,11 @@ The script writes <case>.prototxt, <case>.npz and, for nets with weights, the fo
 topdiff/, diff/, param/ (the weights set), param_diff/, phase, and fork_commit. Param diffs
 are zeroed before the backward. Naming cases rewrites only those.
 """
-import os
 import pathlib
 import sys
 import zlib
 
-from fork_goldens import caffe, fork_commit, inputs_text, png, run_net_case
+from fork_goldens import caffe, inputs_text, run_data_case, run_net_case, write_pairs
 import numpy as np
 
 OUT = pathlib.Path(__file__).resolve().parents[2] / 'tests' / 'fork_golden' / 'segnet'
@@ -103,18 +102,6 @@ def bn_params(rs, index, shape):
     return rs.standard_normal(shape)
 
 
-def write_pairs(rs):
-    """Three 7 x 9 RGB images and their label images (classes 0..4), and their list file."""
-    folder = OUT / 'dense'
-    folder.mkdir(exist_ok=True)
-    lines = []
-    for i in range(3):
-        png(folder / ('image%d.png' % i), rs.randint(0, 256, (7, 9, 3)).astype(np.uint8))
-        png(folder / ('label%d.png' % i), rs.randint(0, 5, (7, 9)).astype(np.uint8))
-        lines.append('image%d.png label%d.png\n' % (i, i))
-    (folder / 'pairs.txt').write_text(''.join(lines))
-
-
 def dense_net(param, transform):
     return ('name: "dense"\nlayer { name: "data" type: "DenseImageData" top: "data" top: "label"\n'
             '  dense_image_data_param { source: "dense/pairs.txt" root_folder: "dense/"'
@@ -128,24 +115,6 @@ DENSE_CASES = {
 }
 
 
-def run_dense_case(name, text):
-    """Two batches of two from three pairs: the second wraps round to the first pair."""
-    (OUT / (name + '.prototxt')).write_text(text)
-    cwd = os.getcwd()
-    os.chdir(OUT)               # the list and its root folder are relative to this folder
-    try:
-        net = caffe.Net(name + '.prototxt', caffe.TEST)
-        record = {'phase': np.array('TEST'), 'fork_commit': np.array(fork_commit())}
-        for batch in range(2):
-            net.forward()
-            for blob_name in ('data', 'label'):
-                record['batch%d/%s' % (batch, blob_name)] = net.blobs[blob_name].data.copy()
-        del net                 # joins the prefetch thread before the folder changes back
-    finally:
-        os.chdir(cwd)
-    np.savez_compressed(OUT / (name + '.npz'), **record)
-
-
 def main(wanted):
     OUT.mkdir(parents=True, exist_ok=True)
     caffe.set_mode_cpu()
@@ -156,10 +125,10 @@ def main(wanted):
                          bn_params if has_params else None)
             print('wrote', name)
     if not wanted or set(wanted) & set(DENSE_CASES):
-        write_pairs(np.random.RandomState(100))
+        write_pairs(OUT / 'dense', np.random.RandomState(100))
         for name, text in DENSE_CASES.items():
             if not wanted or name in wanted:
-                run_dense_case(name, text)
+                run_data_case(OUT, name, text, ('data', 'label'))
                 print('wrote', name)
 
 
