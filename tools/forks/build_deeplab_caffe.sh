@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build DeepLab v2's Caffe (github DrSleep/deeplab-public-ver2, a11f8a26, 2016-11-29: aquariusjay's
 # deeplab-public-ver2 to July 2016) CPU-only, OpenBLAS, pycaffe for Python 3, on Debian 12 (bookworm): the
-# reference of DeepLab's layers (Interp, SegAccuracy, ImageSegData) for tests/fork_golden/deeplab/. About 12 min on 2
-# busy cores (only the caffe library, the caffe tool and pycaffe are built).
+# reference of DeepLab's layers (Interp, SegAccuracy, ImageSegData) for tests/fork_golden/deeplab/. About
+# 12 min on 2 busy cores (only the caffe library, the caffe tool and pycaffe are built).
 #
 # Usage:
 #   1. mirror it with the search tool's fetch, source "github:DrSleep/deeplab-public-ver2": a bare git dir.
