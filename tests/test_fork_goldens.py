@@ -7,6 +7,7 @@ forward the replay holds to the fork's): where one is not the true gradient,
 FORK_GRADIENT_IS_WRONG names the case, its replays hold ours to the finite differences
 instead, and docs/fork-layers.md says so."""
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -27,17 +28,23 @@ FORK_GRADIENT_IS_WRONG = {'segnet/bn_learn_statistics'}
 INDEX_BLOBS = {'label', 'mask'}
 
 
+def kind_of(text):
+    if 'input:' not in text:
+        return 'data'           # a data layer feeds the net: its batches are recorded
+    if 'type: "MatWrite"' in text:
+        return 'files'          # its files are recorded
+    return 'net'
+
+
 def cases(kind):
-    """'<fork>/<case>' of every golden: 'data' (data layers' batches), 'net' (the others), or
-    'backward' (those that ran a backward)."""
+    """'<fork>/<case>' of every golden: 'data' (data layers' batches), 'files' (MatWrite's
+    files), 'net' (the others), or 'backward' (those that ran a backward)."""
     names = []
     for path in sorted(FORK_GOLDEN.glob('*/*.prototxt')):
-        name = '%s/%s' % (path.parent.name, path.stem)
-        is_data = 'input:' not in path.read_text()       # a data layer feeds the net
-        if kind == 'data' and is_data or kind == 'net' and not is_data or \
-                kind == 'backward' and ('force_backward: true' in path.read_text()
-                                        or 'Loss"' in path.read_text()):
-            names.append(name)
+        text = path.read_text()
+        if kind == kind_of(text) or kind == 'backward' and ('force_backward: true' in text
+                                                            or 'Loss"' in text):
+            names.append('%s/%s' % (path.parent.name, path.stem))
     return names or ['<no golden data>']
 
 
@@ -220,3 +227,28 @@ def test_data_layer_reads_as_the_fork(name, monkeypatch):
         for blob, values in keys(ref, 'batch%d' % batch).items():
             np.testing.assert_array_equal(caffe.backend.to_numpy(net.blobs[blob].data), values,
                                           err_msg='batch %d %s' % (batch, blob))
+
+
+@pytest.mark.parametrize('name', cases('files'))
+def test_mat_write_writes_what_the_fork_wrote(name, tmp_path, monkeypatch):
+    """The net's forwards in a copy of the case's folder: each file read back (scipy) holds
+    the array, type and name of the fork's file of the same name."""
+    scipy_io = pytest.importorskip('scipy.io')
+    ref, phase = load(name)
+    folder = (FORK_GOLDEN / name).parent
+    shutil.copy(FORK_GOLDEN / (name + '.prototxt'), tmp_path)
+    (tmp_path / 'mat').mkdir()
+    shutil.copy(folder / 'mat' / 'names.txt', tmp_path / 'mat')
+    monkeypatch.chdir(tmp_path)
+    net = caffe.Net((FORK_GOLDEN / name).name + '.prototxt', phase)
+    for prefix in earlier_forwards(ref) + ['']:
+        net.forward(**keys(ref, prefix + 'input'))
+    written = sorted(p.name for p in (tmp_path / 'mat').glob('*.mat'))
+    assert written == sorted(p.name for p in (folder / 'mat').glob('*.mat'))
+    for file_name in written:
+        ours = scipy_io.loadmat(tmp_path / 'mat' / file_name)
+        forks = scipy_io.loadmat(folder / 'mat' / file_name)
+        assert sorted(k for k in ours if not k.startswith('__')) == \
+            sorted(k for k in forks if not k.startswith('__')) == ['data'], file_name
+        assert ours['data'].dtype == forks['data'].dtype, file_name
+        np.testing.assert_array_equal(ours['data'], forks['data'], err_msg=file_name)

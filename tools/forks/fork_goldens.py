@@ -2,6 +2,7 @@
 nets' input lines, one net case or data layer case run through the fork's pycaffe and written
 as npz, image and label files, and the fork's commit. Import it after the fork's ``caffe`` is
 on the path."""
+import contextlib
 import os
 import pathlib
 import struct
@@ -34,18 +35,36 @@ def run_net_case(out, name, text, phase, make_inputs, seed, param_values=None):
     first; the forwards before the last are recorded as
     forward<k>/input/ and forward<k>/data/ (for layers that keep state over forwards). The
     backward runs, from standard normal top diffs on every output but a loss, when the net
-    forces it."""
+    forces it. Paths in the net are relative to ``out``."""
     rs = np.random.RandomState(seed)
     inputs = [make(rs) for make in make_inputs]
     (out / (name + '.prototxt')).write_text(text)
-    net = caffe.Net(str(out / (name + '.prototxt')), getattr(caffe, phase))
+    with in_folder(out):
+        net = caffe.Net(name + '.prototxt', getattr(caffe, phase))
+        record = run_net(net, text, phase, inputs, rs, param_values)
+        if param_values is not None:
+            net.save(name + '.caffemodel')
+        del net                 # a layer that writes files closes them before the folder changes
+    np.savez_compressed(out / (name + '.npz'), **record)
+
+
+@contextlib.contextmanager
+def in_folder(folder):
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def run_net(net, text, phase, inputs, rs, param_values):
     record = {'phase': np.array(phase), 'fork_commit': np.array(fork_commit())}
     if param_values is not None:
         for layer, blobs in net.params.items():
             for i, blob in enumerate(blobs):
                 blob.data[...] = param_values(rs, i, blob.data.shape)
                 record['param/%s/%d' % (layer, i)] = blob.data.copy()
-        net.save(str(out / (name + '.caffemodel')))
     for k, forward_inputs in enumerate(inputs):
         prefix = '' if k == len(inputs) - 1 else 'forward%d/' % k
         for blob_name, values in forward_inputs.items():
@@ -56,7 +75,7 @@ def run_net_case(out, name, text, phase, make_inputs, seed, param_values=None):
             record[prefix + 'data/' + blob_name] = blob.data.copy()
     if 'force_backward: true' in text:
         backward(net, rs, record)
-    np.savez_compressed(out / (name + '.npz'), **record)
+    return record
 
 
 def backward(net, rs, record):
@@ -106,9 +125,7 @@ def run_data_case(out, name, text, tops, batches=2):
     """A data layer's net in TEST: ``tops`` of each of ``batches`` forwards, as
     batch<k>/<top> (with three pairs and batches of two, the second wraps round)."""
     (out / (name + '.prototxt')).write_text(text)
-    cwd = os.getcwd()
-    os.chdir(out)               # the list and its root folder are relative to this folder
-    try:
+    with in_folder(out):        # the list and its root folder are relative to this folder
         net = caffe.Net(name + '.prototxt', caffe.TEST)
         record = {'phase': np.array('TEST'), 'fork_commit': np.array(fork_commit())}
         for batch in range(batches):
@@ -116,6 +133,4 @@ def run_data_case(out, name, text, tops, batches=2):
             for blob_name in tops:
                 record['batch%d/%s' % (batch, blob_name)] = net.blobs[blob_name].data.copy()
         del net                 # joins the prefetch thread before the folder changes back
-    finally:
-        os.chdir(cwd)
     np.savez_compressed(out / (name + '.npz'), **record)

@@ -1,5 +1,5 @@
-"""Write tests/fork_golden/deeplab/: DeepLab v2's Interp, SegAccuracy and ImageSegData as
-DeepLab's own Caffe runs them.
+"""Write tests/fork_golden/deeplab/: DeepLab v2's Interp, SegAccuracy, ImageSegData, MatWrite
+and MatRead as DeepLab's own Caffe runs them.
 
 Run with the fork's pycaffe (tools/forks/build_deeplab_caffe.sh builds it):
 
@@ -7,7 +7,8 @@ Run with the fork's pycaffe (tools/forks/build_deeplab_caffe.sh builds it):
 
 The files are those of tests/fork_golden/segnet (its README; fork_goldens.run_net_case writes
 them); SegAccuracy's cases also hold the forwards before the last (forward<k>/), whose
-confusion matrix the layer keeps without ``reset``. Naming cases rewrites only those.
+confusion matrix the layer keeps without ``reset``; MatWrite's files go to mat/, where
+MatRead's case reads them. Naming cases rewrites only those.
 """
 import pathlib
 import sys
@@ -48,6 +49,12 @@ def scores_and_labels(rs):
     return {'score': score, 'label': label}
 
 
+MAT_FILES = 'prefix: "mat/" source: "mat/names.txt" strip: 4'
+MAT_WRITE = ('name: "mat_write"\n' + inputs_text({'x': (1, 3, 4, 5)})
+             + 'layer { name: "write" type: "MatWrite" bottom: "x"\n'
+               '  mat_write_param { %s } }\n' % MAT_FILES)
+
+
 def net_cases():
     """name -> (prototxt, phase, input functions of a RandomState, one per forward)."""
     return {
@@ -65,6 +72,7 @@ def net_cases():
         'seg_accuracy_kept_over_forwards': (
             seg_accuracy_net('ignore_label: 255 ignore_label: 254 reset: false'), 'TEST',
             [scores_and_labels] * 3),
+        'mat_write': (MAT_WRITE, 'TEST', [normal((1, 3, 4, 5))] * 3),
     }
 
 
@@ -81,11 +89,15 @@ DATA_CASES = {
     'image_seg_data_padded': seg_data_net('ignore_label: 250', MEAN + ' crop_size: 10 scale: 0.5'),
     'image_seg_data_cropped': seg_data_net('', MEAN + ' crop_height: 4 crop_width: 6'),
     'image_seg_data_resized': seg_data_net('new_height: 5 new_width: 6', ''),
+    'mat_read': 'name: "mat_read"\nlayer { name: "read" type: "MatRead" top: "x"\n' \
+                '  mat_read_param { %s batch_size: 2 } }\n' % MAT_FILES,
 }
 
 
 def main(wanted):
     OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / 'mat').mkdir(exist_ok=True)
+    (OUT / 'mat' / 'names.txt').write_text('a.jpg\nb.jpg\nc.jpg\n')
     caffe.set_mode_cpu()
     for name, (text, phase, make_inputs) in net_cases().items():
         if not wanted or name in wanted:
@@ -95,7 +107,8 @@ def main(wanted):
         write_pairs(OUT / 'pairs', np.random.RandomState(200))
         for name, text in DATA_CASES.items():
             if not wanted or name in wanted:
-                run_data_case(OUT, name, text, ('data', 'label', 'data_dim'))
+                run_data_case(OUT, name, text, ('x',) if name == 'mat_read'
+                              else ('data', 'label', 'data_dim'))
                 print('wrote', name)
 
 
