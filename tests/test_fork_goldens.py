@@ -123,8 +123,9 @@ def has_backward(ref):
 
 @pytest.mark.parametrize('name', cases('net'))
 def test_net_replays_the_fork(name, monkeypatch):
-    """The whole net from the prototxt and the fork's own caffemodel: every blob of every
-    forward, then every diff and param diff of the backward."""
+    """The whole net from the prototxt and the fork's own caffemodel (its layers' settings at
+    the fork's field numbers): every blob of every forward, then every diff and param diff of
+    the backward."""
     ref, phase = load(name)
     folder, case = (FORK_GOLDEN / name).parent, (FORK_GOLDEN / name).name
     monkeypatch.chdir(folder)

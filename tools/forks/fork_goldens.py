@@ -29,8 +29,9 @@ def inputs_text(shapes):
 
 
 def run_net_case(out, name, text, phase, make_inputs, seed, param_values=None):
-    """Write <name>.prototxt, .npz (the keys of ../shared/golden's README) and, with
-    ``param_values(rs, index, shape)``, the fork's <name>.caffemodel. ``make_inputs`` is a
+    """Write <name>.prototxt, .npz (the keys of ../shared/golden's README) and the fork's
+    <name>.caffemodel (its layers' settings at the fork's field numbers, and the weights
+    ``param_values(rs, index, shape)`` gives, when given). ``make_inputs`` is a
     list of functions of a RandomState that give the input dicts, one per forward, drawn
     first; the forwards before the last are recorded as
     forward<k>/input/ and forward<k>/data/ (for layers that keep state over forwards). The
@@ -42,8 +43,7 @@ def run_net_case(out, name, text, phase, make_inputs, seed, param_values=None):
     with in_folder(out):
         net = caffe.Net(name + '.prototxt', getattr(caffe, phase))
         record = run_net(net, text, phase, inputs, rs, param_values)
-        if param_values is not None:
-            net.save(name + '.caffemodel')
+        net.save(name + '.caffemodel')
         del net                 # a layer that writes files closes them before the folder changes
     np.savez_compressed(out / (name + '.npz'), **record)
 
