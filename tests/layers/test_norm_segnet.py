@@ -62,7 +62,8 @@ def sample(seed=0, shape=(4, 3, 5, 6)):
     return x, rs.standard_normal(shape), scale, shift
 
 
-def run(engine, text, x, dy, scale, shift, phase=TRAIN, dtype=np.float64, in_place=False):
+def run(engine, text, x, dy, scale, shift, phase=TRAIN, dtype=np.float64, in_place=False,
+        statistics_diff=()):
     param = layer_param(text)
     if in_place:
         param.top[0] = param.bottom[0]
@@ -75,6 +76,8 @@ def run(engine, text, x, dy, scale, shift, phase=TRAIN, dtype=np.float64, in_pla
     layer.forward(bottom, top)
     outputs = [engine.host(t.data).astype(np.float64).copy() for t in top]
     top[0].diff[...] = xp.asarray(dy.astype(dtype))
+    for blob, diff in zip(top[1:], statistics_diff):
+        blob.diff[...] = xp.asarray(diff.reshape(blob.shape).astype(dtype))
     layer.backward(top, [True], bottom)
     return outputs, engine.host(bottom[0].diff).astype(np.float64), \
         [engine.host(b.diff).reshape(-1).astype(np.float64) for b in layer.blobs]
@@ -101,12 +104,14 @@ def test_every_engine_gives_the_fork(engine, mode, phase, in_place, dtype):
 
 
 @pytest.mark.parametrize('phase', [TRAIN, TEST], ids=['TRAIN', 'TEST'])
-@pytest.mark.parametrize('mode', ['LEARN', 'INFERENCE'])
-def test_the_gradient_is_the_true_one(host_engine, mode, phase):
-    """The forks' backward is the exact gradient of their forward (the test above holds ours
-    to it); finite differences say so for both."""
+@pytest.mark.parametrize('mode, tops', [('LEARN', ('y',)), ('LEARN', ('y', 'mean', 'var')),
+                                        ('LEARN', ('y', 'mean')), ('INFERENCE', ('y',))])
+def test_the_gradient_is_the_true_one(host_engine, mode, tops, phase):
+    """The forks' backward is the exact gradient of their forward where the statistics tops
+    get no diff (the test above holds ours to it); finite differences say so, and that ours
+    passes the statistics tops' diffs back too, which the forks' drop."""
     x, _, _, _ = sample(1, (3, 2, 4, 3))
-    text = segnet_text(mode)
+    text = segnet_text(mode, tops)
     with pytest.MonkeyPatch.context():
         assert check_gradient(text, [x], phase=phase, tolerance=1e-6) < 1e-6
 
@@ -185,11 +190,13 @@ def replica(comm, text, scale, shift, x):
 def test_sync_replicas_equal_one_layer_on_the_global_batch(sizes):
     """Forward, the mean and variance tops, dx and the sum of the replicas' param diffs: those
     of SegNet's BN on the whole batch (each replica's top diff is R times its share, as the
-    global loss normalizer makes it)."""
+    global loss normalizer makes it; each gives the statistics tops the whole batch's diffs,
+    which add up over the R replicas as R times the whole batch's)."""
     x, dy, scale, shift = sample(3, (sum(sizes), 3, 4, 5))
+    statistics_diff = np.random.RandomState(4).standard_normal((2, 3))
     text = segnet_text('LEARN', ('y', 'mean', 'var'), kind='SyncBN')
     (y, mean, var), dx, (dscale, dshift) = run(Engine('array', None), segnet_text(
-        'LEARN', ('y', 'mean', 'var')), x, dy, scale, shift)
+        'LEARN', ('y', 'mean', 'var')), x, dy, scale, shift, statistics_diff=statistics_diff)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     comms = ThreadComm.create(len(sizes))
     replicas = len(sizes)
@@ -201,6 +208,8 @@ def test_sync_replicas_equal_one_layer_on_the_global_batch(sizes):
         layer.reshape(bottom, top)
         layer.forward(bottom, top)
         top[0].diff[...] = replicas * dy[part]
+        for blob, diff in zip(top[1:], statistics_diff):
+            blob.diff[...] = diff.reshape(blob.shape)
         layer.backward(top, [True], bottom)
         results[r] = ([t.data.copy() for t in top], bottom[0].diff.copy(),
                       [b.diff.reshape(-1).copy() for b in layer.blobs])

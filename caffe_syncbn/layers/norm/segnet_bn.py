@@ -8,15 +8,17 @@ statistics. ``bn_mode``:
 * LEARN (the default): y = scale * (x - mean) / sqrt(var + 1e-9) + shift with the mean
   and biased variance of the batch, in TRAIN and TEST alike, and the true gradient of
   that. Up to two more tops get the batch mean and variance (1xCx1x1), which SegNet's
-  compute_bn_statistics script averages over a data set.
+  compute_bn_statistics script averages over a data set; their diffs pass back into dx as
+  the gradient has it, where the forks drop them (no loss reads them in the forks' nets).
 * INFERENCE: y = scale * x + shift, the statistics folded into scale and shift by that
   script; dscale = sum(dy * x), dshift = sum(dy), dx = scale * dy.
 
 The forks' backward overwrites the param diffs where every Caffe layer adds to them; here
 they add, so iter_size and shared params see the true gradient. Under -sync_bn the layer
 becomes a SyncBN with the same settings (SyncSegNetBN): LEARN takes the statistics of the
-global batch, one allreduce forward and one backward, as SyncBN does, with the sums taken
-about 0 (no running mean is there to share as a reference).
+global batch, one allreduce forward and one backward (two with the statistics tops, whose
+diffs add up over the replicas), as SyncBN does, with the sums taken about 0 (no running
+mean is there to share as a reference).
 """
 from ...layer import register_variant
 from ...syncbn_policy import is_segnet_bn
@@ -99,6 +101,27 @@ class SegNetBN(ChannelNorm):
             self.engine.input_gradient(dx3, dy3, scale)
         else:
             self.engine.input_gradient(dx3, dy3, scale, self._x_hat, *sums, count=self._count)
+        if self.extra_tops and not self.inference:
+            self.add_statistics_gradient(dx3, self.shared_statistics_diff(top[1:]))
+
+    def shared_statistics_diff(self, statistics_tops):
+        """The diffs of the mean and variance tops, (2, C), the variance's 0 without its top."""
+        diff = self.xp.zeros((2, self.channels), STAT)
+        for row, blob in zip(diff, statistics_tops):
+            row[...] = blob.diff.reshape(-1)
+        return diff
+
+    def add_statistics_gradient(self, dx3, statistics_diff):
+        # over the M values of a channel, d mean / dx = 1 / M and
+        # d var / dx = 2 x_hat / (inv_std M): the engine's input gradient of a zero top diff at unit scale with these sums, which
+        # finds x_hat wherever its engine keeps it
+        d_mean, d_var = statistics_diff
+        xp = self.xp
+        through_statistics = xp.empty_like(dx3)
+        self.engine.input_gradient(through_statistics, xp.zeros_like(dx3),
+                                   xp.ones(self.channels, STAT), self._x_hat, -d_mean,
+                                   -2 * d_var / self._inv_std, count=self._count)
+        dx3 += through_statistics
 
 
 @register_variant('SyncBN', is_segnet_bn)
@@ -120,3 +143,9 @@ class SyncSegNetBN(SegNetBN):
         packed = self.xp.concatenate([sum_dy, sum_dy_x_hat])
         self.share(packed)
         return packed[:self.channels], packed[self.channels:]
+
+    def shared_statistics_diff(self, statistics_tops):
+        # every replica's loss reads the same global statistics: their diffs add up
+        diff = super().shared_statistics_diff(statistics_tops)
+        self.share(diff.reshape(-1))
+        return diff
