@@ -206,6 +206,33 @@ FORK_REPEATED_SETTINGS = {
         'resize_param; ' + _TRAIN_IN_THE_FORK),
 }
 
+# ---- DeepLab v1's settings that BVLC's schema names otherwise or not at all ----------------
+#: its hole, hole_h and hole_w sit at the numbers of BVLC's force_nd_im2col and dilation
+_HOLE = 'the input stride of its atrous convolution: write dilation (one value, or two: ' \
+        'height and width), as BVLC names it'
+#: declared in its schema, read by none of its layers (ImageSegData reads label_type)
+_UNREAD = 'read by none of its layers: remove it'
+FORK_SETTINGS.update({
+    'ConvolutionParameter.hole': (DEEPLAB_V1, _HOLE),
+    'ConvolutionParameter.hole_h': (DEEPLAB_V1, _HOLE),
+    'ConvolutionParameter.hole_w': (DEEPLAB_V1, _HOLE),
+    'ImageDataParameter.has_label': (DEEPLAB_V1, _UNREAD),
+    'ImageDataParameter.max_labels': (DEEPLAB_V1, _UNREAD),
+    'V1LayerParameter.strict_dim': (
+        DEEPLAB_V1, 'copying weights into a layer of another shape by their count is not '
+        "implemented: remove it, and give the weights the layer's shape (net surgery)"),
+})
+
+# ---- the CRNN ports (crnn.caffe): BVLC's LSTM fed by a ContinuationIndicator --------------
+CRNN_CAFFE = 'the CRNN ports of Caffe (crnn.caffe)'
+FORK_LAYER_TYPES['ContinuationIndicator'] = CRNN_CAFFE
+FORK_LAYER_INSTEAD['ContinuationIndicator'] = (
+    "give the LSTM's second bottom as an Input of shape (time_step, batch_size) holding 0 at "
+    'the first step and 1 after')
+FORK_SETTINGS['LayerParameter.continuation_indicator_param'] = (
+    CRNN_CAFFE, 'ContinuationIndicator is not implemented: ' +
+    FORK_LAYER_INSTEAD['ContinuationIndicator'])
+
 #: how close (difflib ratio) a known name must be to be offered as a correction
 SUGGESTION_CUTOFF = 0.8
 
