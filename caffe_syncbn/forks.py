@@ -8,8 +8,9 @@ message, to its fork, and ``FORK_LAYER_INSTEAD`` a layer type to what this packa
 its place, where there is something. ``FORK_SETTINGS`` maps a field or enum value inside
 any message of the schema ('Message.field', 'Message.Enum.VALUE') to its fork and what
 this package accepts instead, and ``FORK_REPEATED_SETTINGS`` a field that a fork repeats
-where the schema has one. A type, field or value that gets implemented is removed here
-(the tests check both ways).
+where the schema has one. ``FORK_PYTHON_MODULES`` maps a Python layer's module that a
+fork's repository ships to where it is and what importing it takes. A type, field or value
+that gets implemented is removed here (the tests check both ways).
 """
 import difflib
 
@@ -233,6 +234,26 @@ FORK_SETTINGS['LayerParameter.continuation_indicator_param'] = (
     CRNN_CAFFE, 'ContinuationIndicator is not implemented: ' +
     FORK_LAYER_INSTEAD['ContinuationIndicator'])
 
+# ---- Python layers that the forks' repositories ship (python_param.module) --------------
+_FASTER_RCNN_LIB = ("py-faster-rcnn's lib (py-R-FCN carries the same): Python 2 code with a "
+                    'compiled NMS (lib/nms); put a Python 3 port of lib, its NMS built, on '
+                    'PYTHONPATH')
+_FCN_DATA = ('a data layer of fcn.berkeleyvision.org (the .py file of that name there): run '
+             'from that folder or put it on PYTHONPATH')
+FORK_PYTHON_MODULES = {
+    'rpn.proposal_layer': _FASTER_RCNN_LIB,
+    'rpn.anchor_target_layer': _FASTER_RCNN_LIB,
+    'rpn.proposal_target_layer': _FASTER_RCNN_LIB,
+    'roi_data_layer.layer': _FASTER_RCNN_LIB,
+    'spatial_dropout': ("caffe-enet's python/spatial_dropout.py (Python 2 code); ENet's "
+                        'scripts/BN-absorber-enet.py folds these layers into the convolutions: '
+                        'run enet_deploy_final.prototxt with the weights it writes'),
+    'voc_layers': _FCN_DATA,
+    'siftflow_layers': _FCN_DATA,
+    'nyud_layers': _FCN_DATA,
+    'pascalcontext_layers': _FCN_DATA,
+}
+
 #: how close (difflib ratio) a known name must be to be offered as a correction
 SUGGESTION_CUTOFF = 0.8
 
@@ -273,3 +294,9 @@ def fork_of_repeated_setting(message_name, name):
     """(fork, what this package accepts instead) for a field ``name`` of ``message_name``
     that a fork repeats and the schema has once, or None."""
     return FORK_REPEATED_SETTINGS.get('%s.%s' % (message_name, name))
+
+
+def origin_of_python_module(module):
+    """Where a Python layer's module that a fork's repository ships comes from, and what to
+    do to import it, or None."""
+    return FORK_PYTHON_MODULES.get(module)

@@ -327,3 +327,34 @@ def test_a_templates_placeholder_says_to_fill_the_template():
         parse_text(text.replace('num_output: ${NUM_LABELS}', 'num_output: x'),
                    caffe_pb2.NetParameter(), 'test.prototxt')
     assert 'placeholder' not in str(info.value)
+
+
+PYTHON_NET = '''
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "%s" type: "Python" bottom: "data" top: "out"
+        python_param { module: "%s" layer: "%s" } }
+'''
+
+
+@pytest.mark.parametrize('module, layer, origin', [
+    ('rpn.proposal_layer', 'ProposalLayer',
+     "; it is py-faster-rcnn's lib (py-R-FCN carries the same): Python 2 code with a compiled "
+     'NMS (lib/nms); put a Python 3 port of lib, its NMS built, on PYTHONPATH'),
+    ('spatial_dropout', 'SpatialDropoutLayer',
+     "; it is caffe-enet's python/spatial_dropout.py (Python 2 code); ENet's "
+     'scripts/BN-absorber-enet.py folds these layers into the convolutions: run '
+     'enet_deploy_final.prototxt with the weights it writes'),
+    ('voc_layers', 'VOCSegDataLayer',
+     '; it is a data layer of fcn.berkeleyvision.org (the .py file of that name there): run '
+     'from that folder or put it on PYTHONPATH'),
+    ('made_up_layers', 'Anything', ''),
+])
+def test_a_forks_python_module_that_is_missing_says_where_it_is(tmp_path, module, layer,
+                                                               origin):
+    """The held-out probe's py-faster-rcnn, py-R-FCN and ENet nets stopped on "No module
+    named 'rpn'", which names no repository."""
+    net = tmp_path / 'net.prototxt'
+    net.write_text(PYTHON_NET % ('py', module, layer))
+    line = one_error_line(run_cli('time', '-model', net, '-iterations', 1, cwd=tmp_path))
+    assert line.endswith("layer 'py' (type Python): cannot import python_param module '%s': "
+                         "No module named '%s'%s" % (module, module.split('.')[0], origin))
