@@ -252,6 +252,11 @@ FORK_PYTHON_MODULES = {
     'siftflow_layers': _FCN_DATA,
     'nyud_layers': _FCN_DATA,
     'pascalcontext_layers': _FCN_DATA,
+    # DetectNet's Python layers, part of NVCaffe's own pycaffe (python/caffe/layers/detectnet)
+    'caffe.layers.detectnet.clustering': "NVCaffe's DetectNet clustering, which its own "
+                                         'pycaffe carries: DetectNet is not implemented here',
+    'caffe.layers.detectnet.mean_ap': "NVCaffe's DetectNet mAP, which its own pycaffe carries: "
+                                      'DetectNet is not implemented here',
 }
 
 #: how close (difflib ratio) a known name must be to be offered as a correction

@@ -347,6 +347,9 @@ layer { name: "%s" type: "Python" bottom: "data" top: "out"
     ('voc_layers', 'VOCSegDataLayer',
      '; it is a data layer of fcn.berkeleyvision.org (the .py file of that name there): run '
      'from that folder or put it on PYTHONPATH'),
+    ('caffe.layers.detectnet.clustering', 'ClusterDetections',
+     "; it is NVCaffe's DetectNet clustering, which its own pycaffe carries: DetectNet is not "
+     'implemented here'),
     ('made_up_layers', 'Anything', ''),
 ])
 def test_a_forks_python_module_that_is_missing_says_where_it_is(tmp_path, module, layer,
