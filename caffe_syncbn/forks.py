@@ -8,8 +8,9 @@ message, to its fork, and ``FORK_LAYER_INSTEAD`` a layer type to what this packa
 its place, where there is something. ``FORK_SETTINGS`` maps a field or enum value inside
 any message of the schema ('Message.field', 'Message.Enum.VALUE') to its fork and what
 this package accepts instead, and ``FORK_REPEATED_SETTINGS`` a field that a fork repeats
-where the schema has one. A type, field or value that gets implemented is removed here
-(the tests check both ways).
+where the schema has one. ``FORK_PYTHON_MODULES`` maps a Python layer's module that a
+fork's repository ships to where it is and what importing it takes. A type, field or value
+that gets implemented is removed here (the tests check both ways).
 """
 import difflib
 
@@ -207,6 +208,58 @@ FORK_REPEATED_SETTINGS = {
         'resize_param; ' + _TRAIN_IN_THE_FORK),
 }
 
+# ---- DeepLab v1's settings that BVLC's schema names otherwise or not at all ----------------
+#: its hole, hole_h and hole_w sit at the numbers of BVLC's force_nd_im2col and dilation
+_HOLE = 'the input stride of its atrous convolution: write dilation (one value, or two: ' \
+        'height and width), as BVLC names it'
+#: declared in its schema, read by none of its layers (ImageSegData reads label_type)
+_UNREAD = 'read by none of its layers: remove it'
+FORK_SETTINGS.update({
+    'ConvolutionParameter.hole': (DEEPLAB_V1, _HOLE),
+    'ConvolutionParameter.hole_h': (DEEPLAB_V1, _HOLE),
+    'ConvolutionParameter.hole_w': (DEEPLAB_V1, _HOLE),
+    'ImageDataParameter.has_label': (DEEPLAB_V1, _UNREAD),
+    'ImageDataParameter.max_labels': (DEEPLAB_V1, _UNREAD),
+    'V1LayerParameter.strict_dim': (
+        DEEPLAB_V1, 'copying weights into a layer of another shape by their count is not '
+        "implemented: remove it, and give the weights the layer's shape (net surgery)"),
+})
+
+# ---- the CRNN ports (crnn.caffe): BVLC's LSTM fed by a ContinuationIndicator --------------
+CRNN_CAFFE = 'the CRNN ports of Caffe (crnn.caffe)'
+FORK_LAYER_TYPES['ContinuationIndicator'] = CRNN_CAFFE
+FORK_LAYER_INSTEAD['ContinuationIndicator'] = (
+    "give the LSTM's second bottom as an Input of shape (time_step, batch_size) holding 0 at "
+    'the first step and 1 after')
+FORK_SETTINGS['LayerParameter.continuation_indicator_param'] = (
+    CRNN_CAFFE, 'ContinuationIndicator is not implemented: ' +
+    FORK_LAYER_INSTEAD['ContinuationIndicator'])
+
+# ---- Python layers that the forks' repositories ship (python_param.module) --------------
+_FASTER_RCNN_LIB = ("py-faster-rcnn's lib (py-R-FCN carries the same): Python 2 code with a "
+                    'compiled NMS (lib/nms); put a Python 3 port of lib, its NMS built, on '
+                    'PYTHONPATH')
+_FCN_DATA = ('a data layer of fcn.berkeleyvision.org (the .py file of that name there): run '
+             'from that folder or put it on PYTHONPATH')
+FORK_PYTHON_MODULES = {
+    'rpn.proposal_layer': _FASTER_RCNN_LIB,
+    'rpn.anchor_target_layer': _FASTER_RCNN_LIB,
+    'rpn.proposal_target_layer': _FASTER_RCNN_LIB,
+    'roi_data_layer.layer': _FASTER_RCNN_LIB,
+    'spatial_dropout': ("caffe-enet's python/spatial_dropout.py (Python 2 code); ENet's "
+                        'scripts/BN-absorber-enet.py folds these layers into the convolutions: '
+                        'run enet_deploy_final.prototxt with the weights it writes'),
+    'voc_layers': _FCN_DATA,
+    'siftflow_layers': _FCN_DATA,
+    'nyud_layers': _FCN_DATA,
+    'pascalcontext_layers': _FCN_DATA,
+    # DetectNet's Python layers, part of NVCaffe's own pycaffe (python/caffe/layers/detectnet)
+    'caffe.layers.detectnet.clustering': "NVCaffe's DetectNet clustering, which its own "
+                                         'pycaffe carries: DetectNet is not implemented here',
+    'caffe.layers.detectnet.mean_ap': "NVCaffe's DetectNet mAP, which its own pycaffe carries: "
+                                      'DetectNet is not implemented here',
+}
+
 #: how close (difflib ratio) a known name must be to be offered as a correction
 SUGGESTION_CUTOFF = 0.8
 
@@ -247,3 +300,9 @@ def fork_of_repeated_setting(message_name, name):
     """(fork, what this package accepts instead) for a field ``name`` of ``message_name``
     that a fork repeats and the schema has once, or None."""
     return FORK_REPEATED_SETTINGS.get('%s.%s' % (message_name, name))
+
+
+def origin_of_python_module(module):
+    """Where a Python layer's module that a fork's repository ships comes from, and what to
+    do to import it, or None."""
+    return FORK_PYTHON_MODULES.get(module)

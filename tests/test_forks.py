@@ -154,6 +154,10 @@ def test_fork_layer_type_names_its_fork():
                    "implemented; write its transitions out as BatchNorm, Scale, ReLU, "
                    "Convolution and Concat layers (caffe_ocr's ResNet and Inception-BN nets "
                    "run here)"),
+    ('ContinuationIndicator',
+     "layer type 'ContinuationIndicator' is from the CRNN ports of Caffe (crnn.caffe) and is not "
+     "implemented; give the LSTM's second bottom as an Input of shape (time_step, batch_size) "
+     'holding 0 at the first step and 1 after'),
 ])
 def test_fork_layer_type_says_what_runs_instead(type_name, line):
     with pytest.raises(CaffeError) as info:
@@ -276,3 +280,84 @@ def test_deeplabs_batchnorm_setting_names_deeplab():
     assert str(info.value).endswith(
         "\"update_global_stats\". (a layer setting of DeepLab's Caffe (deeplab-public-ver2), not "
         'implemented)')
+
+
+@pytest.mark.parametrize('text, hint', [
+    # DeepLab v1's test nets (V1 format): ImageSegData's has_label, read by none of its layers
+    ('layers { name: "data" type: IMAGE_SEG_DATA top: "data" image_data_param { '
+     'has_label: false } }\n',
+     "(a setting of DeepLab v1's Caffe (deeplab-public); read by none of its layers: remove it)"),
+    ('layers { name: "conv5_1" type: CONVOLUTION convolution_param { num_output: 8 '
+     'hole: 2 } }\n',
+     "(a setting of DeepLab v1's Caffe (deeplab-public); the input stride of its atrous "
+     'convolution: write dilation (one value, or two: height and width), as BVLC names it)'),
+    ('layers { name: "fc6" type: CONVOLUTION strict_dim: false }\n',
+     "(a setting of DeepLab v1's Caffe (deeplab-public); copying weights into a layer of another "
+     "shape by their count is not implemented: remove it, and give the weights the layer's "
+     'shape (net surgery))'),
+    ('layer { name: "indicator" type: "ContinuationIndicator" top: "indicator" '
+     'continuation_indicator_param { time_step: 13 batch_size: 1 } }\n',
+     '(a setting of the CRNN ports of Caffe (crnn.caffe); ContinuationIndicator is not '
+     "implemented: give the LSTM's second bottom as an Input of shape (time_step, batch_size) "
+     'holding 0 at the first step and 1 after)'),
+])
+def test_probed_forks_settings_name_their_fork(text, hint):
+    """Settings of real nets of the held-out probe (issue #32) that stopped on a bare
+    protobuf line: DeepLab v1's ImageSegData, atrous convolution and weight copying, and the
+    CRNN ports' ContinuationIndicator."""
+    with pytest.raises(CaffeError) as info:
+        parse_text(text, caffe_pb2.NetParameter(), 'probe.prototxt')
+    assert '\n' not in str(info.value)
+    assert str(info.value).startswith('probe.prototxt:1:')
+    assert str(info.value).endswith(hint)
+
+
+def test_a_templates_placeholder_says_to_fill_the_template():
+    """DeepLab's configs are templates that its run script fills with sed; read as they are,
+    they stopped on "Couldn't parse integer: $"."""
+    text = 'name: "${NET_ID}"\nlayer {\n  name: "fc8"\n  convolution_param {\n' \
+           '    num_output: ${NUM_LABELS}\n  }\n}\n'
+    with pytest.raises(CaffeError) as info:
+        parse_text(text, caffe_pb2.NetParameter(), 'test.prototxt')
+    assert str(info.value).startswith('test.prototxt:5:')
+    assert str(info.value).endswith(
+        '(${NUM_LABELS} is a placeholder of a template, which its run script fills before '
+        'Caffe reads it: fill it first)')
+    with pytest.raises(CaffeError) as info:      # another line's mistake gets no such hint
+        parse_text(text.replace('num_output: ${NUM_LABELS}', 'num_output: x'),
+                   caffe_pb2.NetParameter(), 'test.prototxt')
+    assert 'placeholder' not in str(info.value)
+
+
+PYTHON_NET = '''
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "%s" type: "Python" bottom: "data" top: "out"
+        python_param { module: "%s" layer: "%s" } }
+'''
+
+
+@pytest.mark.parametrize('module, layer, origin', [
+    ('rpn.proposal_layer', 'ProposalLayer',
+     "; it is py-faster-rcnn's lib (py-R-FCN carries the same): Python 2 code with a compiled "
+     'NMS (lib/nms); put a Python 3 port of lib, its NMS built, on PYTHONPATH'),
+    ('spatial_dropout', 'SpatialDropoutLayer',
+     "; it is caffe-enet's python/spatial_dropout.py (Python 2 code); ENet's "
+     'scripts/BN-absorber-enet.py folds these layers into the convolutions: run '
+     'enet_deploy_final.prototxt with the weights it writes'),
+    ('voc_layers', 'VOCSegDataLayer',
+     '; it is a data layer of fcn.berkeleyvision.org (the .py file of that name there): run '
+     'from that folder or put it on PYTHONPATH'),
+    ('caffe.layers.detectnet.clustering', 'ClusterDetections',
+     "; it is NVCaffe's DetectNet clustering, which its own pycaffe carries: DetectNet is not "
+     'implemented here'),
+    ('made_up_layers', 'Anything', ''),
+])
+def test_a_forks_python_module_that_is_missing_says_where_it_is(tmp_path, module, layer,
+                                                               origin):
+    """The held-out probe's py-faster-rcnn, py-R-FCN and ENet nets stopped on "No module
+    named 'rpn'", which names no repository."""
+    net = tmp_path / 'net.prototxt'
+    net.write_text(PYTHON_NET % ('py', module, layer))
+    line = one_error_line(run_cli('time', '-model', net, '-iterations', 1, cwd=tmp_path))
+    assert line.endswith("layer 'py' (type Python): cannot import python_param module '%s': "
+                         "No module named '%s'%s" % (module, module.split('.')[0], origin))

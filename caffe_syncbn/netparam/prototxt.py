@@ -19,6 +19,9 @@ _UNKNOWN_SETTING = re.compile(r'(?:Message|Enum) type "caffe\.([\w.]+)" has no '
                               r'(?:field|value) named "?(\w+)"?')
 _REPEATED_SETTING = re.compile(r'Message type "caffe\.([\w.]+)" should not have multiple '
                                r'"(\w+)" fields')
+#: a template's placeholder, which a fork's run script replaces before Caffe reads the file
+#: (DeepLab's configs hold ${NUM_LABELS}, ${EXP}, ... that its run_pascal.sh fills with sed)
+_PLACEHOLDER = re.compile(r'\$\{(\w+)\}')
 
 
 def parse_text(text, message, filename='<string>'):
@@ -29,7 +32,8 @@ def parse_text(text, message, filename='<string>'):
         line, column = exc.GetLine(), exc.GetColumn()
         raise CaffeError('%s:%s:%s: cannot parse %s: %s%s'
                          % (filename, line, column, message.DESCRIPTOR.name,
-                            _reason(exc, text, line), _fork_hint(exc))) from None
+                            _reason(exc, text, line),
+                            _fork_hint(exc) or _template_hint(text, line))) from None
 
 
 def _fork_hint(exc):
@@ -43,6 +47,16 @@ def _fork_hint(exc):
     unknown = _UNKNOWN_FIELD.search(str(exc))
     fork = fork_of_param_field(unknown.group(1)) if unknown else None
     return ' (a layer setting of %s, not implemented)' % fork if fork else ''
+
+
+def _template_hint(text, line):
+    """What to do when the line the parser stopped on holds a template's placeholder."""
+    lines = text.splitlines() if isinstance(text, str) else []
+    found = _PLACEHOLDER.search(lines[line - 1]) if line and 0 < line <= len(lines) else None
+    if not found:
+        return ''
+    return (' (${%s} is a placeholder of a template, which its run script fills before Caffe '
+            'reads it: fill it first)' % found.group(1))
 
 
 def _reason(exc, text, line):

@@ -186,6 +186,14 @@ def test_small_mobilenet_ssd_net_matches_the_fork(monkeypatch):
     ('type: "DetectionOutput" detection_output_param { num_classes: 3 nms_param { eta: 0 } }',
      [(1, 8), (1, 6), (1, 2, 8)], 'eta must be in (0, 1], got 0'),
     ('type: "DetectionOutput"', [(1, 8), (1, 6), (1, 2, 8)], 'needs num_classes'),
+    # the SSD fork's deploy nets keep the test net's save_output_param (ssd_pascal.py)
+    ('type: "DetectionOutput" detection_output_param { num_classes: 3 save_output_param { '
+     'output_directory: "results" output_format: "VOC" } }', [(1, 8), (1, 6), (1, 2, 8)],
+     "save_output_param.output_directory: writing the SSD fork's VOC or COCO result files is "
+     'not implemented: remove save_output_param and read the top instead'),
+    ('type: "DetectionOutput" detection_output_param { num_classes: 3 visualize: true }',
+     [(1, 8), (1, 6), (1, 2, 8)], 'visualize: drawing the detections is not implemented: '
+                                  'remove it and read the top instead'),
     ('type: "DetectionEvaluate" detection_evaluate_param { num_classes: 3 }',
      [(1, 1, 2, 6), (1, 1, 2, 8)], 'detection bottom must have shape (1, 1, rows, 7)'),
 ])

@@ -171,9 +171,13 @@ class DetectionOutputLayer(Layer):
             raise self.error('eta must be in (0, 1], got %g' % nms.eta)
         if p.code_type not in _CODE_TYPES:
             raise self.error('unknown code_type %d' % p.code_type)
-        if p.save_output_param.output_directory or p.visualize:
-            raise self.error('save_output_param.output_directory and visualize are not '
-                             'supported: read the top instead')
+        if p.save_output_param.output_directory:
+            raise self.error("save_output_param.output_directory: writing the SSD fork's VOC or "
+                             'COCO result files is not implemented: remove save_output_param '
+                             'and read the top instead')
+        if p.visualize:
+            raise self.error('visualize: drawing the detections is not implemented: remove it '
+                             'and read the top instead')
         self.num_classes = p.num_classes
         self.loc_classes = 1 if p.share_location else p.num_classes
         self.confidence_threshold = p.confidence_threshold \

@@ -9,6 +9,7 @@ forward is called.
 import importlib
 
 from ...errors import layer_error, quote
+from ...forks import origin_of_python_module
 from ...layer import Layer, register
 
 #: the methods a Python layer's class must define: caffe.Layer's own raise NotImplementedError
@@ -28,8 +29,10 @@ def python_layer(param, ctx):
     try:
         module = importlib.import_module(spec.module)
     except ImportError as exc:
-        raise layer_error(param, 'cannot import python_param module %s: %s'
-                          % (quote(spec.module), quote(exc, quotes=False))) from None
+        origin = origin_of_python_module(spec.module)
+        raise layer_error(param, 'cannot import python_param module %s: %s%s'
+                          % (quote(spec.module), quote(exc, quotes=False),
+                             '; it is %s' % origin if origin else '')) from None
     cls = getattr(module, spec.layer, None)
     if cls is None:
         raise layer_error(param, 'module %s has no class %s' % (quote(spec.module),
