@@ -186,11 +186,6 @@ def test_small_mobilenet_ssd_net_matches_the_fork(monkeypatch):
     ('type: "DetectionOutput" detection_output_param { num_classes: 3 nms_param { eta: 0 } }',
      [(1, 8), (1, 6), (1, 2, 8)], 'eta must be in (0, 1], got 0'),
     ('type: "DetectionOutput"', [(1, 8), (1, 6), (1, 2, 8)], 'needs num_classes'),
-    # the SSD fork's deploy nets keep the test net's save_output_param (ssd_pascal.py)
-    ('type: "DetectionOutput" detection_output_param { num_classes: 3 save_output_param { '
-     'output_directory: "results" output_format: "VOC" } }', [(1, 8), (1, 6), (1, 2, 8)],
-     "save_output_param.output_directory: writing the SSD fork's VOC or COCO result files is "
-     'not implemented: remove save_output_param and read the top instead'),
     ('type: "DetectionOutput" detection_output_param { num_classes: 3 visualize: true }',
      [(1, 8), (1, 6), (1, 2, 8)], 'visualize: drawing the detections is not implemented: '
                                   'remove it and read the top instead'),
@@ -220,3 +215,27 @@ def test_detection_output_without_background_and_shared_boxes():
                                                    [0, 0, 0.3, 0, 0, 0.5, 0.5],
                                                    [0, 1, 0.7, 0, 0, 0.5, 0.5],
                                                    [0, 1, 0.4, 0.5, 0.5, 1, 1]], rtol=1e-6)
+
+
+def test_save_output_param_is_a_warning_and_the_top_holds_the_detections(records, tmp_path):
+    """The SSD fork's deploy nets keep the test net's save_output_param (ssd_pascal.py):
+    they run, with one warning that no result files are written, and the same detections."""
+    rs = np.random.RandomState(3)
+    bottoms = [rs.uniform(-1, 1, (1, 8)), rs.uniform(0, 1, (1, 6)),
+               np.tile([[[0.1, 0.1, 0.4, 0.4, 0.5, 0.5, 0.9, 0.9]]], (1, 2, 1))]
+    outputs = []
+    for extra in ('', ' save_output_param { output_directory: "%s" output_format: "VOC" }'
+                  % (tmp_path / 'results')):
+        param = text_format.Parse(
+            'name: "det" type: "DetectionOutput" top: "t" detection_output_param { num_classes: '
+            '3 nms_param { nms_threshold: 0.45 } %s }' % extra, caffe_pb2.LayerParameter())
+        param.bottom.extend('b%d' % i for i in range(3))
+        layer, bottom, top = build_layer(param, bottoms)
+        layer.forward(bottom, top)
+        outputs.append(np.asarray(top[0].data).copy())
+    warnings = [r.getMessage() for r in records if r.levelname == 'WARNING']
+    assert warnings == ["layer 'det': save_output_param.output_directory: the SSD fork's VOC or "
+                        'COCO result files are not written here; the top holds the detections '
+                        '(remove save_output_param to silence this)']
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    assert outputs[0].shape[2] > 0 and not (tmp_path / 'results').exists()

@@ -6,6 +6,7 @@ every prior or pair of boxes before that (decoding, overlaps) run on the engine 
 setup: gpu.py's kernels when the context runs CUDA kernels, else boxes.py's array
 code. Both compute in float64, so the detections do not depend on the engine.
 """
+import logging
 import math
 
 import numpy as np
@@ -14,6 +15,8 @@ from ...backend import to_numpy
 from ...layer import Layer, register
 from . import boxes as host_boxes, gpu as detection_gpu
 from .boxes import CENTER_SIZE, CORNER, CORNER_SIZE, greedy_nms, in_type
+
+log = logging.getLogger('caffe_syncbn')
 
 _CODE_TYPES = {CORNER: 'CORNER', CENTER_SIZE: 'CENTER_SIZE', CORNER_SIZE: 'CORNER_SIZE'}
 
@@ -171,10 +174,10 @@ class DetectionOutputLayer(Layer):
             raise self.error('eta must be in (0, 1], got %g' % nms.eta)
         if p.code_type not in _CODE_TYPES:
             raise self.error('unknown code_type %d' % p.code_type)
-        if p.save_output_param.output_directory:
-            raise self.error("save_output_param.output_directory: writing the SSD fork's VOC or "
-                             'COCO result files is not implemented: remove save_output_param '
-                             'and read the top instead')
+        if p.save_output_param.output_directory:      # every deploy net ssd_pascal.py writes
+            log.warning("layer '%s': save_output_param.output_directory: the SSD fork's VOC or "
+                        'COCO result files are not written here; the top holds the detections '
+                        '(remove save_output_param to silence this)', self.name)
         if p.visualize:
             raise self.error('visualize: drawing the detections is not implemented: remove it '
                              'and read the top instead')
