@@ -225,16 +225,6 @@ FORK_SETTINGS.update({
         "implemented: remove it, and give the weights the layer's shape (net surgery)"),
 })
 
-# ---- the CRNN ports (crnn.caffe): BVLC's LSTM fed by a ContinuationIndicator --------------
-CRNN_CAFFE = 'the CRNN ports of Caffe (crnn.caffe)'
-FORK_LAYER_TYPES['ContinuationIndicator'] = CRNN_CAFFE
-FORK_LAYER_INSTEAD['ContinuationIndicator'] = (
-    "give the LSTM's second bottom as an Input of shape (time_step, batch_size) holding 0 at "
-    'the first step and 1 after')
-FORK_SETTINGS['LayerParameter.continuation_indicator_param'] = (
-    CRNN_CAFFE, 'ContinuationIndicator is not implemented: ' +
-    FORK_LAYER_INSTEAD['ContinuationIndicator'])
-
 # ---- Python layers that the forks' repositories ship (python_param.module) --------------
 _FASTER_RCNN_LIB = ("py-faster-rcnn's lib (py-R-FCN carries the same): Python 2 code with a "
                     'compiled NMS (lib/nms); put a Python 3 port of lib, its NMS built, on '

@@ -154,10 +154,6 @@ def test_fork_layer_type_names_its_fork():
                    "implemented; write its transitions out as BatchNorm, Scale, ReLU, "
                    "Convolution and Concat layers (caffe_ocr's ResNet and Inception-BN nets "
                    "run here)"),
-    ('ContinuationIndicator',
-     "layer type 'ContinuationIndicator' is from the CRNN ports of Caffe (crnn.caffe) and is not "
-     "implemented; give the LSTM's second bottom as an Input of shape (time_step, batch_size) "
-     'holding 0 at the first step and 1 after'),
 ])
 def test_fork_layer_type_says_what_runs_instead(type_name, line):
     with pytest.raises(CaffeError) as info:
@@ -295,16 +291,10 @@ def test_deeplabs_batchnorm_setting_names_deeplab():
      "(a setting of DeepLab v1's Caffe (deeplab-public); copying weights into a layer of another "
      "shape by their count is not implemented: remove it, and give the weights the layer's "
      'shape (net surgery))'),
-    ('layer { name: "indicator" type: "ContinuationIndicator" top: "indicator" '
-     'continuation_indicator_param { time_step: 13 batch_size: 1 } }\n',
-     '(a setting of the CRNN ports of Caffe (crnn.caffe); ContinuationIndicator is not '
-     "implemented: give the LSTM's second bottom as an Input of shape (time_step, batch_size) "
-     'holding 0 at the first step and 1 after)'),
 ])
 def test_probed_forks_settings_name_their_fork(text, hint):
     """Settings of real nets of the held-out probe (issue #32) that stopped on a bare
-    protobuf line: DeepLab v1's ImageSegData, atrous convolution and weight copying, and the
-    CRNN ports' ContinuationIndicator."""
+    protobuf line: DeepLab v1's ImageSegData, atrous convolution and weight copying."""
     with pytest.raises(CaffeError) as info:
         parse_text(text, caffe_pb2.NetParameter(), 'probe.prototxt')
     assert '\n' not in str(info.value)

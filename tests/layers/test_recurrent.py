@@ -2,7 +2,9 @@
 import numpy as np
 import pytest
 
+from caffe_syncbn import TEST, Net, caffe_pb2
 from caffe_syncbn.errors import CaffeError
+from caffe_syncbn.netparam.prototxt import parse_text
 from caffe_syncbn.testing import build_layer, check_gradient
 from helpers.golden_layer_case import run_single_layer_case, single_layer_cases
 
@@ -149,3 +151,47 @@ def test_shape_errors():
         build_layer('name: "u" type: "LSTMUnit" bottom: "a" bottom: "b" bottom: "c" '
                     'top: "c" top: "h"', [np.zeros((1, 2, 3)), np.zeros((1, 2, 3)),
                                           np.zeros((1, 2))])
+
+
+# ---- the CRNN ports' ContinuationIndicator ----------------------------------------------------
+def indicator_param(time_step, batch_size):
+    return ('name: "indicator" type: "ContinuationIndicator" top: "indicator" '
+            'continuation_indicator_param { time_step: %d batch_size: %d }'
+            % (time_step, batch_size))
+
+
+def test_continuation_indicator_writes_the_forks_loop():
+    """ContinuationIndicatorLayer::Forward_cpu: t == 0 ? 0 : 1, time-major."""
+    layer, bottom, top = build_layer(indicator_param(5, 3), [])
+    layer.forward(bottom, top)
+    expected = [[0 if t == 0 else 1 for _ in range(3)] for t in range(5)]
+    np.testing.assert_array_equal(top[0].data, expected)
+
+
+def test_an_lstm_fed_by_the_indicator_is_the_lstm_fed_by_an_input_of_it():
+    """crnn.caffe's pattern: the indicator as the LSTM's second bottom, against the same
+    values given as an Input."""
+    lstm = ('layer { name: "lstm" type: "LSTM" bottom: "x" bottom: "%s" top: "h" '
+            'recurrent_param { num_output: 4 weight_filler { type: "gaussian" std: 0.3 } '
+            'bias_filler { type: "constant" value: 0.1 } } }')
+    x = 'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 6 dim: 2 dim: 3 } } }'
+    cont = ('layer { name: "cont" type: "Input" top: "cont" '
+            'input_param { shape { dim: 6 dim: 2 } } }')
+    fed = Net(parse_text('\n'.join([x, 'layer { %s }' % indicator_param(6, 2), lstm % 'indicator']),
+                         caffe_pb2.NetParameter()), TEST)
+    given = Net(parse_text('\n'.join([x, cont, lstm % 'cont']), caffe_pb2.NetParameter()), TEST)
+    for mine, theirs in zip(fed.params['lstm'], given.params['lstm']):
+        theirs.data[...] = mine.data
+    inputs = np.random.RandomState(0).standard_normal((6, 2, 3))
+    markers = np.ones((6, 2))
+    markers[0] = 0
+    np.testing.assert_array_equal(fed.forward(x=inputs)['h'],
+                                  given.forward(x=inputs, cont=markers)['h'])
+
+
+@pytest.mark.parametrize('time_step, batch_size, field', [(0, 1, 'time_step'),
+                                                           (4, 0, 'batch_size')])
+def test_continuation_indicator_sizes_must_be_positive(time_step, batch_size, field):
+    with pytest.raises(CaffeError, match='continuation_indicator_param.%s must be at least 1, '
+                                         'got 0' % field):
+        build_layer(indicator_param(time_step, batch_size), [])
