@@ -269,6 +269,7 @@ def test_signal_effect_none_ignores_the_signal_as_caffe_does():
     import signal
 
     from caffe_syncbn.cli.commands import SignalRequests
+    before = signal.getsignal(signal.SIGINT)     # SIG_IGN where a shell started the suite with &
     requests = SignalRequests('none', 'none', 'none')
     try:
         os.kill(os.getpid(), signal.SIGHUP)          # would end this process uncaught
@@ -284,7 +285,7 @@ def test_signal_effect_none_ignores_the_signal_as_caffe_does():
         assert requests.take() == 'stop'
     finally:
         requests.close()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_the_command_line_loads_onnx_only_for_an_export(tmp_path):
