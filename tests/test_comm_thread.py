@@ -38,6 +38,18 @@ def test_allreduce_is_the_rank_order_sum_bitwise_on_every_member(size, count):
         assert r.dtype == np.float32 and np.array_equal(r, expected)
 
 
+@pytest.mark.parametrize('count', [3, PARALLEL_SUM_MIN_SIZE + 13])
+def test_sums_that_are_not_finite_come_back_without_a_numpy_warning(count, recwarn):
+    """inf + -inf and float16 overflows (a loss scale's diffs) are NaN and inf in the
+    result, for the solver to name; numpy's RuntimeWarning, outside the log, stays out."""
+    inputs = [np.full(count, 6e4, np.float16), np.full(count, 6e4, np.float16)]
+    inputs[0][0], inputs[1][0] = np.inf, -np.inf
+    results = ok(lambda c: c.allreduce(inputs[c.rank].copy(), tag='t'), ThreadComm.create(2))
+    for r in results:
+        assert np.isnan(r[0]) and np.all(np.isinf(r[1:]))
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_allreduce_in_place_multidimensional():
     comms = ThreadComm.create(3)
 

@@ -96,10 +96,13 @@ def sum_values(calls):
 
 
 def sum_arrays(calls):
-    """The sum of the calls' arrays, in rank order, as a new array."""
+    """The sum of the calls' arrays, in rank order, as a new array. Sums that overflow or
+    meet inf - inf are the solver's to find and name (-nan_effect, a float16 loss scale's
+    skipped update), not numpy's warning, outside the log."""
     total = calls[0].array.copy()
-    for call in calls[1:]:
-        total += call.array
+    with np.errstate(over='ignore', invalid='ignore'):
+        for call in calls[1:]:
+            total += call.array
     return total
 
 
@@ -267,8 +270,9 @@ class GroupMember(Communicator):
         part = slice(self.index * step, min(array.size, (self.index + 1) * step))
         out = total.reshape(-1)[part]
         out[...] = calls[0].array.reshape(-1)[part]
-        for other in calls[1:]:
-            out += other.array.reshape(-1)[part]
+        with np.errstate(over='ignore', invalid='ignore'):       # as in sum_arrays
+            for other in calls[1:]:
+                out += other.array.reshape(-1)[part]
         self.meet(Call('allreduce (summed)', tag))
         array[...] = total
         return array
