@@ -345,3 +345,19 @@ def test_datum_of_another_shape_names_the_database_the_key_and_both_shapes(tmp_p
     net = caffe.Net(path, caffe.TRAIN)
     one_line(error_of(net.forward), "layer 'data' (type Data)", "record '00000002' of %s" % db,
              'has shape [2, 5, 5], the first record [3, 5, 5]')
+
+
+def test_a_datum_of_several_labels_is_one_line_not_its_last_label(tmp_path):
+    """caffe_ocr's Datum repeats field 5 (label); parsed as Caffe's, it kept the last label
+    alone. A Datum that gives its fields in another order, or once, reads as before."""
+    from caffe_syncbn.data.datum import parse_datum
+    one = caffe.io.array_to_datum(np.zeros((1, 2, 2), np.uint8), label=3).SerializeToString()
+    assert parse_datum(one).label == 3
+    several = one + bytes([0x28, 5, 0x28, 7])               # field 5, varint, twice more
+    with pytest.raises(caffe.CaffeError) as info:
+        parse_datum(several, "record '0001' of ocr_lmdb")
+    assert str(info.value) == (
+        "record '0001' of ocr_lmdb holds 3 labels (a fork's Datum whose label is repeated, as "
+        "caffe_ocr's); a Caffe Datum holds one, and its data layers read one")
+    reordered = bytes([0x28, 3]) + one.replace(bytes([0x28, 3]), b'')
+    assert parse_datum(reordered).label == 3

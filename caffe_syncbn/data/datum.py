@@ -156,10 +156,43 @@ def encoded_datum(payload, label=0):
 
 def parse_datum(value, where='record'):
     try:
-        return caffe_pb2.Datum.FromString(value)
+        datum = caffe_pb2.Datum.FromString(value)
     except DecodeError:
         raise CaffeError('%s is not a Caffe Datum (%d bytes that do not parse)'
                          % (where, len(value))) from None
+    # parsing keeps the last of a field given twice: the size tells, without a copy
+    if datum.ByteSize() != len(value) and _label_count(value) > 1:
+        raise CaffeError('%s holds %d labels (a fork\'s Datum whose label is repeated, as '
+                         "caffe_ocr's); a Caffe Datum holds one, and its data layers read one"
+                         % (where, _label_count(value)))
+    return datum
+
+
+def _label_count(value):
+    """How many times a Datum's wire bytes give field 5 (label), walking the fields."""
+    count, at = 0, 0
+    while at < len(value):
+        key, at = _varint(value, at)
+        number, wire_type = key >> 3, key & 7
+        count += number == 5
+        if wire_type == 0:
+            _, at = _varint(value, at)
+        elif wire_type == 2:
+            length, at = _varint(value, at)
+            at += length
+        elif wire_type in (1, 5):               # fixed 64 or 32 bits (3, 4: group marks)
+            at += 8 if wire_type == 1 else 4
+    return count
+
+
+def _varint(value, at):
+    result, shift = 0, 0
+    while True:
+        byte = value[at]
+        result |= (byte & 0x7f) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return result, at
 
 
 def record_name(key, path):
