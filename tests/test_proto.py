@@ -84,7 +84,7 @@ def _number(message, field):
     ('InterpParameter', 'pad_end', 6),
     ('TransformationParameter', 'scale_ratios', 12),
     ('TransformationParameter', 'stride', 16),
-    # issue 32 part B: NVCaffe, R-FCN, caffe-fast-rcnn, chuanqi305/ssd, at their numbers
+    # NVCaffe, R-FCN, caffe-fast-rcnn, chuanqi305/ssd, at their numbers
     ('BatchNormParameter', 'scale_filler', 5),
     ('BatchNormParameter', 'bias_filler', 6),
     ('BatchNormParameter', 'scale_bias', 7),
