@@ -242,6 +242,19 @@ def test_syncbn_overhead_quick():
     assert float(rows[0][3]) == 1.0
 
 
+def test_real_prototxts_counts_what_runs_and_names_what_stops(tmp_path):
+    """benchmarks/real_prototxts.py on two of its nets: BVLC's SRCNN runs, NVCaffe's
+    DetectNet stops with one line naming its fork; the table says so."""
+    result = check_ok(run_tool('benchmarks/real_prototxts.py', '--out', tmp_path, '--label',
+                               'smoke', 'SRCNN_deploy', 'kitti_detectnet'))
+    assert result.stdout.strip().splitlines()[-1].startswith('1 of 2 ran'), result.stdout
+    rows = [line.split('\t') for line in
+            (tmp_path / 'results_smoke.tsv').read_text().splitlines()[1:]]
+    results = {name.split('__')[0]: (result, line) for name, _, _, result, line in rows}
+    assert results['SolessChong_srcnn-caffe'][0] == 'OK'
+    assert results['NVIDIA_caffe'][0] == 'ERROR' and 'NVCaffe' in results['NVIDIA_caffe'][1]
+
+
 def test_syncbn_overhead_bad_batch():
     check_one_error_line(run_tool('benchmarks/syncbn_overhead.py', '--quick', '--batch', 6),
                          'multiple of 4')
