@@ -8,7 +8,6 @@ import pytest
 
 from caffe_syncbn.backend import cpu_threads
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.layer import TRAIN
 from caffe_syncbn.layers.conv import array as conv_array, gpu as conv_gpu, host as conv_host, \
     host_columns as conv_columns, host_gemm as conv_cpu
 from caffe_syncbn.layers.conv.array import col2im, im2col
@@ -18,6 +17,7 @@ from helpers.cuda_emulation import emulated_kernels
 from helpers.engines import assert_matches, reference
 from helpers.golden_layer_case import run_single_layer_case, single_layer_cases
 from helpers.layer_cases import IM2COL
+from helpers.layer_checks import forward
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 1e-2}
 
@@ -28,21 +28,11 @@ def test_golden_single_layer(case, dtype, engine, monkeypatch):
     run_single_layer_case(case, monkeypatch, dtype=dtype, engine=engine)
 
 
-def _randn(*shape, seed=0):
-    return np.random.RandomState(seed).standard_normal(shape)
-
-
 def _conv(body, kind='Convolution', bottoms=('x',), tops=('y',)):
     links = ''.join('bottom: "%s" ' % b for b in bottoms) + ''.join('top: "%s" ' % t for t in tops)
     return ('name: "c" type: "%s" %s convolution_param { %s weight_filler { type: "gaussian" '
             'std: 0.5 } bias_filler { type: "uniform" min: -0.5 max: 0.5 } }'
             % (kind, links, body))
-
-
-def _forward(text, bottoms, phase=TRAIN, dtype=np.float64):
-    layer, bottom, top = build_layer(text, bottoms, phase=phase, dtype=dtype)
-    layer.forward(bottom, top)
-    return layer, bottom, top
 
 
 # ---------------------------------------------------------------- every engine
@@ -65,7 +55,7 @@ def test_every_engine_gives_the_float64_array_engine(engine, kind, body, shape, 
     if dtype == np.float16 and not engine.on_device:
         pytest.skip('float16 convolutions run on GPUs')
     text = _conv(body, kind)
-    x = [_randn(*shape)]
+    x = [randn(*shape)]
     assert_matches(engine.run(text, x, dtype=dtype), reference(text, x), dtype, engine.name)
 
 
@@ -83,13 +73,13 @@ def test_every_engine_gives_the_float64_array_engine(engine, kind, body, shape, 
     ('num_output: 2 kernel_size: 2 axis: 2', (2, 1, 2, 4, 3)),
 ])
 def test_convolution_gradient(host_engine, body, shape):
-    host_engine.check_gradient(_conv(body), [_randn(*shape)])
+    host_engine.check_gradient(_conv(body), [randn(*shape)])
 
 
 def test_convolution_two_bottoms_share_weights(host_engine):
     text = _conv('num_output: 2 kernel_size: 2', bottoms=('a', 'b'), tops=('p', 'q'))
-    host_engine.check_gradient(text, [_randn(2, 2, 3, 3), _randn(2, 2, 3, 3, seed=1)])
-    layer, bottom, top = _forward(text, [_randn(2, 2, 3, 3), _randn(2, 2, 3, 3)])
+    host_engine.check_gradient(text, [randn(2, 2, 3, 3), randn(2, 2, 3, 3, seed=1)])
+    layer, bottom, top = forward(text, [randn(2, 2, 3, 3), randn(2, 2, 3, 3)])
     np.testing.assert_array_equal(top[0].data, top[1].data)
 
 
@@ -99,21 +89,21 @@ def test_convolution_two_bottoms_share_weights(host_engine):
     ('num_output: 2 kernel_size: 1 bias_term: false', (2, 3, 2, 3)),
 ])
 def test_deconvolution_gradient(host_engine, body, shape):
-    host_engine.check_gradient(_conv(body, 'Deconvolution'), [_randn(*shape)])
+    host_engine.check_gradient(_conv(body, 'Deconvolution'), [randn(*shape)])
 
 
 def test_deconvolution_output_size():
-    layer, _, top = _forward(_conv('num_output: 2 kernel_size: 4 stride: 2 pad: 1 dilation: 1',
-                                   'Deconvolution'), [_randn(1, 3, 5, 6)])
+    layer, _, top = forward(_conv('num_output: 2 kernel_size: 4 stride: 2 pad: 1 dilation: 1',
+                                   'Deconvolution'), [randn(1, 3, 5, 6)])
     assert top[0].shape == (1, 2, 10, 12)
     assert layer.blobs[0].shape == (3, 2, 4, 4)
 
 
 def test_deconvolution_is_the_adjoint_of_convolution():
-    x, y_diff = _randn(2, 4, 5, 5), _randn(2, 3, 3, 3, seed=1)
+    x, y_diff = randn(2, 4, 5, 5), randn(2, 3, 3, 3, seed=1)
     body = 'num_output: %d kernel_size: 3 stride: 2 pad: 1 group: 1 bias_term: false'
-    conv, cb, ct = _forward(_conv(body % 3), [x])
-    deconv, db, dt = _forward(_conv(body % 4, 'Deconvolution'), [y_diff])
+    conv, cb, ct = forward(_conv(body % 3), [x])
+    deconv, db, dt = forward(_conv(body % 4, 'Deconvolution'), [y_diff])
     deconv.blobs[0].data[...] = conv.blobs[0].data
     deconv.forward(db, dt)
     # <conv(x), y> == <x, deconv(y)>
@@ -124,7 +114,7 @@ def test_deconvolution_is_the_adjoint_of_convolution():
 def test_batched_and_folded_gemms_agree(wide, monkeypatch):
     """The GEMMs of the array path (GPUs): per image (wide images) or over the folded batch."""
     monkeypatch.setattr(conv_array, '_WIDE_IMAGE', wide)
-    w, x, a = _randn(2, 3, 4), _randn(3, 2, 4, 5, seed=1), _randn(3, 2, 3, 5, seed=2)
+    w, x, a = randn(2, 3, 4), randn(3, 2, 4, 5, seed=1), randn(3, 2, 3, 5, seed=2)
     np.testing.assert_allclose(conv_array.grouped_matmul(w, x),
                                np.einsum('gmk,ngkp->ngmp', w, x), rtol=1e-12)
     np.testing.assert_allclose(conv_array.grouped_outer(a, x),
@@ -132,7 +122,7 @@ def test_batched_and_folded_gemms_agree(wide, monkeypatch):
 
 
 def test_convolution_skips_param_grads_with_lr_mult_zero():
-    layer, bottom, top = _forward(_conv('num_output: 2 kernel_size: 3'), [_randn(1, 2, 4, 4)])
+    layer, bottom, top = forward(_conv('num_output: 2 kernel_size: 3'), [randn(1, 2, 4, 4)])
     layer.param_propagate_down = [False, False]
     top[0].diff[...] = 1
     layer.backward(top, [True], bottom)
@@ -150,7 +140,7 @@ def test_convolution_skips_param_grads_with_lr_mult_zero():
 ])
 def test_convolution_errors(body, message):
     with pytest.raises(CaffeError, match=message):
-        build_layer(_conv(body), [_randn(1, 4, 5, 5)])
+        build_layer(_conv(body), [randn(1, 4, 5, 5)])
 
 
 # ---------------------------------------------------------------- im2col
@@ -158,9 +148,9 @@ def test_convolution_errors(body, message):
 def test_im2col_layer_gradient_and_channel_order(host_engine):
     text = ('name: "i" type: "Im2col" bottom: "x" top: "y" '
             'convolution_param { kernel_size: 2 stride: 1 pad: 1 dilation: 2 }')
-    host_engine.check_gradient(text, [_randn(2, 2, 4, 3)])
-    x = _randn(1, 2, 3, 3)
-    _, _, top = _forward(text.replace('dilation: 2', ''), [x])
+    host_engine.check_gradient(text, [randn(2, 2, 4, 3)])
+    x = randn(1, 2, 3, 3)
+    _, _, top = forward(text.replace('dilation: 2', ''), [x])
     # channel (c, kh, kw) at output (i, j) reads x[c, i + kh - 1, j + kw - 1]
     assert top[0].shape == (1, 8, 4, 4)
     assert top[0].data[0, 1 * 4 + 1 * 2 + 0, 2, 3] == x[0, 1, 2, 2]
@@ -169,9 +159,9 @@ def test_im2col_layer_gradient_and_channel_order(host_engine):
 
 def test_col2im_is_the_adjoint_of_im2col():
     geometry = dict(kernel=(3, 2, 2), pad=(1, 0, 1), stride=(2, 1, 2), dilation=(1, 2, 1))
-    x = _randn(2, 3, 5, 6, 4)
+    x = randn(2, 3, 5, 6, 4)
     col = im2col(x, **geometry)
-    c = _randn(*col.shape, seed=3)
+    c = randn(*col.shape, seed=3)
     np.testing.assert_allclose(np.sum(col * c), np.sum(x * col2im(c, x.shape[2:], **geometry)))
 
 

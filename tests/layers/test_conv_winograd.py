@@ -13,16 +13,13 @@ from caffe_syncbn.errors import CaffeError
 from caffe_syncbn.layers.conv import array as conv_array, host as conv_host, \
     host_depthwise as depthwise_cpu, host_gemm as conv_cpu, host_winograd as winograd_cpu
 from caffe_syncbn.testing import build_layer, check_gradient
+from helpers.arrays import randn
 
 
 @pytest.fixture
 def forced(monkeypatch):
     """Winograd wherever it applies, whatever the rule says of the shape."""
     monkeypatch.setenv(winograd_cpu.MODE_VARIABLE, 'on')
-
-
-def _randn(*shape, seed=0):
-    return np.random.RandomState(seed).standard_normal(shape)
 
 
 def _conv_text(body):
@@ -54,9 +51,9 @@ SHAPES = [
     ('num_output: 4 pad: 2 group: 2 bias_term: false', (2, 4, 3, 2)),
 ])
 def test_finite_difference_gradients(body, shape, forced):
-    layer, _, _ = build_layer(_conv_text(body), [_randn(*shape)])
+    layer, _, _ = build_layer(_conv_text(body), [randn(*shape)])
     assert conv_host.runs(layer) is winograd_cpu
-    check_gradient(_conv_text(body), [_randn(*shape)])
+    check_gradient(_conv_text(body), [randn(*shape)])
 
 
 def _run(body, shape, dtype, absolute=False, host=True):
@@ -64,7 +61,7 @@ def _run(body, shape, dtype, absolute=False, host=True):
     ``absolute``: on |x|, |w|, |b| and |top diff|, which makes every output the sum of
     the magnitudes of the products it adds up."""
     def values(*s, seed):
-        v = _randn(*s, seed=seed)
+        v = randn(*s, seed=seed)
         return np.abs(v) if absolute else v
     layer, bottom, top = build_layer(_conv_text(body), [values(*shape, seed=0)], dtype=dtype)
     layer.engine = conv_host if host else conv_array    # the array engine: im2col + GEMM
@@ -166,7 +163,7 @@ def test_the_same_bits_on_any_number_of_threads(body, shape, chunking, forced, m
 
 
 def test_chunks_cover_every_tile_once(monkeypatch):
-    layer, _, _ = build_layer(_conv_text('num_output: 4 pad: 1'), [_randn(3, 2, 9, 7)])
+    layer, _, _ = build_layer(_conv_text('num_output: 4 pad: 1'), [randn(3, 2, 9, 7)])
     for budget in (1, 3000, 20000, 10 ** 9):
         monkeypatch.setattr(winograd_cpu, 'CHUNK_BYTES', budget)
         monkeypatch.setattr(winograd_cpu, 'MIN_TILES', 1)
@@ -194,7 +191,7 @@ def test_the_forward_writes_m_over_v(outputs, channels, forced, monkeypatch):
     thread of its own, whose buffers start empty."""
     monkeypatch.setattr(winograd_cpu, 'TRANSFORM_BYTES', 1 << 12)
     layer, bottom, top = build_layer(_conv_text('num_output: %d pad: 1' % outputs),
-                                     [_randn(1, channels, 40, 40)], dtype=np.float32)
+                                     [randn(1, channels, 40, 40)], dtype=np.float32)
     assert len(winograd_cpu.chunks(layer)) == 1          # the image in one chunk
     wider, narrower = (16 * 20 * 20 * 4 * c for c in sorted((outputs, channels))[::-1])
     peaks = []
@@ -224,26 +221,26 @@ def test_the_forward_writes_m_over_v(outputs, channels, forced, monkeypatch):
     ('num_output: 4 pad: 1 engine: CAFFE', (1, 4, 8, 8)),
 ])
 def test_layers_it_does_not_run(body, shape, forced):
-    layer, _, _ = build_layer(_conv_text(body), [_randn(*shape)])
+    layer, _, _ = build_layer(_conv_text(body), [randn(*shape)])
     assert not layer.winograd and conv_host.runs(layer) is conv_cpu
 
 
 def test_depthwise_layers_keep_their_own_path(forced):
-    layer, _, _ = build_layer(_conv_text('num_output: 4 pad: 1 group: 4'), [_randn(1, 4, 8, 8)])
+    layer, _, _ = build_layer(_conv_text('num_output: 4 pad: 1 group: 4'), [randn(1, 4, 8, 8)])
     assert conv_host.runs(layer) is depthwise_cpu
 
 
 def test_the_variable_turns_it_off_and_on(monkeypatch):
     text = _conv_text('num_output: 8 pad: 1')
     monkeypatch.setenv(winograd_cpu.MODE_VARIABLE, 'off')
-    assert conv_host.runs(build_layer(text, [_randn(1, 8, 8, 8)])[0]) is conv_cpu
-    layer, _, _ = build_layer(text, [_randn(1, 8, 8, 8)])
+    assert conv_host.runs(build_layer(text, [randn(1, 8, 8, 8)])[0]) is conv_cpu
+    layer, _, _ = build_layer(text, [randn(1, 8, 8, 8)])
     monkeypatch.setenv(winograd_cpu.MODE_VARIABLE, 'on')
     assert not layer.winograd             # chosen off at setup: no Winograd for this layer
-    assert conv_host.runs(build_layer(text, [_randn(1, 8, 8, 8)])[0]) is winograd_cpu
+    assert conv_host.runs(build_layer(text, [randn(1, 8, 8, 8)])[0]) is winograd_cpu
     monkeypatch.setenv(winograd_cpu.MODE_VARIABLE, 'sometimes')
     with pytest.raises(CaffeError, match='CAFFE_SYNCBN_WINOGRAD=sometimes'):
-        build_layer(text, [_randn(1, 8, 8, 8)])
+        build_layer(text, [randn(1, 8, 8, 8)])
 
 
 @pytest.mark.parametrize('body, shape, picks', [
@@ -258,7 +255,7 @@ def test_the_variable_turns_it_off_and_on(monkeypatch):
 ])
 def test_the_rule_goes_by_channels_per_group_and_tiles(body, shape, picks, monkeypatch):
     monkeypatch.delenv(winograd_cpu.MODE_VARIABLE, raising=False)
-    layer, _, _ = build_layer(_conv_text(body), [_randn(*shape)])
+    layer, _, _ = build_layer(_conv_text(body), [randn(*shape)])
     assert layer.winograd
     assert (conv_host.runs(layer) is winograd_cpu) == picks
 
@@ -268,14 +265,14 @@ def test_the_rule_follows_the_batch_of_each_reshape(monkeypatch):
     backward of one shape agree with im2col either way."""
     monkeypatch.delenv(winograd_cpu.MODE_VARIABLE, raising=False)
     layer, bottom, top = build_layer(_conv_text('num_output: 64 pad: 1'),
-                                     [_randn(1, 64, 16, 16)])
+                                     [randn(1, 64, 16, 16)])
     assert conv_host.runs(layer) is conv_cpu
     bottom[0].reshape((2, 64, 16, 16))
-    bottom[0].data[...] = _randn(2, 64, 16, 16)
+    bottom[0].data[...] = randn(2, 64, 16, 16)
     layer.reshape(bottom, top)
     assert conv_host.runs(layer) is winograd_cpu
     layer.forward(bottom, top)
-    top[0].diff[...] = _randn(*top[0].shape, seed=1)
+    top[0].diff[...] = randn(*top[0].shape, seed=1)
     layer.backward(top, [True], bottom)
     got = [top[0].data.copy(), bottom[0].diff.copy(), layer.blobs[0].diff.copy()]
     layer.engine = conv_array

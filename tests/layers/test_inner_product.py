@@ -6,9 +6,10 @@ from google.protobuf import text_format
 
 from caffe_syncbn import caffe_pb2
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.layer import TRAIN
 from caffe_syncbn.testing import build_layer
+from helpers.arrays import randn
 from helpers.golden_layer_case import ATOL, RTOL, run_single_layer_case, single_layer_cases
+from helpers.layer_checks import forward
 from helpers.paths import GOLDEN, require
 
 
@@ -37,16 +38,6 @@ def test_golden_embed():
                                    rtol=RTOL, atol=ATOL)
 
 
-def _randn(*shape, seed=0):
-    return np.random.RandomState(seed).standard_normal(shape)
-
-
-def _forward(text, bottoms, phase=TRAIN, dtype=np.float64):
-    layer, bottom, top = build_layer(text, bottoms, phase=phase, dtype=dtype)
-    layer.forward(bottom, top)
-    return layer, bottom, top
-
-
 def _ip(body):
     return ('name: "f" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { %s '
             'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" } }'
@@ -60,13 +51,13 @@ def _ip(body):
     ('num_output: 2 bias_term: false axis: -1', (3, 2, 3), (3, 2, 2)),
 ])
 def test_inner_product(host_engine, body, shape, out):
-    layer, _, top = _forward(_ip(body), [_randn(*shape)])
+    layer, _, top = forward(_ip(body), [randn(*shape)])
     assert top[0].shape == out
-    host_engine.check_gradient(_ip(body), [_randn(*shape)])
+    host_engine.check_gradient(_ip(body), [randn(*shape)])
 
 
 def test_inner_product_rejects_a_changed_input_size():
-    layer, bottom, top = build_layer(_ip('num_output: 3'), [_randn(2, 4)])
+    layer, bottom, top = build_layer(_ip('num_output: 3'), [randn(2, 4)])
     bottom[0].reshape(2, 5)
     with pytest.raises(CaffeError, match='expected 4 inputs'):
         layer.reshape(bottom, top)
@@ -78,7 +69,7 @@ _EMBED = ('name: "e" type: "Embed" bottom: "i" top: "y" embed_param { num_output
 
 def test_embed_forward_and_param_gradient(host_engine):
     idx = np.array([[1, 4], [1, 0]], float)
-    layer, _, top = _forward(_EMBED, [idx])
+    layer, _, top = forward(_EMBED, [idx])
     assert top[0].shape == (2, 2, 3)
     np.testing.assert_allclose(top[0].data[1, 0], layer.blobs[0].data[1] + layer.blobs[1].data)
     host_engine.check_gradient(_EMBED, [idx], check_bottom=[])
@@ -92,7 +83,7 @@ def test_embed_rejects_bad_indices(idx, message):
 
 
 def test_embed_has_no_bottom_gradient():
-    layer, bottom, top = _forward(_EMBED, [np.array([1.0])])
+    layer, bottom, top = forward(_EMBED, [np.array([1.0])])
     assert not layer.allow_force_backward(0)
     with pytest.raises(CaffeError, match='backpropagate'):
         layer.backward(top, [True], bottom)

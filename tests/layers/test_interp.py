@@ -8,11 +8,12 @@ import pytest
 
 from caffe_syncbn.backend import cpu_threads
 from caffe_syncbn.errors import CaffeError
-from caffe_syncbn.layer import TRAIN
 from caffe_syncbn.layers.interp.array import interp_taps
 from caffe_syncbn.testing import build_layer
+from helpers.arrays import randn
 from helpers.engines import assert_matches, reference
 from helpers.golden_layer_case import run_single_layer_case
+from helpers.layer_checks import forward
 from helpers.paths import GOLDEN
 
 
@@ -30,16 +31,6 @@ def test_golden_single_layer(case, dtype, engine, monkeypatch):
     run_single_layer_case(case, monkeypatch, dtype=dtype, engine=engine)
 
 
-def _randn(*shape, seed=0):
-    return np.random.RandomState(seed).standard_normal(shape)
-
-
-def _forward(text, bottoms, phase=TRAIN, dtype=np.float64):
-    layer, bottom, top = build_layer(text, bottoms, phase=phase, dtype=dtype)
-    layer.forward(bottom, top)
-    return layer, bottom, top
-
-
 def _interp(body):
     return 'name: "r" type: "Interp" bottom: "x" top: "y" interp_param { %s }' % body
 
@@ -52,7 +43,7 @@ def test_every_engine_gives_the_float64_array_engine(engine, body, dtype):
     if dtype == np.float16 and not engine.on_device:
         pytest.skip('float16 Interp runs on GPUs')
     text = _interp(body)
-    x = [_randn(2, 2, 4, 5, seed=3)]
+    x = [randn(2, 2, 4, 5, seed=3)]
     assert_matches(engine.run(text, x, dtype=dtype), reference(text, x), dtype, engine.name)
 
 
@@ -65,14 +56,14 @@ def test_every_engine_gives_the_float64_array_engine(engine, body, dtype):
     ('height: 3 width: 4 pad_beg: -1', (1, 1, 4, 5), (1, 1, 3, 4)),
 ])
 def test_interp_shapes_and_gradient(host_engine, body, shape, out):
-    _, _, top = _forward(_interp(body), [_randn(*shape)])
+    _, _, top = forward(_interp(body), [randn(*shape)])
     assert top[0].shape == out
-    host_engine.check_gradient(_interp(body), [_randn(*shape)])
+    host_engine.check_gradient(_interp(body), [randn(*shape)])
 
 
 def test_interp_aligns_corners():
-    x = _randn(1, 1, 3, 4)
-    _, _, top = _forward(_interp('zoom_factor: 4'), [x])
+    x = randn(1, 1, 3, 4)
+    _, _, top = forward(_interp('zoom_factor: 4'), [x])
     y = top[0].data[0, 0]
     np.testing.assert_allclose(y[::4, ::4], x[0, 0])
     np.testing.assert_allclose(y[2, 2], x[0, 0, :2, :2].mean())
@@ -85,7 +76,7 @@ def test_interp_aligns_corners():
 ])
 def test_interp_errors(body, message):
     with pytest.raises(CaffeError, match=message):
-        build_layer(_interp(body), [_randn(1, 1, 4, 4)])
+        build_layer(_interp(body), [randn(1, 1, 4, 4)])
 
 
 def test_interp_in_blocks_gives_the_forks_bits(monkeypatch):

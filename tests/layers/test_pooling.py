@@ -17,6 +17,7 @@ from helpers.cuda_emulation import emulated_kernels
 from helpers.engines import assert_matches, reference
 from helpers.golden_layer_case import run_single_layer_case, single_layer_cases
 from helpers.layer_cases import POOLS
+from helpers.layer_checks import forward
 
 
 @pytest.mark.parametrize('dtype', [np.float32, np.float64])
@@ -29,16 +30,6 @@ def _distinct(shape, seed=0, scale=0.1):
     """Inputs with no ties, so MAX pooling stays away from its kinks."""
     rs = np.random.RandomState(seed)
     return (rs.permutation(int(np.prod(shape))).reshape(shape) - np.prod(shape) / 2.0) * scale
-
-
-def _randn(*shape, seed=0):
-    return np.random.RandomState(seed).standard_normal(shape)
-
-
-def _forward(text, bottoms, phase=TRAIN, dtype=np.float64):
-    layer, bottom, top = build_layer(text, bottoms, phase=phase, dtype=dtype)
-    layer.forward(bottom, top)
-    return layer, bottom, top
 
 
 def _pool(body, tops=('y',)):
@@ -139,10 +130,10 @@ FLOOR_SPELLINGS = ['round_mode: FLOOR', 'ceil_mode: false', 'torch_pooling: true
 @pytest.mark.parametrize('kernel, stride, pad, in_hw', [
     (3, 2, 0, (8, 7)), (3, 2, 1, (8, 7)), (2, 2, 1, (5, 6)), (3, 3, 1, (10, 11))])
 def test_each_forks_rounding_gives_its_loop(method, spelling, kernel, stride, pad, in_hw):
-    x = _randn(2, 2, *in_hw)
+    x = randn(2, 2, *in_hw)
     body = 'pool: %s kernel_size: %d stride: %d pad: %d %s' % (method, kernel, stride, pad,
                                                                spelling)
-    _, _, top = _forward(_pool(body), [x])
+    _, _, top = forward(_pool(body), [x])
     expected = pooling_reference(x, method, kernel, stride, pad, spelling not in FLOOR_SPELLINGS)
     assert top[0].shape == expected.shape
     np.testing.assert_allclose(top[0].data, expected, rtol=1e-13, atol=1e-15)
@@ -152,15 +143,15 @@ def test_floor_rounding_drops_the_last_partial_window():
     """A 8-wide input, kernel 3, stride 2: Caffe's ceil gives 4 windows (the last overhangs),
     every floor spelling gives 3, as PyTorch's MaxPool2d does."""
     for spelling, width in [('', 4)] + [(s, 3) for s in FLOOR_SPELLINGS]:
-        _, _, top = _forward(_pool('pool: MAX kernel_size: 3 stride: 2 ' + spelling),
-                             [_randn(1, 1, 8, 8)])
+        _, _, top = forward(_pool('pool: MAX kernel_size: 3 stride: 2 ' + spelling),
+                             [randn(1, 1, 8, 8)])
         assert top[0].shape == (1, 1, width, width), spelling
 
 
 def test_contradicting_roundings_are_one_error_line():
     with pytest.raises(CaffeError) as info:
-        _forward(_pool('pool: MAX kernel_size: 3 stride: 2 ceil_mode: false round_mode: CEIL'),
-                 [_randn(1, 1, 8, 8)])
+        forward(_pool('pool: MAX kernel_size: 3 stride: 2 ceil_mode: false round_mode: CEIL'),
+                 [randn(1, 1, 8, 8)])
     assert "'p' (type Pooling)" in str(info.value) and '\n' not in str(info.value)
     assert 'pooling_param rounds both ways: ceil_mode: false, round_mode: CEIL' in str(info.value)
 
@@ -169,7 +160,7 @@ def test_max_pooling_ties_and_mask():
     """On ties the first maximum in row-major order wins, as in Caffe."""
     x = np.zeros((1, 1, 4, 4))
     x[0, 0, 1, 0] = x[0, 0, 0, 1] = 5    # both in the first 2x2 window: (0, 1) comes first
-    layer, bottom, top = _forward(_pool('pool: MAX kernel_size: 2 stride: 2', ('y', 'mask')), [x])
+    layer, bottom, top = forward(_pool('pool: MAX kernel_size: 2 stride: 2', ('y', 'mask')), [x])
     assert top[1].data[0, 0, 0, 0] == 1           # h * W + w of (0, 1)
     assert top[1].data[0, 0, 1, 1] == 2 * 4 + 2   # all zeros: the window's first cell
     top[0].diff[...] = 1
@@ -180,7 +171,7 @@ def test_max_pooling_ties_and_mask():
 def test_overlapping_max_pooling_adds_gradients_of_shared_maxima():
     x = np.zeros((1, 1, 3, 3))
     x[0, 0, 1, 1] = 1
-    layer, bottom, top = _forward(_pool('pool: MAX kernel_size: 2 stride: 1'), [x])
+    layer, bottom, top = forward(_pool('pool: MAX kernel_size: 2 stride: 1'), [x])
     top[0].diff[...] = 1
     layer.backward(top, [True], bottom)
     assert bottom[0].diff[0, 0, 1, 1] == 4
@@ -189,16 +180,16 @@ def test_overlapping_max_pooling_adds_gradients_of_shared_maxima():
 def test_stochastic_pooling():
     x = np.abs(_distinct((2, 2, 5, 5))) + 0.1
     body = 'pool: STOCHASTIC kernel_size: 3 stride: 2'
-    _, _, top = _forward(_pool(body), [x], phase=TEST)
+    _, _, top = forward(_pool(body), [x], phase=TEST)
     window = x[0, 1, 2:5, 0:3]
     np.testing.assert_allclose(top[0].data[0, 1, 1, 0], np.sum(window ** 2) / np.sum(window))
-    layer, bottom, top = _forward(_pool(body), [x], phase=TRAIN)
+    layer, bottom, top = forward(_pool(body), [x], phase=TRAIN)
     assert top[0].data[0, 1, 1, 0] in window        # a sampled cell of its window
     top[0].diff[...] = 1
     layer.backward(top, [True], bottom)
     assert bottom[0].diff.sum() == top[0].count
     assert set(np.unique(bottom[0].diff)) <= {0, 1, 2, 3, 4}
-    test_layer, bottom, top = _forward(_pool(body), [x], phase=TEST)
+    test_layer, bottom, top = forward(_pool(body), [x], phase=TEST)
     with pytest.raises(CaffeError, match='TEST'):
         test_layer.backward(top, [True], bottom)
 
@@ -211,12 +202,12 @@ def test_stochastic_pooling():
 ])
 def test_pooling_errors(body, message):
     with pytest.raises(CaffeError, match=message):
-        build_layer(_pool(body), [_randn(1, 1, 5, 5)])
+        build_layer(_pool(body), [randn(1, 1, 5, 5)])
 
 
 def test_pooling_mask_top_only_for_max():
     with pytest.raises(CaffeError, match='top'):
-        build_layer(_pool('pool: AVE kernel_size: 2', ('y', 'mask')), [_randn(1, 1, 4, 4)])
+        build_layer(_pool('pool: AVE kernel_size: 2', ('y', 'mask')), [randn(1, 1, 4, 4)])
 
 
 @pytest.mark.parametrize('body, shape, out', [
@@ -226,7 +217,7 @@ def test_pooling_mask_top_only_for_max():
 ])
 def test_spp(host_engine, body, shape, out):
     text = 'name: "s" type: "SPP" bottom: "x" top: "y" spp_param { %s }' % body
-    _, _, top = _forward(text, [_distinct(shape)])
+    _, _, top = forward(text, [_distinct(shape)])
     assert top[0].shape == out
     host_engine.check_gradient(text, [_distinct(shape)])
 
