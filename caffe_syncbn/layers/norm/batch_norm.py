@@ -73,6 +73,9 @@ class ChannelNorm(Layer):
 
     #: what this layer absorbed (Layer.absorb), or None
     chain = None
+    #: whether its batch statistics and their gradient sums span the replicas of
+    #: ``ctx.group_comm`` (the SyncBN kinds), or this replica's batch alone
+    synchronized = False
     #: whether the chain may find x_hat from the output this pass, read before it (decided)
     _recovery_decided = None
 
@@ -116,7 +119,10 @@ class ChannelNorm(Layer):
         return moments(packed, shift)
 
     def share(self, packed):
-        """Sum per-channel sums over the replicas (SyncBN); alone, nothing to do."""
+        """Sum per-channel sums over the replicas of ``ctx.group_comm`` where the layer is
+        ``synchronized``; alone, nothing to do."""
+        if self.synchronized and self.ctx.group_comm is not None:
+            self.ctx.group_comm.allreduce(packed, tag=self.name)
 
     def empty_batch_message(self, shape):
         return 'cannot take batch statistics of an empty batch (shape %s)' % (shape,)
@@ -384,6 +390,7 @@ class SyncBN(BN):
     docstring)."""
 
     affine_frozen = False
+    synchronized = True
 
     def make_statistics(self, p):
         if keeps_sums(self.param):
@@ -397,10 +404,6 @@ class SyncBN(BN):
         # the blob dtype, which every engine holds exactly
         reference = self.statistics.running()[0].astype(self.dtype).astype(STAT)
         return self.local_moments(x3, reference=reference)
-
-    def share(self, packed):
-        if self.ctx.group_comm is not None:
-            self.ctx.group_comm.allreduce(packed, tag=self.name)
 
     def empty_batch_message(self, shape):
         comm = self.ctx.group_comm

@@ -129,13 +129,11 @@ class SyncSegNetBN(SegNetBN):
     """SegNet's BN over the batch of the replicas ``ctx.group_comm`` joins (-sync_bn: every
     replica, or the layer's group of them under sync_bn_group_size)."""
 
+    synchronized = True
+
     def batch_reference(self):
         # every replica's sums about the same point, so that they add up
         return self.xp.zeros(self.channels, STAT)
-
-    def share(self, packed):
-        if self.ctx.group_comm is not None:
-            self.ctx.group_comm.allreduce(packed, tag=self.name)
 
     def batch_gradient_sums(self, sum_dy, sum_dy_x_hat):
         if self.inference:
