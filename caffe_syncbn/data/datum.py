@@ -161,10 +161,11 @@ def parse_datum(value, where='record'):
         raise CaffeError('%s is not a Caffe Datum (%d bytes that do not parse)'
                          % (where, len(value))) from None
     # parsing keeps the last of a field given twice: the size tells, without a copy
-    if datum.ByteSize() != len(value) and _label_count(value) > 1:
+    labels = _label_count(value) if datum.ByteSize() != len(value) else 1
+    if labels > 1:
         raise CaffeError('%s holds %d labels (a fork\'s Datum whose label is repeated, as '
                          "caffe_ocr's); a Caffe Datum holds one, and its data layers read one"
-                         % (where, _label_count(value)))
+                         % (where, labels))
     return datum
 
 
