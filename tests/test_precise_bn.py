@@ -18,6 +18,7 @@ from caffe_syncbn import TEST, TRAIN, Net
 from caffe_syncbn.backend import to_numpy
 from caffe_syncbn.cli.commands import main
 from caffe_syncbn.errors import CaffeError
+from caffe_syncbn.fillers import set_random_seed
 from caffe_syncbn.training.precise_bn import PreciseBN
 from caffe_syncbn.weights.norm_forms import statistics_factor
 
@@ -91,6 +92,7 @@ def write_model(folder, form, source, devices):
     weights = os.path.join(str(folder), '%s.caffemodel' % form)
     if not os.path.exists(weights):
         rs = np.random.RandomState(11)
+        set_random_seed(11)               # the convolutions' fillers: the same weights in every run
         net = Net(model, TRAIN)
         for layer in net.layers:
             for blob in layer.blobs:
