@@ -169,7 +169,7 @@ def compare_precisions(args):
             line = '%-12s %-9s %s' % (plan, precision, ' '.join(
                 '%13.1f' % peak[plan, precision, b] for b in batches))
             if per_image:
-                line += '  %13.2f %9s' % (per_image[precision], '%.3f' % (
+                line += '  %13.3f %9s' % (per_image[precision], '%.3f' % (
                     per_image[precision] / per_image['float32']) if 'float32' in per_image else '-')
             print(line)
     return 0
