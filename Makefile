@@ -10,6 +10,10 @@ $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	# NVIDIA's cuDNN frontend, for its graph API alone: the tests define the cuDNN engine's
+	# graphs with it, which needs no GPU. Its dependencies (cutlass-dsl, ~180 MB) serve JIT
+	# engines that the engine does not use. The same pin travels in tools/gpu_bundle.py.
+	$(PY) -m pip install -q --no-deps 'nvidia-cudnn-frontend==1.32.0'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -17,6 +17,9 @@ setup(
         # CuPy with its CUDA libraries (NVRTC, cuBLAS: the [ctk] extra) and NCCL, which the
         # cupy-cuda13x wheel alone does not bring
         'gpu': ['cupy-cuda13x[ctk]>=14', 'nvidia-nccl-cu13>=2.20'],
+        # the cuDNN convolution engine (CAFFE_SYNCBN_CUDNN=1; docs/gpu.md): NVIDIA's frontend
+        # and the cuDNN library it loads
+        'cudnn': ['nvidia-cudnn-frontend>=1.32', 'nvidia-cudnn-cu13>=9'],
         # mpi4py and an MPI library from PyPI: the mpich wheel puts mpiexec in the environment
         # (an MPI already installed, e.g. a cluster's, works too: then pip install mpi4py alone)
         'mpi': ['mpi4py>=4', 'mpich>=4.2'],

@@ -17,7 +17,7 @@ MAX_LINES = 450
 #: (a quarter of a second), ONNX's (14 MiB), pycaffe's selective search's, LMDB's,
 #: which the GPU machine's bare Python lacks (tests/test_gpu_bundle.py), and bfloat16's
 #: (ml_dtypes, an extra: a quarter of a second)
-LAZY_MODULES = {'cupy', 'mpi4py', 'cv2', 'matplotlib', 'pydot', 'scipy', 'h5py', 'onnx',
+LAZY_MODULES = {'cupy', 'cudnn', 'mpi4py', 'cv2', 'matplotlib', 'pydot', 'scipy', 'h5py', 'onnx',
                 'lmdb', 'selective_search_ijcv_with_python', 'ml_dtypes'}
 #: imports inside functions and private names across modules that the rooms being rebuilt
 #: still hold, as 'path:line': to be emptied, not added to

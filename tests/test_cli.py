@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 from helpers import watchdog
+from helpers.emulated_gpu import emulated_gpu
 
 import caffe_syncbn as caffe
 from caffe_syncbn import caffe_pb2
@@ -120,6 +121,21 @@ def test_solver_mode_gpu_without_a_gpu_trains_on_the_cpu(tmp_path, logger_kept):
         assert train_devices(args, param) == 'cpu:1'
     assert train_devices(args, caffe_pb2.SolverParameter(solver_mode=0)) == 'cpu:1'
     assert train_devices(parse('train', ['-solver', 's', '-cpu_devices', '3']), param) == 'cpu:3'
+
+
+@pytest.mark.parametrize('flags, tf32', [([], None), (['-tf32'], '1')])
+def test_tf32_on_a_gpu_is_asked_for_by_the_flag(monkeypatch, flags, tf32):
+    from caffe_syncbn.cli.devices import select_device, train_devices
+    emulated_gpu(monkeypatch)
+    monkeypatch.delenv('CUPY_TF32', raising=False)
+    assert train_devices(parse('train', ['-solver', 's', '-gpu', '0,0'] + flags)) == 'gpu:0,0'
+    assert os.environ.get('CUPY_TF32') == tf32
+    monkeypatch.delenv('CUPY_TF32', raising=False)
+    try:
+        select_device(parse('time', ['-model', 'm', '-gpu', '1'] + flags))
+    finally:
+        caffe.set_mode_cpu()
+    assert os.environ.get('CUPY_TF32') == tf32
 
 
 def test_cli_errors_speak_the_cli(tmp_path):

@@ -81,6 +81,9 @@ def _parser(command):
         elif command != 'device_query':
             where.add_argument('-cpu', dest='cpu', action='store_true', help='run on the CPU '
                                                                               '(the default)')
+        if command != 'device_query':
+            p.flag('tf32', action='store_true', help='with -gpu: float32 GEMMs and convolutions '
+                   'may round their inputs to TF32 (CUPY_TF32=1; docs/gpu.md)')
     if command == 'train':
         p.flag('solver', required=True, metavar='FILE', help='the solver prototxt')
         p.flag('weights', metavar='FILES', help="caffemodels to finetune from, separated by ',' "

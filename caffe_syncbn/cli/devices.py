@@ -15,7 +15,9 @@ def train_devices(args, solver_param=None):
     """The devices argument of get_solver (and PreciseBN): -gpu, -cpu_devices, or the
     solver's solver_mode and device_id, which caffe train follows when -gpu is not given."""
     if args.gpu is not None:
-        return 'gpu:' + gpu_spec(args.gpu, 'for virtual CPU devices use -cpu_devices N')
+        spec = gpu_spec(args.gpu, 'for virtual CPU devices use -cpu_devices N')
+        allow_tf32(args)
+        return 'gpu:' + spec
     if args.cpu_devices is not None:
         return 'cpu:%d' % args.cpu_devices
     if solver_param is not None and solver_param.HasField('solver_mode') and \
@@ -42,6 +44,13 @@ def gpu_spec(gpu, instead='leave out -gpu to run on the CPU'):
     return shown
 
 
+def allow_tf32(args):
+    """-tf32: CUPY_TF32=1, which CuPy's float32 GEMMs read at the first one and the cuDNN
+    engine at each graph it builds; set before any net is."""
+    if args.tf32:
+        os.environ['CUPY_TF32'] = '1'
+
+
 def no_gpu_reason():
     try:
         import cupy  # noqa: F401
@@ -58,6 +67,7 @@ def select_device(args):
         set_mode_cpu()
         return ['Use CPU.']
     gpu_spec(args.gpu)
+    allow_tf32(args)
     ids = list(range(gpu_count())) if args.gpu == 'all' else args.gpu
     set_mode_gpu()
     set_device(ids[0])

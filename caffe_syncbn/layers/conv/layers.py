@@ -3,14 +3,16 @@
 A convolution is im2col + GEMM. The passes are an engine's, chosen once in setup as
 Caffe's layer factory picks CUDNN or CAFFE: on numpy the host's (host.py: chunked GEMMs,
 depthwise passes, Winograd), with the CUDA kernels the im2col of cuda/conv.cu (gpu.py, 2-D),
-elsewhere array code (array.py), which states the passes every engine has.
+or cuDNN's graphs where ``CAFFE_SYNCBN_CUDNN=1`` asks for them and ``engine: CAFFE`` does
+not refuse them (gpu_cudnn.py), elsewhere array code (array.py), which states the passes
+every engine has.
 """
 import math
 import numpy as np
 
 from ...layer import Layer, register
 from ..shape.layers import canonical_axis
-from . import array, gpu, host, host_depthwise, host_winograd
+from . import array, gpu, gpu_cudnn, host, host_depthwise, host_winograd
 from .array import conv_output_shape
 
 
@@ -104,6 +106,9 @@ class _ConvolutionBase(_SpatialLayer):
                              % (len(bottom), len(top)))
         self._setup_geometry(bottom)
         cp = self.param.convolution_param
+        if (self.cuda_kernels and self.xp is not np and cp.engine != cp.CAFFE
+                and gpu_cudnn.chosen(self.num_spatial, self.ctx.dtype)):
+            self.engine = gpu_cudnn
         self.num_output = cp.num_output
         self.group = cp.group
         if self.num_output < 1:
