@@ -121,29 +121,37 @@ def contiguous_strides(shape):
     return strides[::-1]
 
 
+class NoPlan(Exception):
+    """cuDNN builds no plan for a geometry: its convolution runs im2col instead."""
+
+
 class Session:
     """One thread's cuDNN on one device: its handle and the graphs built with it."""
 
     def __init__(self, cudnn, device):
         self.cudnn, self.device = cudnn, device
         self.handle = cudnn.create_handle()
-        self.graphs = {}        # Geometry -> (graph, tensors, workspace bytes)
+        #: Geometry -> (graph, tensors, workspace bytes), or None where no plan builds
+        self.graphs = {}
 
     def graph(self, geometry):
-        built = self.graphs.get(geometry)
-        if built is None:
+        if geometry not in self.graphs:
             graph, tensors = define(self.cudnn, geometry, self.handle)
             try:
                 graph.build([self.cudnn.heur_mode.A, self.cudnn.heur_mode.FALLBACK])
-            except Exception as exc:
-                raise RuntimeError('cuDNN has no %s plan for %s: %s'
-                                   % (geometry.step, describe(geometry), exc)) from exc
-            built = self.graphs[geometry] = (graph, tensors, int(graph.get_workspace_size()))
-        return built
+                self.graphs[geometry] = (graph, tensors, int(graph.get_workspace_size()))
+            except Exception as exc:    # the frontend's errors have no common base
+                self.graphs[geometry] = None
+                log.warning('cuDNN builds no %s plan for %s (%s: %s): it runs im2col + GEMM',
+                            geometry.step, describe(geometry), type(exc).__name__, exc)
+        if self.graphs[geometry] is None:
+            raise NoPlan(describe(geometry))
+        return self.graphs[geometry]
 
     def run(self, geometry, arrays):
         """Enqueue ``geometry``'s pass on the current stream of the arrays' device:
-        ``arrays`` {'x', 'w', 'y'} holds the two it reads and the one it writes."""
+        ``arrays`` {'x', 'w', 'y'} holds the two it reads and the one it writes. NoPlan
+        where cuDNN has none, before anything is enqueued."""
         graph, tensors, workspace_bytes = self.graph(geometry)
         some = arrays['x']
         streams = runtime_of(some).streams(self.device)
@@ -180,7 +188,8 @@ def session(device):
 def run(step, x, w, y, pad, stride, dilation, groups):
     """Enqueue one pass of a convolution whose input is ``x`` (N, C, *spatial), filter ``w``
     (K, C / groups, *kernel) and output ``y`` (N, K, *out), all contiguous arrays of one
-    device and dtype: 'fprop' writes y, 'dgrad' writes x, 'wgrad' writes w."""
+    device and dtype: 'fprop' writes y, 'dgrad' writes x, 'wgrad' writes w. NoPlan where
+    cuDNN builds none for this geometry (said once in the log)."""
     geometry = Geometry(step, tuple(x.shape), tuple(w.shape), tuple(y.shape), tuple(pad),
                         tuple(stride), tuple(dilation), int(groups), np.dtype(x.dtype).name,
                         tf32_allowed() and np.dtype(x.dtype) == np.float32)

@@ -15,7 +15,7 @@ engine hands over, in each tensor's dims, strides and data type.
 
 What it records, for the tests: ``builds`` (each graph built: its pass, dims and the notes
 it left out), ``handles`` (thread and device of each), ``streams`` (what each execute ran
-on), ``executes``.
+on), ``executes``; and ``refused``, the passes it builds no plan for.
 """
 import contextlib
 import ctypes
@@ -78,6 +78,8 @@ class FakeCudnn(types.ModuleType):
                                     'REDUCED_PRECISION_REDUCTION', 'FFT', 'WINOGRAD')
         self.heur_mode = _Enum('A', 'B', 'FALLBACK')
         self.builds, self.handles, self.streams, self.executes = [], [], [], 0
+        #: the passes for which build() finds no plan, as cuDNN may for a geometry
+        self.refused = set()
         self.lock = threading.Lock()
         module = self
 
@@ -133,6 +135,8 @@ class Graph:
 
     def build(self, heuristics):
         assert self.out.output and self.out.dim and self.out.data_type, 'an unset output'
+        if self.step in self.fake.refused:
+            raise RuntimeError('no engine config for this %s graph' % self.step)
         self.built = True
         with self.fake.lock:
             self.fake.builds.append({'step': self.step, 'dims': [t.dim for t in self.tensors],

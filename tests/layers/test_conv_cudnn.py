@@ -61,6 +61,18 @@ def test_weight_gradients_add_up_and_the_data_gradient_is_written(emulated):
         np.testing.assert_allclose(param_twice, 2 * param_once, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize('refused', [{'fprop'}, {'dgrad'}, {'wgrad'}])
+def test_a_pass_without_a_plan_runs_im2col_and_the_log_says_so_once(emulated, records,
+                                                                     refused):
+    engine, fake = emulated
+    fake.refused = refused
+    text, x = convolution('num_output: 4 kernel_size: 3 stride: 2 pad: 1'), [randn(2, 3, 7, 6)]
+    for _ in range(2):
+        assert_matches(engine.run(text, x, dtype=np.float32), reference(text, x), np.float32)
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and 'cuDNN builds no %s plan' % min(refused) in warnings[0]
+
+
 def test_a_geometry_builds_once_per_thread_and_device(emulated):
     engine, fake = emulated
     text = convolution('num_output: 3 kernel_size: 3 pad: 1')

@@ -2,8 +2,8 @@
 and wgrad graphs (backend/cudnn_conv.py), for 2-D and 3-D (de)convolutions whose inputs,
 outputs and weights share float32 or float16. Off unless ``CAFFE_SYNCBN_CUDNN=1``: it has
 not yet run on a GPU. What it does not take (float64, float16 activations over float32
-weights under mixed precision) it hands to the CUDA im2col engine (gpu.py), or for 3-D to
-the array engine.
+weights under mixed precision, a geometry for which cuDNN builds no plan) it hands to the
+CUDA im2col engine (gpu.py), or for 3-D to the array engine.
 
 A Deconvolution is its underlying convolution run the other way: its forward is that
 convolution's dgrad, its data gradient the fprop, and the weight gradient a wgrad whose
@@ -33,14 +33,16 @@ def _geometry(layer):
     return layer.pad, layer.stride, layer.dilation, layer.group
 
 
-def _written(xp, target):
-    """``target`` itself when cuDNN can write it, else a contiguous buffer to copy back."""
-    return target if target.flags.c_contiguous else xp.empty(target.shape, target.dtype)
-
-
 def forward(layer, x, y3):
-    if not _takes(layer, x):
-        return _fallback(layer).forward(layer, x, y3)
+    if _takes(layer, x):
+        try:
+            return _forward(layer, x, y3)
+        except cudnn_conv.NoPlan:
+            pass
+    _fallback(layer).forward(layer, x, y3)
+
+
+def _forward(layer, x, y3):
     xp = get_array_module(x)
     x = contiguous(xp, x)
     weight = layer.blobs[0].data
@@ -54,23 +56,34 @@ def forward(layer, x, y3):
 
 
 def backward(layer, x, dy3, dx, weight_grad):
-    if not _takes(layer, x):
-        return _fallback(layer).backward(layer, x, dy3, dx, weight_grad)
+    if _takes(layer, x):
+        try:
+            return _backward(layer, x, dy3, dx, weight_grad)
+        except cudnn_conv.NoPlan:
+            pass
+    _fallback(layer).backward(layer, x, dy3, dx, weight_grad)
+
+
+def _backward(layer, x, dy3, dx, weight_grad):
+    """Both passes are enqueued before either result lands in a layer's array: a NoPlan of
+    the second leaves nothing half done for the fallback."""
     xp = get_array_module(x)
     x = contiguous(xp, x)
     dy = contiguous(xp, dy3.reshape((layer.batch, layer.num_output) + tuple(layer.out_spatial)))
     weight = layer.blobs[0].data
     # the underlying convolution's input and output
     image, output = (dy, x) if layer.transposed else (x, dy)
+    written = target = None
     if weight_grad is not None:
         written = xp.empty(weight.shape, weight.dtype)
         cudnn_conv.run('wgrad', image, written, output, *_geometry(layer))
-        weight_grad += written.reshape(weight_grad.shape)
     if dx is not None:
-        target = _written(xp, dx)
+        target = dx if dx.flags.c_contiguous else xp.empty(dx.shape, dx.dtype)
         if layer.transposed:
             cudnn_conv.run('fprop', dy, weight, target, *_geometry(layer))
         else:
             cudnn_conv.run('dgrad', target, weight, dy, *_geometry(layer))
-        if target is not dx:
-            dx[...] = target
+    if written is not None:
+        weight_grad += written.reshape(weight_grad.shape)
+    if target is not None and target is not dx:
+        dx[...] = target
