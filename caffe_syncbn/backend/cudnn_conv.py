@@ -21,6 +21,7 @@ import functools
 import logging
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -125,12 +126,19 @@ class NoPlan(Exception):
     """cuDNN builds no plan for a geometry: its convolution runs im2col instead."""
 
 
+_unplanned = set()
+_unplanned_lock = threading.Lock()
+
+
 class Session:
-    """One thread's cuDNN on one device: its handle and the graphs built with it."""
+    """One thread's cuDNN on one device: its handle and the graphs built with it. The
+    handle is destroyed with the Session, when its thread ends (a solver's replicas), but
+    not at the interpreter's exit, when CUDA may be gone before it."""
 
     def __init__(self, cudnn, device):
         self.cudnn, self.device = cudnn, device
         self.handle = cudnn.create_handle()
+        weakref.finalize(self, cudnn.destroy_handle, self.handle).atexit = False
         #: Geometry -> (graph, tensors, workspace bytes), or None where no plan builds
         self.graphs = {}
 
@@ -142,8 +150,13 @@ class Session:
                 self.graphs[geometry] = (graph, tensors, int(graph.get_workspace_size()))
             except Exception as exc:    # the frontend's errors have no common base
                 self.graphs[geometry] = None
-                log.warning('cuDNN builds no %s plan for %s (%s: %s): it runs im2col + GEMM',
-                            geometry.step, describe(geometry), type(exc).__name__, exc)
+                with _unplanned_lock:       # once, not once per replica
+                    first = geometry not in _unplanned
+                    _unplanned.add(geometry)
+                if first:
+                    log.warning('cuDNN builds no %s plan for %s (%s: %s): it runs im2col + '
+                                'GEMM', geometry.step, describe(geometry), type(exc).__name__,
+                                exc)
         if self.graphs[geometry] is None:
             raise NoPlan(describe(geometry))
         return self.graphs[geometry]
@@ -153,8 +166,7 @@ class Session:
         ``arrays`` {'x', 'w', 'y'} holds the two it reads and the one it writes. NoPlan
         where cuDNN has none, before anything is enqueued."""
         graph, tensors, workspace_bytes = self.graph(geometry)
-        some = arrays['x']
-        streams = runtime_of(some).streams(self.device)
+        streams = runtime_of(arrays['x']).streams(self.device)
         stream = streams.current_stream()
         self.cudnn.set_stream(self.handle, streams.handle(stream))
         workspace = streams.empty(max(workspace_bytes, 1), np.uint8, stream)

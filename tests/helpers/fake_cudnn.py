@@ -42,6 +42,7 @@ class _Enum:
 class Handle:
     def __init__(self, device):
         self.device, self.thread, self.stream = device, threading.get_ident(), None
+        self.destroyed = False
 
 
 class Tensor:
@@ -94,7 +95,12 @@ class FakeCudnn(types.ModuleType):
         return handle
 
     def set_stream(self, handle, stream):
+        assert not handle.destroyed
         handle.stream = stream
+
+    def destroy_handle(self, handle):
+        assert not handle.destroyed, 'a handle destroyed twice'
+        handle.destroyed = True
 
 
 class Graph:

@@ -8,9 +8,11 @@ that add up as Caffe's; one build per geometry, thread and device; a handle per 
 device, on the stream of the thread that runs it; the TF32 rule; the engine chosen only
 where it is switched on and applies; and SyncBN training on gpu:0,0 through it equal to
 the CPU's."""
+import gc
 import importlib
 import logging
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -138,6 +140,17 @@ def test_without_the_frontend_convolutions_run_im2col_and_the_log_says_so_once(
         cudnn_conv.frontend.cache_clear()
     warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and 'cuDNN frontend does not import' in warnings[0], warnings
+
+
+def test_a_threads_handle_is_destroyed_when_the_thread_ends(emulated):
+    engine, fake = emulated
+    layer, bottom, top = engine.build(convolution('num_output: 2 kernel_size: 3'),
+                                      [randn(1, 2, 5, 5)], dtype=np.float32)
+    worker = threading.Thread(target=engine.forward, args=(layer, bottom, top))
+    worker.start()
+    worker.join()
+    gc.collect()
+    assert len(fake.handles) == 1 and fake.handles[0].destroyed
 
 
 @pytest.mark.parametrize('devices', ['gpu:0,0', 'gpu:0,1'])
