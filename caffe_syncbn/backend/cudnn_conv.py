@@ -138,9 +138,9 @@ class Session:
     def __init__(self, cudnn, device):
         self.cudnn, self.device = cudnn, device
         self.handle = cudnn.create_handle()
-        weakref.finalize(self, cudnn.destroy_handle, self.handle).atexit = False
         #: Geometry -> (graph, tensors, workspace bytes), or None where no plan builds
         self.graphs = {}
+        weakref.finalize(self, release, cudnn, self.handle, self.graphs).atexit = False
 
     def graph(self, geometry):
         if geometry not in self.graphs:
@@ -172,6 +172,12 @@ class Session:
         workspace = streams.empty(max(workspace_bytes, 1), np.uint8, stream)
         graph.execute({tensors[role]: streams.pointer(array) for role, array in arrays.items()},
                       streams.pointer(workspace), handle=self.handle)
+
+
+def release(cudnn, handle, graphs):
+    """The plans made with ``handle`` go first, then the handle."""
+    graphs.clear()
+    cudnn.destroy_handle(handle)
 
 
 def describe(geometry):
