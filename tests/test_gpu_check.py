@@ -3,8 +3,9 @@ GPU in one line, the CPU half of the training comparison runs through `caffe-syn
 the report is written into one flat folder, and the exit status says that something was
 missing. The loss parser and the comparison are checked on the log of that run, and
 benchmarks/efficiency.py against the calculation of docs/training.md. The budget and the
-report's files are checked on a driver whose steps are small commands, and the
-compile-kernels step through a stand-in CuPy."""
+report's files are checked on a driver whose steps are small commands, the compile-kernels
+step through a stand-in CuPy, and the probe of the cuDNN frontend and of torch's cuDNN
+through stand-ins of them."""
 import importlib
 import math
 import re
@@ -23,7 +24,7 @@ sys.path.insert(0, str(ROOT / 'benchmarks'))
 
 import gpu_check  # noqa: E402
 from efficiency import step_on_many  # noqa: E402
-from gpu_check_report import verdict  # noqa: E402
+from gpu_check_report import probe, verdict  # noqa: E402
 from gpu_check_training import ITERATIONS, TOLERANCE, compare_losses, losses  # noqa: E402
 
 MB = 1e6
@@ -205,3 +206,37 @@ def test_compile_kernels_fills_the_cache_the_layers_read(monkeypatch):
     for stem in stems:
         cuda_kernels.kernel(stem, 'any_kernel_f32')
     assert set(StandInModule.asked) == set(StandInModule.compiled)
+
+
+def stand_in_cuda_stack(monkeypatch, backend_version):
+    """CuPy with one device, torch that sees it (its cuDNN 9.1.0), and the cuDNN frontend
+    1.32.0 whose libcudnn answers ``backend_version`` (a function)."""
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 13000,
+        driverGetVersion=lambda: 13000,
+        getDeviceProperties=lambda index: {'name': b'Stand-in GPU', 'totalGlobalMem': 2 ** 34})
+    monkeypatch.setitem(sys.modules, 'cupy', types.SimpleNamespace(
+        __version__='14.2.0', cuda=types.SimpleNamespace(runtime=runtime)))
+    monkeypatch.setitem(sys.modules, 'torch', types.SimpleNamespace(
+        __version__='2.11.0', cuda=types.SimpleNamespace(is_available=lambda: True),
+        backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(version=lambda: 90100))))
+    monkeypatch.setitem(sys.modules, 'cudnn', types.SimpleNamespace(
+        __version__='1.32.0', backend_version=backend_version))
+
+
+def test_the_probe_finds_the_frontend_its_libcudnn_and_torchs_cudnn(monkeypatch):
+    stand_in_cuda_stack(monkeypatch, lambda: 91400)
+    found = probe()
+    assert found['gpu'].startswith('Stand-in GPU, 16.0 GiB (device 0 of 1; CuPy 14.2.0)')
+    assert (found['torch'], found['torch_cudnn']) == ('2.11.0', '9.1.0'), found
+    assert (found['cudnn_frontend'], found['cudnn']) == ('1.32.0', '9.14.0'), found
+
+
+def test_a_frontend_without_libcudnn_is_its_own_missing_thing(monkeypatch):
+    def without_libcudnn():       # what the frontend's wheel raises where no libcudnn loads
+        raise RuntimeError('Unable to find symbol cudnnGetVersion')
+    stand_in_cuda_stack(monkeypatch, without_libcudnn)
+    found = probe()
+    assert found['cudnn_frontend'] == '1.32.0' and 'cudnn' not in found
+    assert found['cudnn_error'] == 'RuntimeError: Unable to find symbol cudnnGetVersion'
+
