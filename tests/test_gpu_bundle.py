@@ -28,7 +28,8 @@ from gpu_check_report import install_wheels, wheel_name  # noqa: E402
 #: GPU time that also pay for the machine's start and a second call
 STAGE_SECONDS = 330
 STAGE_STEPS = {1: ['compile-kernels', 'gpu-tests', 'train-reference', 'train-gpu'],
-               2: ['compile-kernels', 'syncbn', 'resnet50', 'pspnet', 'efficiency']}
+               2: ['compile-kernels', 'cudnn-tests', 'syncbn', 'resnet50', 'pspnet',
+                   'efficiency']}
 MIB = 2 ** 20
 
 
