@@ -2,6 +2,7 @@
 """Training throughput of ResNet-50: images/s of caffe_syncbn against PyTorch in the same run.
 
     PYTHONPATH=. python3 benchmarks/train_gpu.py [--devices gpu:0] [--batch 8] [--sync-bn] [--tf32]
+                                                 [--engine im2col|cudnn]
     PYTHONPATH=. python3 benchmarks/train_gpu.py --model NET.prototxt [--memory-plan auto]
     PYTHONPATH=. python3 benchmarks/train_gpu.py --model NET.prototxt --fit off,auto
 
@@ -17,10 +18,12 @@ before the clock is read.
 The reference, when torch imports and sees a GPU, is the same ResNet-50 written in plain
 torch.nn (torchvision is not needed), trained with the same optimizer, batch and steps on
 the first GPU of --devices, in fp32 (TF32 off, as CuPy's GEMMs are fp32, unless --tf32)
-with cuDNN autotuning. Target: ours >= 0.9x torch's images/s.
+with cuDNN autotuning. Target: ours >= 0.9x torch's images/s, with --engine cudnn.
 
---tf32 lets both use TF32 tensor cores for float32 GEMMs (CuPy: CUPY_TF32=1; torch: its
-allow_tf32 switches). On GPUs, each run also prints the peak GPU memory: what CuPy's memory
+--tf32 lets both use TF32 tensor cores for float32 GEMMs and convolutions (CuPy and the cuDNN
+engine: CUPY_TF32=1; torch: its allow_tf32 switches). --engine picks how our convolutions run
+on GPUs: im2col and a cuBLAS GEMM (the default), or the cuDNN engine (CAFFE_SYNCBN_CUDNN=1, set
+before any net is built). On GPUs, each run also prints the peak GPU memory: what CuPy's memory
 pool holds after the steps (it keeps every block it once allocated, so this is the most the
 replicas held at once, rounded up to its block sizes).
 
@@ -57,6 +60,7 @@ from caffe_syncbn.training.device_names import parse_devices  # noqa: E402
 MODEL = os.path.join(ROOT, 'examples', 'resnet50', 'ResNet-50-deploy.prototxt')
 CLASSES = 1000
 TARGET = 0.9
+ENGINES = ('im2col', 'cudnn')
 MIB = 1024.0 * 1024.0
 
 
@@ -335,10 +339,16 @@ def main(argv=None):
                    % DEFAULT_PLAN['pycaffe'])
     p.add_argument('--fit', type=plan_list, metavar='PLANS',
                    help="time nothing: the largest batch per GPU for each plan (e.g. off,auto)")
+    p.add_argument('--engine', choices=ENGINES, default=ENGINES[0],
+                   help="our convolutions on GPUs: im2col + cuBLAS GEMM, or cuDNN's (default "
+                   '%(default)s)')
     args = p.parse_args(argv)
     # CuPy reads CUPY_TF32 at its first float32 GEMM, so setting it here still counts
     os.environ['CUPY_TF32'] = '1' if args.tf32 else '0'
     devices = parse_devices(args.devices)
+    if args.engine == 'cudnn' and devices[0][0] != 'gpu':
+        raise CaffeError('--engine cudnn runs on GPUs: --devices gpu:N, got %s' % args.devices)
+    os.environ['CAFFE_SYNCBN_CUDNN'] = '1' if args.engine == 'cudnn' else '0'
     if args.batch < 1 or args.batch % len(devices):
         raise CaffeError('--batch must be a positive multiple of the %d devices, got %d'
                          % (len(devices), args.batch))
@@ -349,11 +359,11 @@ def main(argv=None):
     net = train_net_param(args, args.batch // len(devices))
     batch = global_batch(net, args.batch, np.random.RandomState(0))
     print('net: %s%s, TRAIN, %s, input %s; global batch %d; median of %d steps after %d '
-          'warm-up; memory plan %s; TF32 %s' % (
+          'warm-up; memory plan %s; TF32 %s; engine %s' % (
               'ResNet-50 ' if args.model == MODEL else '', os.path.basename(args.model),
               'SyncBN' if args.sync_bn else 'BatchNorm',
               'x'.join(map(str, batch['data'].shape[1:])), args.batch, args.iters, args.warmup,
-              args.memory_plan, 'on' if args.tf32 else 'off'))
+              args.memory_plan, 'on' if args.tf32 else 'off', args.engine))
     print('devices: %s (%s)' % (args.devices, device_name(devices)))
     seconds, peak, params = time_ours(net, batch, args.devices, args.memory_plan, args.warmup,
                                       args.iters)

@@ -1,13 +1,16 @@
 """What travels to a GPU machine (tools/gpu_bundle.py, `make gpu-bundle`) and the plan of the
 two stages of tools/gpu_check.py: a copy of the checkout alone, with its bundle and nothing
-beside it, finds the goldens and the corpus (the preflight and the tests' lookup); a
+beside it, finds the goldens and the corpus (the preflight and the tests' lookup); the
+preflight installs only the bundle's wheels whose distributions the machine lacks; a
 preflight without goldens fails the run and says so first; each stage's plan fits one device
 call; the GPU tests collect without lmdb and onnx, which the GPU machine lacks."""
+import importlib.metadata
 import json
 import os
 import re
 import shutil
 import sys
+import types
 import zipfile
 
 import pytest
@@ -17,13 +20,16 @@ from helpers.paths import CORPUS, GOLDEN, ROOT, require
 
 sys.path.insert(0, str(ROOT / 'tools'))
 
+from gpu_bundle import WHEELS  # noqa: E402
 from gpu_check import PSPNET, STEPS  # noqa: E402
+from gpu_check_report import install_wheels, wheel_name  # noqa: E402
 
 #: what one device call may spend on its steps: 6 of its at most 10 minutes, in 15 minutes of
 #: GPU time that also pay for the machine's start and a second call
 STAGE_SECONDS = 330
 STAGE_STEPS = {1: ['compile-kernels', 'gpu-tests', 'train-reference', 'train-gpu'],
-               2: ['compile-kernels', 'syncbn', 'resnet50', 'pspnet', 'efficiency']}
+               2: ['compile-kernels', 'cudnn-tests', 'syncbn', 'resnet50', 'pspnet',
+                   'efficiency']}
 MIB = 2 ** 20
 
 
@@ -60,25 +66,46 @@ def test_every_step_belongs_to_a_stage():
     assert {step.name for step in STEPS} == set(STAGE_STEPS[1] + STAGE_STEPS[2])
 
 
-def probe_wheel(folder):
-    """A pure-Python wheel, as `pip download` leaves one in the bundle."""
-    path = folder / 'gpubundleprobe-1.0-py3-none-any.whl'
+def pure_wheel(folder, name, version, files=()):
+    """A pure-Python wheel of the distribution ``name``, as `pip download` leaves one in the
+    bundle, holding ``files`` ((path, text) pairs)."""
+    path = folder / ('%s-%s-py3-none-any.whl' % (name, version))
+    info = '%s-%s.dist-info/' % (name, version)
     with zipfile.ZipFile(path, 'w') as wheel:
-        wheel.writestr('gpubundleprobe/__init__.py', 'VERSION = "1.0"\n')
-        wheel.writestr('gpubundleprobe-1.0.dist-info/METADATA',
-                       'Metadata-Version: 2.1\nName: gpubundleprobe\nVersion: 1.0\n')
-        wheel.writestr('gpubundleprobe-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\n'
-                       'Generator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n')
-        wheel.writestr('gpubundleprobe-1.0.dist-info/RECORD', '')
+        for file, text in files:
+            wheel.writestr(file, text)
+        wheel.writestr(info + 'METADATA', 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n'
+                       % (name, version))
+        wheel.writestr(info + 'WHEEL', 'Wheel-Version: 1.0\nGenerator: tests\n'
+                       'Root-Is-Purelib: true\nTag: py3-none-any\n')
+        wheel.writestr(info + 'RECORD', '')
     return path
+
+
+# `import cudnn` where the frontend finds no libcudnn: its version, and the error that its
+# backend_version() raises then (the real wheel's, on a machine without nvidia-cudnn-cu13)
+STAND_IN_FRONTEND = """__version__ = '1.32.0'
+
+
+def backend_version():
+    raise RuntimeError('Unable to find symbol cudnnGetVersion')
+"""
+
+
+def bundle_wheels(folder):
+    """A distribution this python lacks, the cuDNN frontend's module in a stand-in one, and
+    numpy at a version it does not have."""
+    folder.mkdir()
+    pure_wheel(folder, 'gpubundleprobe', '1.0', [('gpubundleprobe/__init__.py', '')])
+    pure_wheel(folder, 'gpubundlecudnn', '1.32.0', [('cudnn/__init__.py', STAND_IN_FRONTEND)])
+    pure_wheel(folder, 'numpy', '0.0.1')
 
 
 @pytest.fixture(scope='module')
 def without_goldens(tmp_path_factory):
-    """The preflight alone on reference data that holds only a wheel."""
+    """The preflight alone on reference data that holds only wheels."""
     shared = tmp_path_factory.mktemp('shared')
-    (shared / 'wheels').mkdir()
-    probe_wheel(shared / 'wheels')
+    bundle_wheels(shared / 'wheels')
     out = tmp_path_factory.mktemp('report')
     result = run([sys.executable, 'tools/gpu_check.py', '--only', 'preflight', '--out',
                   str(out)], env=alone(CAFFE_SYNCBN_SHARED=str(shared)))
@@ -95,10 +122,42 @@ def test_a_preflight_without_goldens_fails_the_run_and_says_so_first(without_gol
     assert len(missing) == 1 and 'make gpu-bundle' in missing[0], report
 
 
-def test_the_bundles_wheels_are_installed_before_the_preflight(without_goldens):
+def test_the_bundles_wheels_that_the_machine_lacks_are_installed_before_the_preflight(
+        without_goldens):
     result, report = without_goldens
-    packages = re.search(r'^\| packages \| (.*) \|$', report, re.M).group(1)
-    assert 'gpubundleprobe 1.0' in packages.split(', '), report
+    numpy = importlib.metadata.version('numpy')
+    assert re.search(r"^\| bundled wheels \| installed gpubundlecudnn 1\.32\.0, gpubundleprobe "
+                     r"1\.0; the machine's own numpy %s \|$" % re.escape(numpy), report, re.M), \
+        report
+    packages = re.search(r'^\| packages \| (.*) \|$', report, re.M).group(1).split(', ')
+    assert 'gpubundleprobe 1.0' in packages and 'numpy %s' % numpy in packages, report
+    # the probe imported the installed frontend; its libcudnn is a missing thing of its own
+    assert re.search(r'^\| cuDNN frontend \| 1\.32\.0 \|$', report, re.M), report
+    assert "- missing: cudnn: RuntimeError: Unable to find symbol cudnnGetVersion; the " \
+        "frontend loads no libcudnn (nvidia-cudnn-cu13's); the cudnn-tests step is skipped" \
+        in report.splitlines(), report
+    assert not re.search(r'^- missing: cudnn_frontend:', report, re.M), report
+
+
+def test_a_wheel_whose_distribution_the_machine_has_is_left_out(tmp_path, monkeypatch):
+    monkeypatch.setenv('PYTHONPATH', '')
+    bundle_wheels(tmp_path / 'wheels')
+    check = types.SimpleNamespace(shared=str(tmp_path), work=str(tmp_path), missing=[], env={})
+    names = install_wheels(check)
+    assert names == ['gpubundlecudnn', 'gpubundleprobe', 'numpy'] and check.missing == []
+    site = tmp_path / 'site'
+    assert sorted(p.name for p in site.iterdir() if p.name.endswith('.dist-info')) == \
+        ['gpubundlecudnn-1.32.0.dist-info', 'gpubundleprobe-1.0.dist-info']
+    assert os.environ['PYTHONPATH'] == str(site)
+
+    monkeypatch.setenv('PYTHONPATH', '')
+    for wheel in (tmp_path / 'wheels').glob('gpubundle*'):
+        wheel.unlink()
+    check = types.SimpleNamespace(shared=str(tmp_path), work=str(tmp_path / 'again'),
+                                  missing=[], env={})
+    assert install_wheels(check) == ['numpy'] and not (tmp_path / 'again').exists()
+    assert check.env['wheels'] == "the machine's own numpy %s" % \
+        importlib.metadata.version('numpy') and os.environ['PYTHONPATH'] == ''
 
 
 def copy_checkout(target):
@@ -128,7 +187,9 @@ def test_a_checkout_alone_with_its_bundle_finds_the_goldens_and_the_corpus(tmp_p
     assert made.returncode == 0, made.stderr
     bundle = checkout / '.gpu-bundle'
     summary = json.loads((bundle / 'bundle.json').read_text())
-    assert summary['travels'] <= 60 * MIB and summary['wheels'] == []
+    assert summary['travels'] <= 60 * MIB
+    assert sorted(wheel_name(wheel) for wheel in summary['wheels']) == \
+        sorted(pin.split('==')[0] for pin in WHEELS)
     assert (bundle / 'golden' / 'index.json').is_file() and (bundle / PSPNET).is_file()
     calls = re.findall(r'^stage (\d), .*:\n  carry: (.*)\n  timeout_s: (\d+)\n  command: (.*)$',
                        made.stdout, re.M)

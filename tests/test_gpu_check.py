@@ -3,8 +3,9 @@ GPU in one line, the CPU half of the training comparison runs through `caffe-syn
 the report is written into one flat folder, and the exit status says that something was
 missing. The loss parser and the comparison are checked on the log of that run, and
 benchmarks/efficiency.py against the calculation of docs/training.md. The budget and the
-report's files are checked on a driver whose steps are small commands, and the
-compile-kernels step through a stand-in CuPy."""
+report's files are checked on a driver whose steps are small commands, the compile-kernels
+step through a stand-in CuPy, the probe of the cuDNN frontend and of torch's cuDNN through
+stand-ins of them, and the resnet50 step's runs and note on the lines train_gpu.py prints."""
 import importlib
 import math
 import re
@@ -23,7 +24,7 @@ sys.path.insert(0, str(ROOT / 'benchmarks'))
 
 import gpu_check  # noqa: E402
 from efficiency import step_on_many  # noqa: E402
-from gpu_check_report import verdict  # noqa: E402
+from gpu_check_report import probe, verdict  # noqa: E402
 from gpu_check_training import ITERATIONS, TOLERANCE, compare_losses, losses  # noqa: E402
 
 MB = 1e6
@@ -205,3 +206,86 @@ def test_compile_kernels_fills_the_cache_the_layers_read(monkeypatch):
     for stem in stems:
         cuda_kernels.kernel(stem, 'any_kernel_f32')
     assert set(StandInModule.asked) == set(StandInModule.compiled)
+
+
+def stand_in_cuda_stack(monkeypatch, backend_version):
+    """CuPy with one device, torch that sees it (its cuDNN 9.1.0), and the cuDNN frontend
+    1.32.0 whose libcudnn answers ``backend_version`` (a function)."""
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 13000,
+        driverGetVersion=lambda: 13000,
+        getDeviceProperties=lambda index: {'name': b'Stand-in GPU', 'totalGlobalMem': 2 ** 34})
+    monkeypatch.setitem(sys.modules, 'cupy', types.SimpleNamespace(
+        __version__='14.2.0', cuda=types.SimpleNamespace(runtime=runtime)))
+    monkeypatch.setitem(sys.modules, 'torch', types.SimpleNamespace(
+        __version__='2.11.0', cuda=types.SimpleNamespace(is_available=lambda: True),
+        backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(version=lambda: 90100))))
+    monkeypatch.setitem(sys.modules, 'cudnn', types.SimpleNamespace(
+        __version__='1.32.0', backend_version=backend_version))
+
+
+def test_the_probe_finds_the_frontend_its_libcudnn_and_torchs_cudnn(monkeypatch):
+    stand_in_cuda_stack(monkeypatch, lambda: 91400)
+    found = probe()
+    assert found['gpu'].startswith('Stand-in GPU, 16.0 GiB (device 0 of 1; CuPy 14.2.0)')
+    assert (found['torch'], found['torch_cudnn']) == ('2.11.0', '9.1.0'), found
+    assert (found['cudnn_frontend'], found['cudnn']) == ('1.32.0', '9.14.0'), found
+
+
+def test_a_frontend_without_libcudnn_is_its_own_missing_thing(monkeypatch):
+    def without_libcudnn():       # what the frontend's wheel raises where no libcudnn loads
+        raise RuntimeError('Unable to find symbol cudnnGetVersion')
+    stand_in_cuda_stack(monkeypatch, without_libcudnn)
+    found = probe()
+    assert found['cudnn_frontend'] == '1.32.0' and 'cudnn' not in found
+    assert found['cudnn_error'] == 'RuntimeError: Unable to find symbol cudnnGetVersion'
+
+
+def resnet50_check(cudnn_tests=None, output=''):
+    results = [{'step': 'cudnn-tests', 'status': cudnn_tests}] if cudnn_tests else []
+    return types.SimpleNamespace(results=results, outputs={'resnet50': output})
+
+
+def engines_and_tf32(commands):
+    return [(command[command.index('--engine') + 1], '--tf32' in command)
+            for command in commands]
+
+
+def test_the_resnet50_runs_time_the_cudnn_engine_only_after_its_tests_passed():
+    for status in (None, 'failed', 'skipped'):
+        commands = gpu_check.resnet50_benchmark(resnet50_check(status))
+        assert engines_and_tf32(commands) == [('im2col', False), ('im2col', True)], status
+    commands = gpu_check.resnet50_benchmark(resnet50_check('passed'))
+    assert engines_and_tf32(commands) == [('cudnn', False), ('cudnn', True), ('im2col', False)]
+    assert all(command[command.index('--batch') + 1] == '32' for command in commands)
+    stage = [step.name for step in gpu_check.planned(2)]
+    assert stage.index('compile-kernels') + 1 == stage.index('cudnn-tests') < \
+        stage.index('resnet50')
+
+
+def resnet50_run(engine, tf32, images_s, torch_images_s=None):
+    """The lines of one train_gpu.py run, as it prints them."""
+    lines = ['net: ResNet-50 ResNet-50-deploy.prototxt, TRAIN, BatchNorm, input 3x224x224; '
+             'global batch 32; median of 3 steps after 1 warm-up; memory plan auto; TF32 %s; '
+             'engine %s' % ('on' if tf32 else 'off', engine),
+             'devices: gpu:0 (Stand-in GPU)',
+             'caffe_syncbn    %7.1f ms/step %7.1f images/s' % (32e3 / images_s, images_s)]
+    if torch_images_s:
+        lines += ['torch           %7.1f ms/step %7.1f images/s'
+                  % (32e3 / torch_images_s, torch_images_s),
+                  'ratio (ours / torch): %.2fx (target >= 0.9x)' % (images_s / torch_images_s)]
+    else:
+        lines += ['torch reference was skipped: torch is not installed']
+    return '\n'.join(lines) + '\n'
+
+
+def test_the_resnet50_note_names_each_ratio_with_its_engine_and_tf32():
+    output = (resnet50_run('cudnn', False, 900.0, 1000.0) + resnet50_run('cudnn', True, 1500.0,
+              1600.0) + resnet50_run('im2col', False, 300.0, 1000.0))
+    passed, note, _ = gpu_check.resnet50_ratios(resnet50_check('passed', output))
+    assert passed and note == ('ours / torch: cudnn TF32 off 0.90x, cudnn TF32 on 0.94x, '
+                               'im2col TF32 off 0.30x; cudnn / im2col, TF32 off: 3.00x'), note
+    output = resnet50_run('im2col', False, 300.0) + resnet50_run('im2col', True, 310.0)
+    passed, note, _ = gpu_check.resnet50_ratios(resnet50_check('failed', output))
+    assert passed and note == ('no ratios against torch: torch was skipped or a run failed; '
+                               'no cudnn runs: cudnn-tests did not pass in this run'), note

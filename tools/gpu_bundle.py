@@ -7,7 +7,8 @@ travels with it, and what to send and run there (docs/gpu.md, "Fifteen minutes o
 .gpu-bundle/ gets copies of SHARED/golden and SHARED/corpus (SHARED: --from, else
 $CAFFE_SYNCBN_SHARED, else ../shared), the folder the GPU tests and benchmarks read their
 goldens and prototxts from there, and wheels/: the wheels of WHEELS and --wheel for CPython
-3.12 on manylinux x86-64, which tools/gpu_check.py installs before its preflight. The new
+3.12 on manylinux x86-64, which tools/gpu_check.py installs before its preflight where the
+machine lacks them. The new
 bundle is made beside the old one and takes its place only when the checkout's files that
 travel and the bundle together stay under --limit-mib; then the tool prints, for each stage
 of tools/gpu_check.py, the folders to carry, the time limit and the command of one device call.
@@ -27,8 +28,12 @@ sys.path.insert(0, os.path.join(ROOT, 'tools'))
 from gpu_check import PSPNET, STAGES, planned  # noqa: E402
 from gpu_check_report import BUNDLE, git_commit  # noqa: E402
 
-#: wheels the GPU machine lacks, as pip pins (NAME==VERSION); none today
-WHEELS = ()
+#: wheels the GPU machine may lack, as pip pins (NAME==VERSION); the preflight installs those
+#: it does lack. The cuDNN engine's frontend (`import cudnn`), which imports cuda.bindings on
+#: some paths (the current device), which needs cuda-pathfinder. The frontend's other declared
+#: dependencies, nvidia-cutlass-dsl (about 180 MB) and apache-tvm-ffi, serve only its opt-in
+#: JIT engines and stay behind: the wheels travel without their dependencies.
+WHEELS = ('nvidia-cudnn-frontend==1.32.0', 'cuda-bindings==13.5.0', 'cuda-pathfinder==1.9.1')
 PLATFORMS = ('manylinux_2_28_x86_64', 'manylinux_2_27_x86_64', 'manylinux_2_17_x86_64',
              'manylinux2014_x86_64', 'manylinux1_x86_64')
 #: the device tools take 64 MiB: the rest is room for what a session adds beside

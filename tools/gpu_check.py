@@ -6,17 +6,18 @@ a markdown report.
                                             [--out DIR] [--budget SECONDS] [--commit SHA]
 
 Stage 1 is the proof: every CUDA kernel module compiled once into one CuPy cache that the
-later steps share, the GPU tests with the goldens, and the demo net trained with -sync_bn on
-gpu:0,0 against cpu:2, loss for loss. Stage 2 runs the benchmarks: SyncBN, ResNet-50,
-PSPNet-50, and the expected efficiency on 8 and 16 GPUs from the measured step. Without
---stage or --only, every step runs. Each step is a process of its own with its own time
-limit, cut to what is left of --budget (by default the sum of the limits), which starts
-counting after the preflight. --dry-run prints the plan and starts nothing.
+later steps share, the GPU tests with the goldens (but the cuDNN engine's), and the demo net
+trained with -sync_bn on gpu:0,0 against cpu:2, loss for loss. Stage 2 runs the cuDNN
+engine's GPU tests, which decide whether the benchmarks time it, then the benchmarks:
+SyncBN, ResNet-50, PSPNet-50, and the expected efficiency on 8 and 16 GPUs from the
+measured step. Without --stage or --only, every step runs. Each step is a process of its own
+with its own time limit, cut to what is left of --budget (by default the sum of the limits),
+which starts counting after the preflight. --dry-run prints the plan and starts nothing.
 
-A preflight first writes one line per missing thing (CuPy, a device, NCCL, the goldens and
-the PSPNet-50 prototxt of the reference data: CAFFE_SYNCBN_SHARED, else the bundle of `make
-gpu-bundle` in the checkout, else ../shared); the steps that cannot run without it are
-skipped, the others run, and the run fails.
+A preflight first writes one line per missing thing (CuPy, a device, NCCL, the cuDNN
+frontend and its libcudnn, the goldens and the PSPNet-50 prototxt of the reference data:
+CAFFE_SYNCBN_SHARED, else the bundle of `make gpu-bundle` in the checkout, else ../shared);
+the steps that cannot run without it are skipped, the others run, and the run fails.
 
 The report goes to $OUT when set, else out/gpu/: report.md, rewritten after every step (a
 killed run still leaves one), and steps.log, the output of every step; two files in one
@@ -46,12 +47,13 @@ from gpu_check_training import (ITERATIONS, compare_runs,  # noqa: E402
                                 prepare_training, train_command)
 
 PYTHON = sys.executable
+CUDNN_TESTS = 'tests/gpu/test_gpu_cudnn.py'
 PSPNET = os.path.join('corpus', 'hszhao_PSPNet__evaluation_prototxt_pspnet50_ADE20K_473.prototxt')
 LOG = 'steps.log'
 STAGES = {1: 'the proof: the kernels compile, the GPU tests pass with the goldens, -sync_bn '
              'trains on gpu:0,0 as on cpu:2',
-          2: 'the benchmarks: SyncBN, ResNet-50 and PSPNet-50 against torch, the expected '
-             'efficiency'}
+          2: "the cuDNN engine's GPU tests, then the benchmarks: SyncBN, ResNet-50 and "
+             'PSPNet-50 against torch, the expected efficiency'}
 
 
 class Step:
@@ -74,11 +76,25 @@ def compile_kernels(check):
     return [[PYTHON, 'tools/gpu_check_kernels.py']]
 
 
-def gpu_tests(check):
-    workers = ['-n', '4'] if check.found.get('xdist') else []
+def pytest_command(check, markers, paths, workers=1):
+    parallel = ['-n', str(workers)] if workers > 1 and check.found.get('xdist') else []
     limit = ['--timeout=120'] if check.found.get('timeout') else []
-    return [[PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-m', 'gpu'] + limit +
-            workers + ['tests/gpu']]
+    return [PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-m', markers] + limit + \
+        parallel + paths
+
+
+def gpu_tests(check):
+    return [pytest_command(check, 'gpu and not cudnn', ['tests/gpu'], workers=4)]
+
+
+def cudnn_tests(check):
+    return [pytest_command(check, 'cudnn', [CUDNN_TESTS])]
+
+
+def engine_tested(check):
+    """Whether the cudnn-tests step passed in this run: only then do the benchmarks time the
+    cuDNN engine."""
+    return any(r['step'] == 'cudnn-tests' and r['status'] == 'passed' for r in check.results)
 
 
 def train(devices):
@@ -93,9 +109,14 @@ def syncbn_benchmark(check):
 
 
 def resnet50_benchmark(check):
+    """The cuDNN engine against torch, TF32 off (the goal) and on, then im2col TF32 off (the
+    engine's gain); without a passed cudnn-tests, im2col TF32 off and on."""
     command = [PYTHON, 'benchmarks/train_gpu.py', '--devices', 'gpu:0', '--batch', '32',
-               '--warmup', '2', '--iters', '5']
-    return [command, command + ['--tf32']]
+               '--warmup', '1', '--iters', '3']
+    if not engine_tested(check):
+        return [command + ['--engine', 'im2col'], command + ['--engine', 'im2col', '--tf32']]
+    return [command + ['--engine', 'cudnn'], command + ['--engine', 'cudnn', '--tf32'],
+            command + ['--engine', 'im2col']]
 
 
 def pspnet_benchmark(check):
@@ -121,11 +142,28 @@ def syncbn_ratios(check):
 
 
 def resnet50_ratios(check):
-    """The resnet50 step's note: ours / torch in images/s, TF32 off and on."""
-    ratios = re.findall(r'^ratio \(ours / torch\): ([\d.]+)x', check.outputs.get('resnet50', ''),
-                        re.M)
-    return True, 'ours / torch: %s (TF32 off, on)' % ', '.join(r + 'x' for r in ratios) \
-        if ratios else 'no ratios: torch was skipped or a run failed', None
+    """The resnet50 step's note: per run, ours / torch in images/s with its engine and TF32;
+    the cuDNN engine's images/s over im2col's, TF32 off; and why the engine did not run."""
+    ratios, speeds = [], {}
+    for run in re.split(r'^(?=net: )', check.outputs.get('resnet50', ''), flags=re.M):
+        header = re.match(r'net: .*; TF32 (on|off); engine (\w+)$', run, re.M)
+        speed = re.search(r'^caffe_syncbn .* ([\d.]+) images/s$', run, re.M)
+        ratio = re.search(r'^ratio \(ours / torch\): ([\d.]+)x', run, re.M)
+        if not header:
+            continue
+        tf32, engine = header.groups()
+        if speed:
+            speeds[engine, tf32] = float(speed.group(1))
+        if ratio:
+            ratios.append('%s TF32 %s %sx' % (engine, tf32, ratio.group(1)))
+    notes = ['ours / torch: %s' % ', '.join(ratios) if ratios else
+             'no ratios against torch: torch was skipped or a run failed']
+    if ('cudnn', 'off') in speeds and ('im2col', 'off') in speeds:
+        notes.append('cudnn / im2col, TF32 off: %.2fx' % (speeds['cudnn', 'off'] /
+                                                         speeds['im2col', 'off']))
+    if not engine_tested(check):
+        notes.append('no cudnn runs: cudnn-tests did not pass in this run')
+    return True, '; '.join(notes), None
 
 
 def pspnet_ratios(check):
@@ -149,12 +187,13 @@ def efficiency(check):
              '--batch-norms', net[1][0], '--params-mib', net[1][1]]]
 
 
+PYTEST_FIGURES = [r'\d+ (passed|failed|error)', r'^(FAILED|ERROR|SKIPPED)[ :]']
 STEPS = [
     Step('compile-kernels', (1, 2), 35, 'every cuda/*.cu module compiled once, into the CuPy '
          'cache (CUPY_CACHE_DIR) that the later steps share', compile_kernels,
          [r'^\w+: compiled', r'^compiled ']),
-    Step('gpu-tests', (1,), 195, 'pytest -m gpu tests/gpu, 4 workers, CAFFE_SYNCBN_REQUIRE_DATA=1',
-         gpu_tests, [r'\d+ (passed|failed|error)', r'^(FAILED|ERROR|SKIPPED) '],
+    Step('gpu-tests', (1,), 195, "pytest -m 'gpu and not cudnn' tests/gpu, 4 workers, "
+         'CAFFE_SYNCBN_REQUIRE_DATA=1', gpu_tests, PYTEST_FIGURES,
          env={'CAFFE_SYNCBN_REQUIRE_DATA': '1'}),
     Step('train-reference', (1,), 30, 'the demo net trained %d iterations with -sync_bn on '
          '-cpu_devices 2' % ITERATIONS, train('cpu'), [r'Iteration %d, loss' % ITERATIONS],
@@ -162,16 +201,20 @@ STEPS = [
     Step('train-gpu', (1,), 70, 'the same on -gpu 0,0, loss for loss against train-reference',
          train('gpu'), [r'Iteration %d, loss' % ITERATIONS], needs=('gpu', 'cv2'),
          after=compare_runs),
-    Step('syncbn', (2,), 50, 'benchmarks/syncbn_gpu.py, 8x256x128x128', syncbn_benchmark,
+    Step('cudnn-tests', (2,), 40, 'pytest -m cudnn %s, CAFFE_SYNCBN_REQUIRE_DATA=1: the '
+         'benchmarks time the cuDNN engine only if they pass' % CUDNN_TESTS, cudnn_tests,
+         PYTEST_FIGURES, needs=('gpu', 'cudnn_frontend', 'cudnn'),
+         env={'CAFFE_SYNCBN_REQUIRE_DATA': '1'}),
+    Step('syncbn', (2,), 40, 'benchmarks/syncbn_gpu.py, 8x256x128x128', syncbn_benchmark,
          [r'^device:', r'^8x256', r'copy bandwidth'], after=syncbn_ratios),
-    Step('resnet50', (2,), 90, 'benchmarks/train_gpu.py, ResNet-50 at batch 32, TF32 off and on',
-         resnet50_benchmark, [r'^net:', r'images/s', r'^ratio', r'^peak GPU', r'skipped'],
-         after=resnet50_ratios),
+    Step('resnet50', (2,), 75, 'benchmarks/train_gpu.py, ResNet-50 at batch 32: --engine cudnn '
+         'TF32 off and on, im2col TF32 off', resnet50_benchmark,
+         [r'^net:', r'images/s', r'^ratio', r'^peak GPU', r'skipped'], after=resnet50_ratios),
     Step('pspnet', (2,), 130, 'train_gpu.py, PSPNet-50 at 473 with -sync_bn: gpu:0,0 against '
          'gpu:0, then --fit', pspnet_benchmark,
          [r'^net:', r'^devices:', r'images/s', r'^peak GPU', r'^batch norms', r'^free GPU',
           r'^fit '], after=pspnet_ratios),
-    Step('efficiency', (2,), 15, 'benchmarks/efficiency.py from the one-replica PSPNet step',
+    Step('efficiency', (2,), 10, 'benchmarks/efficiency.py from the one-replica PSPNet step',
          efficiency, [r'.'], needs=()),
 ]
 

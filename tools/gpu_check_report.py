@@ -4,8 +4,9 @@ The preflight asks a process of its own (this file, run as a script) what it can
 see, so that the driver never holds a CUDA context (nor torch) while the steps measure the
 GPU's memory. The reference data come from CAFFE_SYNCBN_SHARED, else from the bundle that
 `make gpu-bundle` leaves in the checkout (a GPU machine gets the checkout alone), else from
-../shared; the bundle's wheels are installed first. The report is markdown, written whole
-(to a temporary file, then renamed) after every step, and says first whether the run passed.
+../shared; the bundle's wheels that the machine lacks are installed first. The report is
+markdown, written whole (to a temporary file, then renamed) after every step, and says first
+whether the run passed.
 """
 import glob
 import importlib.metadata
@@ -18,10 +19,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUNDLE = os.path.join(ROOT, '.gpu-bundle')
-PACKAGES = ('numpy', 'cupy-cuda13x', 'nvidia-nccl-cu13', 'nvidia-cudnn-cu13', 'torch',
-            'protobuf', 'h5py', 'lmdb', 'opencv-python-headless', 'scipy', 'tqdm',
-            'threadpoolctl', 'onnx', 'onnxruntime', 'pytest', 'pytest-timeout', 'pytest-xdist',
-            'hypothesis', 'mpi4py')
+PACKAGES = ('numpy', 'cupy-cuda13x', 'nvidia-nccl-cu13', 'nvidia-cudnn-cu13',
+            'nvidia-cudnn-frontend', 'cuda-bindings', 'torch', 'protobuf', 'h5py', 'lmdb',
+            'opencv-python-headless', 'scipy', 'tqdm', 'threadpoolctl', 'onnx', 'onnxruntime',
+            'pytest', 'pytest-timeout', 'pytest-xdist', 'hypothesis', 'mpi4py')
 
 
 def _version(code):
@@ -66,22 +67,38 @@ def _torch():
     return torch.__version__
 
 
-def _cudnn():
+def _torch_cudnn():
     import torch
     return _version(torch.backends.cudnn.version())
+
+
+def _cudnn_frontend():
+    import cudnn          # the wheel alone: it loads libcudnn only when asked for its version
+    return cudnn.__version__
+
+
+def _cudnn():
+    """cuDNN's version, from the libcudnn that the frontend loads (nvidia-cudnn-cu13's in
+    this python's site-packages, else the linker's): the one the cuDNN engine runs."""
+    import cudnn
+    return _version(cudnn.backend_version())
 
 
 def _module(name):
     return lambda: getattr(__import__(name), '__version__', 'found')
 
 
-# key: (how to find it, what its absence costs (None: nothing), the key it needs first)
+# key: (how to find it, what its absence costs (None: nothing), the key it needs first: one
+# listed above it)
 PROBES = {
     'gpu': (_gpu, 'every GPU step is skipped', None),
     'cuda': (_cuda, None, 'gpu'),
     'nccl': (_nccl, 'the NCCL tests fail', 'gpu'),
-    'cudnn': (_cudnn, None, 'torch'),
     'torch': (_torch, "the benchmarks' torch references are skipped", 'gpu'),
+    'torch_cudnn': (_torch_cudnn, None, 'torch'),
+    'cudnn_frontend': (_cudnn_frontend, 'the cudnn-tests step is skipped', None),
+    'cudnn': (_cudnn, "the frontend loads no libcudnn (nvidia-cudnn-cu13's); the cudnn-tests "
+              'step is skipped', 'cudnn_frontend'),
     'cv2': (_module('cv2'), "the training steps fail (the demo's dataset needs OpenCV)", None),
     'xdist': (_module('xdist'), 'the GPU tests run in one process', None),
     'timeout': (_module('pytest_timeout'), "the GPU tests run without pytest's time limit",
@@ -141,33 +158,62 @@ def shared_folder():
 
 
 def wheel_name(path):
-    """'cudnn_frontend-1.9.0-cp312-....whl' -> 'cudnn-frontend', its distribution's name."""
+    """'nvidia_cudnn_frontend-1.32.0-cp312-....whl' -> 'nvidia-cudnn-frontend', its
+    distribution's name."""
     return os.path.basename(path).split('-')[0].replace('_', '-')
 
 
+def wheel_version(path):
+    return os.path.basename(path).split('-')[1]
+
+
+def installed_version(name):
+    """The version of the distribution ``name`` that this python finds, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def install_wheels(check):
-    """Install the wheels of ``check.shared``/wheels (the GPU machine has no registry) into the
-    run's work folder, on the path of the preflight and of every step; a failed install is a
-    missing thing. The names of the installed distributions."""
+    """Install the wheels of ``check.shared``/wheels (the GPU machine has no registry) whose
+    distributions this python lacks into the run's work folder, on the path of the preflight
+    and of every step: a distribution the machine has stays its own (a cuda-bindings built
+    for its driver, say). check.env['wheels'] says which were installed and which the
+    machine had; a failed install is a missing thing. The names of the bundle's
+    distributions."""
     wheels = sorted(glob.glob(os.path.join(check.shared, 'wheels', '*.whl')))
-    if not wheels:
-        return []
-    target = os.path.join(check.work, 'site')
+    names = [wheel_name(wheel) for wheel in wheels]
+    had = {name: installed_version(name) for name in names}
+    wanted = [wheel for wheel in wheels if had[wheel_name(wheel)] is None]
+    kept = ['%s %s' % (name, had[name]) for name in names if had[name]]
+    done = ["the machine's own %s" % ', '.join(kept)] if kept else []
+    if wanted:
+        failure = pip_install(wanted, os.path.join(check.work, 'site'))
+        if failure:
+            check.missing.append('wheels: installing %s failed: %s; the steps that need them '
+                                 'fail' % (', '.join(map(os.path.basename, wanted)), failure))
+        else:
+            done.insert(0, 'installed %s' % ', '.join(
+                '%s %s' % (wheel_name(wheel), wheel_version(wheel)) for wheel in wanted))
+    check.env['wheels'] = '; '.join(done) or 'none'
+    return names
+
+
+def pip_install(wheels, target):
+    """Install ``wheels`` into ``target`` and put it first on PYTHONPATH (what the probe and
+    the steps inherit); None, else why not in one line."""
     try:
         result = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-index',
                                  '--no-deps', '--no-compile', '--no-cache-dir', '--target',
                                  target] + wheels, capture_output=True, text=True, timeout=300)
-        failure = result.returncode and (result.stderr.strip() or 'exit status %d'
-                                         % result.returncode).splitlines()[-1]
     except subprocess.TimeoutExpired:
-        failure = 'pip took over 300 s'
-    if failure:
-        check.missing.append('wheels: installing %s failed: %s; the steps that need them fail'
-                             % (', '.join(map(os.path.basename, wheels)), failure))
-        return []
+        return 'pip took over 300 s'
+    if result.returncode:
+        return (result.stderr.strip() or 'exit status %d' % result.returncode).splitlines()[-1]
     os.environ['PYTHONPATH'] = os.pathsep.join(
         [target] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])
-    return [wheel_name(wheel) for wheel in wheels]
+    return None
 
 
 def preflight(check, commit=None, pspnet=None):
@@ -235,7 +281,10 @@ def report_lines(check):
     lines = ['# make gpu-check', '', verdict(check), '', '| | |', '|---|---|']
     lines += _table([('started', env['started']), ('commit', env.get('commit', '?')),
                      ('GPU', env.get('gpu', 'none')), ('CUDA', env.get('cuda', '-')),
-                     ('NCCL', env.get('nccl', '-')), ('cuDNN (torch)', env.get('cudnn', '-')),
+                     ('NCCL', env.get('nccl', '-')), ('cuDNN', env.get('cudnn', '-')),
+                     ('cuDNN frontend', env.get('cudnn_frontend', '-')),
+                     ('cuDNN (torch)', env.get('torch_cudnn', '-')),
+                     ('bundled wheels', env.get('wheels', 'none')),
                      ('python', env['python']), ('host', env['host']),
                      ('reference data', env.get('shared', '-')),
                      ('packages', ', '.join('%s %s' % item
