@@ -51,9 +51,10 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
 sys.path.insert(0, ROOT)
 
 from caffe_syncbn import caffe_pb2  # noqa: E402
-from caffe_syncbn.backend import get_array_module  # noqa: E402
+from caffe_syncbn.backend import cudnn_conv, get_array_module  # noqa: E402
 from caffe_syncbn.cli.common import run_main  # noqa: E402
 from caffe_syncbn.errors import CaffeError  # noqa: E402
+from caffe_syncbn.layers.conv import gpu_cudnn  # noqa: E402
 from caffe_syncbn.memory_planner import DEFAULT_PLAN, MEMORY_PLANS  # noqa: E402
 from caffe_syncbn.training.device_names import parse_devices  # noqa: E402
 
@@ -190,12 +191,24 @@ def time_ours(net, batch, devices, memory_plan, warmup, iters):
     try:
         solver.set_data_source(lambda: batch)
         seconds = median_step(lambda: solver.step(1), synchronizer(solver), warmup, iters)
+        if cudnn_conv.enabled():
+            print_engine_use(solver.net)
         peak = {index: mib - before[index] for index, mib in pool_mib(gpus).items()} \
             if gpus else {}
         params = sum(blob.data.nbytes for blob in solver.net.learnable_params) / MIB
         return seconds, peak, params
     finally:
         solver.close()
+
+
+def print_engine_use(net):
+    """How many (de)convolutions the cuDNN engine ran, so that a figure of --engine cudnn
+    cannot be im2col's unawares."""
+    convolutions = [layer for layer in net.layers if layer.type in ('Convolution',
+                                                                    'Deconvolution')]
+    on_cudnn = sum(layer.engine is gpu_cudnn for layer in convolutions)
+    print('cuDNN engine: %d of %d convolution layers; %d pass geometries without a cuDNN plan '
+          '(they ran im2col)' % (on_cudnn, len(convolutions), len(cudnn_conv.unplanned())))
 
 
 def fit(args, devices):

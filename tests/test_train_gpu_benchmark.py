@@ -7,9 +7,14 @@ import re
 import sys
 import types
 
+import numpy as np
 import pytest
-from helpers import watchdog
+from helpers import fake_cudnn, watchdog
+from helpers.arrays import randn
+from helpers.engines import Engine
+from helpers.layer_cases import convolution
 
+from caffe_syncbn.backend import device
 from helpers.paths import ROOT
 
 sys.path.insert(0, str(ROOT / 'tools'))
@@ -68,3 +73,20 @@ def test_the_cudnn_engine_on_cpu_devices_is_one_error_line():
                            capture_output=True, text=True, limit=120)
     assert unknown.returncode == 2
     assert "invalid choice: 'cublas'" in unknown.stderr.strip().splitlines()[-1]
+
+
+def test_the_output_says_how_many_convolutions_ran_on_cudnn(monkeypatch, capsys):
+    """So that a figure of --engine cudnn cannot be im2col's unawares: here one of two
+    convolutions asks for im2col, and one of its passes has no cuDNN plan."""
+    engine = Engine('cuda-emulated', monkeypatch)
+    with fake_cudnn.installed(device.RUNTIMES['gpu']) as fake:
+        fake.refused = {'wgrad'}
+        layers = [engine.build(convolution('num_output: 2 kernel_size: 3 %s' % extra),
+                               [randn(1, 2, 5, 5)], dtype=np.float32)[0]
+                  for extra in ('', 'engine: CAFFE')]
+        engine.run(convolution('num_output: 2 kernel_size: 3 stride: 2'), [randn(1, 2, 5, 6)],
+                   dtype=np.float32)
+        train_gpu.print_engine_use(types.SimpleNamespace(layers=layers))
+    line = capsys.readouterr().out.strip()
+    assert re.fullmatch(r'cuDNN engine: 1 of 2 convolution layers; [1-9]\d* pass geometries '
+                        r'without a cuDNN plan \(they ran im2col\)', line), line

@@ -209,7 +209,8 @@ STEPS = [
          [r'^device:', r'^8x256', r'copy bandwidth'], after=syncbn_ratios),
     Step('resnet50', (2,), 75, 'benchmarks/train_gpu.py, ResNet-50 at batch 32: --engine cudnn '
          'TF32 off and on, im2col TF32 off', resnet50_benchmark,
-         [r'^net:', r'images/s', r'^ratio', r'^peak GPU', r'skipped'], after=resnet50_ratios),
+         [r'^net:', r'images/s', r'^ratio', r'^peak GPU', r'^cuDNN engine:', r'skipped'],
+         after=resnet50_ratios),
     Step('pspnet', (2,), 130, 'train_gpu.py, PSPNet-50 at 473 with -sync_bn: gpu:0,0 against '
          'gpu:0, then --fit', pspnet_benchmark,
          [r'^net:', r'^devices:', r'images/s', r'^peak GPU', r'^batch norms', r'^free GPU',

@@ -130,6 +130,12 @@ _unplanned = set()
 _unplanned_lock = threading.Lock()
 
 
+def unplanned():
+    """The geometries for which cuDNN built no plan in this process (they ran im2col)."""
+    with _unplanned_lock:
+        return set(_unplanned)
+
+
 class Session:
     """One thread's cuDNN on one device: its handle and the graphs built with it. The
     handle is destroyed with the Session, when its thread ends (a solver's replicas), but
