@@ -36,8 +36,9 @@ gpu-check:
 
 # Before a device call: the goldens, corpus and wheels a GPU machine lacks, into the
 # git-ignored .gpu-bundle/ that travels as `carry`; prints each stage's call (docs/gpu.md).
-gpu-bundle:
-	$(PYTHON) tools/gpu_bundle.py $(GPU_BUNDLE_FLAGS)
+# It runs in the venv: it reads the plan of tools/gpu_check.py, which imports the package.
+gpu-bundle: $(STAMP)
+	$(PY) tools/gpu_bundle.py $(GPU_BUNDLE_FLAGS)
 
 proto-check: $(STAMP)
 	$(PY) tools/gen_proto.py --check
