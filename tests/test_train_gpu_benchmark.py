@@ -79,7 +79,7 @@ def test_the_output_says_how_many_convolutions_ran_on_cudnn(monkeypatch, capsys)
     """So that a figure of --engine cudnn cannot be im2col's unawares: here one of two
     convolutions asks for im2col, and one of its passes has no cuDNN plan."""
     engine = Engine('cuda-emulated', monkeypatch)
-    with fake_cudnn.installed(device.RUNTIMES['gpu']) as fake:
+    with fake_cudnn.installed(monkeypatch, device.RUNTIMES['gpu']) as fake:
         fake.refused = {'wgrad'}
         layers = [engine.build(convolution('num_output: 2 kernel_size: 3 %s' % extra),
                                [randn(1, 2, 5, 5)], dtype=np.float32)[0]

@@ -1,6 +1,6 @@
 """A stand-in for NVIDIA's cuDNN frontend (``import cudnn``) on the GPU emulation, so that the
 cuDNN convolution engine (caffe_syncbn/backend/cudnn_conv.py, layers/conv/gpu_cudnn.py)
-runs without a GPU: ``installed(runtime)`` puts it under ``sys.modules['cudnn']``.
+runs without a GPU: ``installed(monkeypatch, runtime)`` puts it under ``sys.modules['cudnn']``.
 
 It keeps the part of the frontend's graph API that the engine uses, with its names
 (``pygraph``, ``tensor``, ``conv_fprop(image, weight)``, ``conv_dgrad(loss, filter)``,
@@ -25,7 +25,6 @@ import threading
 import types
 
 import numpy as np
-import pytest
 
 from caffe_syncbn.backend import cudnn_conv
 
@@ -243,14 +242,15 @@ def wgrad(x, dy, w_dim, pad, stride, dilation):
 
 
 @contextlib.contextmanager
-def installed(runtime):
-    """The fake as ``cudnn``, with the engine switched on, for the block; the fake."""
+def installed(monkeypatch, runtime):
+    """The fake as ``cudnn``, with the engine switched on, for the rest of the test (through
+    the test's own ``monkeypatch``, so that every patch of the test is undone in order); the
+    frontend that the engine found is forgotten when the block ends. Yields the fake."""
     fake = FakeCudnn(runtime)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(sys.modules, 'cudnn', fake)
-        patch.setenv(cudnn_conv.SWITCH, '1')
+    monkeypatch.setitem(sys.modules, 'cudnn', fake)
+    monkeypatch.setenv(cudnn_conv.SWITCH, '1')
+    cudnn_conv.frontend.cache_clear()
+    try:
+        yield fake
+    finally:
         cudnn_conv.frontend.cache_clear()
-        try:
-            yield fake
-        finally:
-            cudnn_conv.frontend.cache_clear()

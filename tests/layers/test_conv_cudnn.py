@@ -31,7 +31,7 @@ from caffe_syncbn.layers.conv import array as conv_array, gpu as conv_gpu, gpu_c
 def emulated(monkeypatch):
     """An Engine on the GPU emulation with the fake frontend in place; (engine, fake)."""
     engine = Engine('cuda-emulated', monkeypatch)
-    with fake_cudnn.installed(device.RUNTIMES['gpu']) as fake:
+    with fake_cudnn.installed(monkeypatch, device.RUNTIMES['gpu']) as fake:
         yield engine, fake
 
 
@@ -160,7 +160,7 @@ def test_syncbn_training_through_cudnn_equals_the_cpu(monkeypatch, devices):
     runtime = emulated_gpu(monkeypatch)
     data = batches(3)
     cpu, cpu_stats = train('cpu:2', data)
-    with fake_cudnn.installed(runtime) as fake:
+    with fake_cudnn.installed(monkeypatch, runtime) as fake:
         emulated, emulated_stats = train(devices, data)
     assert sorted(handle.device for handle in fake.handles) == [int(devices[-3]), int(devices[-1])]
     assert max_difference(cpu[0], emulated[0]) <= 1e-5
