@@ -62,6 +62,12 @@ def test_each_stage_plans_one_device_call_and_starts_nothing(stage, tmp_path):
     assert not out.exists()
 
 
+def test_the_frontend_the_tests_define_graphs_with_is_the_one_the_bundle_carries():
+    pins = re.findall(r"'nvidia-cudnn-frontend==([\d.]+)'", (ROOT / 'Makefile').read_text())
+    assert pins and ['nvidia-cudnn-frontend==%s' % pins[0]] == [
+        wheel for wheel in WHEELS if wheel.startswith('nvidia-cudnn-frontend==')]
+
+
 def test_every_step_belongs_to_a_stage():
     assert {step.name for step in STEPS} == set(STAGE_STEPS[1] + STAGE_STEPS[2])
 

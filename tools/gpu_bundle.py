@@ -8,10 +8,10 @@ travels with it, and what to send and run there (docs/gpu.md, "Fifteen minutes o
 $CAFFE_SYNCBN_SHARED, else ../shared), the folder the GPU tests and benchmarks read their
 goldens and prototxts from there, and wheels/: the wheels of WHEELS and --wheel for CPython
 3.12 on manylinux x86-64, which tools/gpu_check.py installs before its preflight where the
-machine lacks them. The new
-bundle is made beside the old one and takes its place only when the checkout's files that
-travel and the bundle together stay under --limit-mib; then the tool prints, for each stage
-of tools/gpu_check.py, the folders to carry, the time limit and the command of one device call.
+machine lacks them. The new bundle is made beside the old one and takes its place only when
+the checkout's files that travel and the bundle together stay under --limit-mib; then the
+tool prints, for each stage of tools/gpu_check.py, the folders to carry, the time limit and
+the command of one device call.
 """
 import argparse
 import json

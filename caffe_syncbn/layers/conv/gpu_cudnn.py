@@ -65,8 +65,8 @@ def backward(layer, x, dy3, dx, weight_grad):
 
 
 def _backward(layer, x, dy3, dx, weight_grad):
-    """Both passes are enqueued before either result lands in a layer's array: a NoPlan of
-    the second leaves nothing half done for the fallback."""
+    """Each pass is planned before it is enqueued, and the weight gradient is added only
+    once both are: a NoPlan of either leaves nothing half done for the fallback."""
     xp = get_array_module(x)
     x = contiguous(xp, x)
     dy = contiguous(xp, dy3.reshape((layer.batch, layer.num_output) + tuple(layer.out_spatial)))
