@@ -7,7 +7,8 @@ engine"). Where it is off, or the frontend does not import, convolutions run im2
 Three graphs serve a convolution: ``fprop`` (y from x and w), ``dgrad`` (dx from dy and w)
 and ``wgrad`` (dw from x and dy), NCHW (or NCDHW), C-contiguous, groups given by the
 channels of x against those of w. Each is built once per geometry (``Geometry``: the pass,
-the shapes of x, w and y, pad, stride, dilation, groups, dtype and whether TF32 may run), per
+the shapes of x, w and y, and so the groups, pad, stride, dilation, dtype and whether TF32
+may run), per
 thread and device: cuDNN wants a handle per thread, and a plan finalized with one handle
 runs with that handle. Each runs on the calling thread's current stream of the arrays'
 device, the stream a replica's worker thread owns, so its work is ordered with the layers
@@ -37,12 +38,16 @@ PASSES = ('fprop', 'dgrad', 'wgrad')
 
 
 class Geometry(collections.namedtuple(
-        'Geometry', 'step x w y pad stride dilation groups dtype tf32')):
+        'Geometry', 'step x w y pad stride dilation dtype tf32')):
     """What a graph is built for: ``step`` one of PASSES; ``x``, ``w``, ``y`` the shapes of
     the convolution's input (N, C, *spatial), filter (K, C / groups, *kernel) and output
     (N, K, *out); ``dtype`` a numpy dtype name; ``tf32`` whether float32 may round to TF32."""
 
     __slots__ = ()
+
+    @property
+    def groups(self):
+        return self.x[1] // self.w[1]
 
 
 def enabled():
@@ -209,12 +214,12 @@ def session(device):
     return found
 
 
-def run(step, x, w, y, pad, stride, dilation, groups):
+def run(step, x, w, y, pad, stride, dilation):
     """Enqueue one pass of a convolution whose input is ``x`` (N, C, *spatial), filter ``w``
     (K, C / groups, *kernel) and output ``y`` (N, K, *out), all contiguous arrays of one
     device and dtype: 'fprop' writes y, 'dgrad' writes x, 'wgrad' writes w. NoPlan where
     cuDNN builds none for this geometry (said once in the log)."""
     geometry = Geometry(step, tuple(x.shape), tuple(w.shape), tuple(y.shape), tuple(pad),
-                        tuple(stride), tuple(dilation), int(groups), np.dtype(x.dtype).name,
+                        tuple(stride), tuple(dilation), np.dtype(x.dtype).name,
                         tf32_allowed() and np.dtype(x.dtype) == np.float32)
     session(x.device.id).run(geometry, {'x': x, 'w': w, 'y': y})

@@ -191,9 +191,12 @@ def _windows(spatial_out, offset, stride, dilation):
                  for o, d, s, n in zip(offset, dilation, stride, spatial_out))
 
 
-def _groups(x_channels, w):
-    groups = x_channels // w.shape[1]
-    return groups, w.shape[0] // groups, w.shape[1]
+def _group_slices(x_channels, w_shape):
+    """Per group, its slice of the filters (outputs) and of the input channels."""
+    groups = x_channels // w_shape[1]
+    per_k, per_c = w_shape[0] // groups, w_shape[1]
+    return [(slice(g * per_k, (g + 1) * per_k), slice(g * per_c, (g + 1) * per_c))
+            for g in range(groups)]
 
 
 def fprop(x, w, pad, stride, dilation):
@@ -201,12 +204,10 @@ def fprop(x, w, pad, stride, dilation):
     padded = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad])
     out = [(padded.shape[2 + i] - dilation[i] * (w.shape[2 + i] - 1) - 1) // stride[i] + 1
            for i in range(spatial)]
-    groups, per_k, per_c = _groups(x.shape[1], w)
     y = np.zeros([x.shape[0], w.shape[0]] + out)
     for offset in itertools.product(*[range(k) for k in w.shape[2:]]):
         taken = padded[(slice(None), slice(None)) + _windows(out, offset, stride, dilation)]
-        for g in range(groups):
-            ks, cs = slice(g * per_k, (g + 1) * per_k), slice(g * per_c, (g + 1) * per_c)
+        for ks, cs in _group_slices(x.shape[1], w.shape):
             y[:, ks] += np.einsum('kc,nc...->nk...', w[(ks, slice(None)) + offset], taken[:, cs])
     return y
 
@@ -214,11 +215,9 @@ def fprop(x, w, pad, stride, dilation):
 def dgrad(dy, w, x_dim, pad, stride, dilation):
     out = list(dy.shape[2:])
     padded = np.zeros(list(x_dim[:2]) + [s + 2 * p for s, p in zip(x_dim[2:], pad)])
-    groups, per_k, per_c = _groups(x_dim[1], w)
     for offset in itertools.product(*[range(k) for k in w.shape[2:]]):
         window = (slice(None), slice(None)) + _windows(out, offset, stride, dilation)
-        for g in range(groups):
-            ks, cs = slice(g * per_k, (g + 1) * per_k), slice(g * per_c, (g + 1) * per_c)
+        for ks, cs in _group_slices(x_dim[1], w.shape):
             padded[window][:, cs] += np.einsum('kc,nk...->nc...', w[(ks, slice(None)) + offset],
                                                dy[:, ks])
     return padded[(slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in
@@ -229,11 +228,9 @@ def wgrad(x, dy, w_dim, pad, stride, dilation):
     out = list(dy.shape[2:])
     padded = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad])
     dw = np.zeros(w_dim)
-    groups, per_k, per_c = _groups(x.shape[1], dw)
     for offset in itertools.product(*[range(k) for k in w_dim[2:]]):
         taken = padded[(slice(None), slice(None)) + _windows(out, offset, stride, dilation)]
-        for g in range(groups):
-            ks, cs = slice(g * per_k, (g + 1) * per_k), slice(g * per_c, (g + 1) * per_c)
+        for ks, cs in _group_slices(x.shape[1], w_dim):
             flat_dy, flat_x = dy[:, ks], taken[:, cs]
             dw[(ks, slice(None)) + offset] = np.einsum(
                 'nkp,ncp->kc', flat_dy.reshape(flat_dy.shape[:2] + (-1,)),

@@ -190,7 +190,7 @@ def test_the_graphs_are_what_the_frontend_builds(frontend, dtype, data_type):
     pad, stride, dilation = (1, 2), (2, 2), (2, 1)
     caffe_shape = conv_array.conv_output_shape((9, 8), (3, 3), pad, stride, dilation)
     geometry = cudnn_conv.Geometry('fprop', (2, 4, 9, 8), (6, 2, 3, 3), (2, 6) + caffe_shape,
-                                   pad, stride, dilation, 2, dtype, False)
+                                   pad, stride, dilation, dtype, False)
     for step in cudnn_conv.PASSES:
         graph, tensors = cudnn_conv.define(frontend, geometry._replace(step=step))
         for role, tensor in tensors.items():

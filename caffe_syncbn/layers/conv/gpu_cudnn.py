@@ -30,7 +30,7 @@ def _fallback(layer):
 
 
 def _geometry(layer):
-    return layer.pad, layer.stride, layer.dilation, layer.group
+    return layer.pad, layer.stride, layer.dilation
 
 
 def forward(layer, x, y3):
